@@ -1,0 +1,91 @@
+"""The callback contract: event methods, the order phases, the rank scope and cancel exceptions."""
+from enum import IntEnum
+
+EVENTS = (
+    "on_experiment_start", "on_stage_start", "on_epoch_start", "on_loader_start", "on_batch_start",
+    "on_batch_end", "on_loader_end", "on_epoch_end", "on_stage_end", "on_experiment_end",
+    "on_exception",
+)
+
+
+class CallbackOrder(IntEnum):
+    """Phases of the chain; callbacks run in ascending order for every event (a stable sort)."""
+
+    Internal = 0
+    Metric = 20
+    MetricAggregation = 40
+    Backward = 50
+    Optimizer = 60
+    Scheduler = 80
+    Checkpoint = 100
+    Logging = 120
+    External = 200
+
+
+class CallbackScope(IntEnum):
+    """Where a callback runs: on every rank, or on the main rank only (loggers, progress, writes)."""
+
+    All = 0
+    Main = 1
+
+
+class Callback:
+    """Base class: override any ``on_*`` method; each receives the runner and reads/writes its state."""
+
+    order: int = CallbackOrder.External
+    scope: CallbackScope = CallbackScope.All
+
+    def on_experiment_start(self, runner): pass
+    def on_stage_start(self, runner): pass
+    def on_epoch_start(self, runner): pass
+    def on_loader_start(self, runner): pass
+    def on_batch_start(self, runner): pass
+    def on_batch_end(self, runner): pass
+    def on_loader_end(self, runner): pass
+    def on_epoch_end(self, runner): pass
+    def on_stage_end(self, runner): pass
+    def on_experiment_end(self, runner): pass
+    def on_exception(self, runner): pass
+
+    def state_dict(self) -> dict:
+        """State worth resuming (best score, patience...); empty for stateless callbacks."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what :meth:`state_dict` returned."""
+
+    @property
+    def produces(self) -> tuple:
+        """Metric names this callback writes, so ``valid_metric`` can be checked before training."""
+        return ()
+
+    def handles(self, event: str) -> bool:
+        """True if this callback overrides ``event``; the runner skips the rest at no cost."""
+        return getattr(type(self), event) is not getattr(Callback, event)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(order={int(self.order)}, scope={self.scope.name})"
+
+
+class CancelException(Exception):
+    """Raised by a callback to cut a level short; the loop still fires that level's ``*_end`` event."""
+
+
+class CancelBatch(CancelException):
+    """Skip the rest of this batch."""
+
+
+class CancelLoader(CancelException):
+    """End this loader now."""
+
+
+class CancelEpoch(CancelException):
+    """End this epoch now (remaining loaders are skipped)."""
+
+
+class CancelStage(CancelException):
+    """End this stage now; the next stage starts."""
+
+
+class CancelRun(CancelException):
+    """End the whole run now (early stopping, a smoke run's end, a requested stop)."""
