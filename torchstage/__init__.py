@@ -1,0 +1,32 @@
+"""torchstage: a callback-driven runner for PyTorch, from one process to a SLURM cluster."""
+__version__ = "0.1.0"
+
+from torchstage.callbacks.averaging import MetricsAveragingCallback
+from torchstage.callbacks.base import (Callback, CallbackOrder, CallbackScope, CancelBatch, CancelEpoch,
+                                       CancelLoader, CancelRun, CancelStage)
+from torchstage.callbacks.checkpoint import CheckpointCallback
+from torchstage.callbacks.console import ConsoleLogger
+from torchstage.callbacks.criterion import CriterionCallback
+from torchstage.callbacks.csv_logger import CSVLogger
+from torchstage.callbacks.loop import LoopCallback
+from torchstage.callbacks.optimizer import OptimizerCallback
+from torchstage.callbacks.progress import ProgressBar
+from torchstage.callbacks.scheduler import SchedulerCallback
+from torchstage.callbacks.tensorboard import TensorBoardLogger
+from torchstage.checkpoint import CheckpointError, load_checkpoint, load_model_weights
+from torchstage.distributed.engine import Engine
+from torchstage.rng import set_seed
+from torchstage.runner.runner import Runner
+from torchstage.runner.spec import train_signature
+from torchstage.runner.supervised import SupervisedRunner
+
+Runner.train.__signature__ = train_signature()
+del train_signature
+
+__all__ = [
+    "Callback", "CallbackOrder", "CallbackScope", "CancelBatch", "CancelEpoch", "CancelLoader", "CancelRun",
+    "CancelStage", "CheckpointCallback", "CheckpointError", "ConsoleLogger", "CriterionCallback", "CSVLogger",
+    "Engine", "LoopCallback", "MetricsAveragingCallback", "OptimizerCallback", "ProgressBar", "Runner",
+    "SchedulerCallback", "SupervisedRunner", "TensorBoardLogger", "load_checkpoint", "load_model_weights",
+    "set_seed",
+]

@@ -1,0 +1,1 @@
+"""The loop: Runner, SupervisedRunner and the checked arguments of ``train``."""

@@ -1,0 +1,26 @@
+"""Packaging for torchstage."""
+import re
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+here = Path(__file__).parent
+version = re.search(r'__version__ = "([^"]+)"', (here / "torchstage" / "__init__.py").read_text()).group(1)
+
+setup(
+    name="torchstage",
+    version=version,
+    description="A callback-driven runner for PyTorch: one process, many GPUs, SLURM clusters.",
+    long_description=(here / "README.md").read_text() if (here / "README.md").exists() else "",
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["torchstage", "torchstage.*"]),
+    python_requires=">=3.9",
+    install_requires=["torch>=2.1,<3", "numpy", "tqdm", "tensorboardX>=2.6", "pyyaml"],
+    extras_require={
+        "test": ["pytest>=7", "pytest-timeout", "scikit-learn"],
+        "plot": ["matplotlib"],
+        "docs": ["sphinx>=7", "myst-parser"],
+    },
+    entry_points={"console_scripts": ["torchstage=torchstage.cli:main"]},
+    license="Apache-2.0",
+)

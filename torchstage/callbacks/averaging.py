@@ -1,0 +1,39 @@
+"""Loader-level averages of every per-batch metric, weighted by batch size, exact across processes."""
+import torch
+
+from torchstage.callbacks.base import Callback, CallbackOrder
+
+
+class MetricsAveragingCallback(Callback):
+    """Sums ``batch_metrics`` on the device; at loader end one all-reduce and one host copy give floats.
+
+    The results land in ``runner.loader_metrics`` (hence ``runner.epoch_metrics[loader]``).
+    """
+
+    order = CallbackOrder.MetricAggregation
+    name = "averaging"
+
+    def on_loader_start(self, runner):
+        self._sums, self._counts = {}, {}
+
+    def on_batch_end(self, runner):
+        size, sums, counts = runner.batch_size, self._sums, self._counts
+        for key, value in runner.batch_metrics.items():
+            if key in sums:
+                sums[key].add_(value.detach() if isinstance(value, torch.Tensor) else value, alpha=size)
+                counts[key] += size
+            else:
+                value = torch.as_tensor(value.detach() if isinstance(value, torch.Tensor) else value)
+                sums[key] = value.to(torch.float64 if value.device.type in ("cpu", "cuda") else torch.float32) * size
+                counts[key] = size
+
+    def on_loader_end(self, runner):
+        if not self._sums:
+            return
+        keys = list(self._sums)
+        sums = torch.stack([self._sums[k].reshape(()) for k in keys])
+        totals = torch.cat([sums, torch.tensor([self._counts[k] for k in keys], dtype=sums.dtype, device=sums.device)])
+        values = runner.engine.all_reduce_(totals).tolist()
+        n = len(keys)
+        for i, key in enumerate(keys):
+            runner.loader_metrics[key] = values[i] / values[n + i]

@@ -1,0 +1,48 @@
+"""The loss: ``criterion(batch[input_key], batch[target_key])`` as a tensor in ``batch_metrics``."""
+import logging
+
+from torchstage.callbacks.base import Callback, CallbackOrder
+
+logger = logging.getLogger("torchstage")
+_ELEMENTWISE = ("MSELoss", "L1Loss", "SmoothL1Loss", "HuberLoss", "BCELoss", "BCEWithLogitsLoss")
+
+
+class CriterionCallback(Callback):
+    """Computes the loss on every batch; it stays a tensor until the optimizer callback backpropagates it."""
+
+    order = CallbackOrder.Metric
+    name = "criterion"
+
+    def __init__(self, input_key: str = "logits", target_key: str = "targets", metric_key: str = "loss",
+                 criterion_key: str = None):
+        self.input_key, self.target_key = input_key, target_key
+        self.metric_key, self.criterion_key = metric_key, criterion_key
+
+    @property
+    def produces(self):
+        return (self.metric_key,)
+
+    def on_stage_start(self, runner):
+        criterion = runner.criterion if self.criterion_key is None else runner.criterion[self.criterion_key]
+        if criterion is None:
+            raise ValueError(f"{type(runner).__name__} has no criterion in stage {runner.stage_key!r}; pass "
+                             f"criterion=... to train()")
+        self._criterion, self._checked = criterion, False
+
+    def on_batch_end(self, runner):
+        outputs, targets = runner.batch[self.input_key], runner.batch[self.target_key]
+        if not self._checked:
+            self._checked = True
+            _warn_broadcast(self._criterion, outputs, targets, self.input_key, self.target_key)
+        runner.batch_metrics[self.metric_key] = self._criterion(outputs, targets)
+
+
+def _warn_broadcast(criterion, outputs, targets, input_key, target_key) -> None:
+    """Say once, clearly, when an elementwise loss will broadcast outputs against targets of another shape."""
+    if type(criterion).__name__ not in _ELEMENTWISE or not hasattr(outputs, "shape") or not hasattr(targets, "shape"):
+        return
+    if outputs.shape != targets.shape:
+        logger.warning("%s gets %r of shape %s and %r of shape %s: they broadcast to another shape, so every "
+                       "output is compared with every target. Reshape one of them (e.g. targets.view(-1, 1)) "
+                       "unless this is intended.", type(criterion).__name__, input_key, list(outputs.shape),
+                       target_key, list(targets.shape))

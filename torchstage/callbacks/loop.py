@@ -1,0 +1,61 @@
+"""The runner's own bookkeeping as the lowest-order callback: modes, grad, counters, samplers."""
+import torch
+
+from torchstage.callbacks.base import Callback, CallbackOrder
+
+
+def batch_size_of(batch) -> int:
+    """Number of samples in a batch: the first dimension of the first tensor found in it."""
+    if isinstance(batch, torch.Tensor):
+        return batch.shape[0] if batch.dim() else 1
+    if isinstance(batch, dict):
+        batch = batch.values()
+    for item in batch:
+        if isinstance(item, (torch.Tensor, dict, list, tuple)):
+            return batch_size_of(item)
+    return 1
+
+
+class LoopCallback(Callback):
+    """Sets train/eval mode and grad, resets per-level state, advances counters, calls ``set_epoch``."""
+
+    order = CallbackOrder.Internal
+
+    def on_epoch_start(self, runner):
+        runner.global_epoch_step += 1
+        runner.epoch_metrics = {}
+        runner.epoch_done, runner.train_batches_done = False, 0
+
+    def on_loader_start(self, runner):
+        training = runner.is_train_loader
+        for model in _models(runner.model):
+            model.train(training)
+        self._grad_was = torch.is_grad_enabled()
+        torch.set_grad_enabled(training)
+        sampler = getattr(runner.loader, "sampler", None)
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(runner.global_epoch_step)
+        batch_sampler = getattr(runner.loader, "batch_sampler", None)
+        if hasattr(getattr(batch_sampler, "sampler", None), "set_epoch") and batch_sampler.sampler is not sampler:
+            batch_sampler.sampler.set_epoch(runner.global_epoch_step)
+        runner.loader_metrics = runner.epoch_metrics[runner.loader_key] = {}
+        runner.loader_sample_step = 0
+
+    def on_batch_start(self, runner):
+        runner.batch_size = batch_size_of(runner.batch)
+        runner.loader_sample_step += runner.batch_size
+        if runner.is_train_loader:
+            runner.train_batches_done += 1
+            runner.global_batch_step += 1
+            runner.global_sample_step += runner.batch_size
+        runner.batch_metrics = {}
+
+    def on_loader_end(self, runner):
+        torch.set_grad_enabled(self._grad_was)
+
+    def on_epoch_end(self, runner):
+        runner.epoch_done = True
+
+
+def _models(model):
+    return model.values() if isinstance(model, dict) else (model,)

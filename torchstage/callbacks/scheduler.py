@@ -1,0 +1,38 @@
+"""Learning-rate schedulers stepped per epoch (default) or per train batch; plateau ones get the valid metric."""
+from torch.optim.lr_scheduler import ReduceLROnPlateau
+
+from torchstage.callbacks.base import Callback, CallbackOrder
+
+
+class SchedulerCallback(Callback):
+    """Steps ``runner.scheduler`` (or one of a dict, by ``scheduler_key``) at epoch end or after each train batch."""
+
+    order = CallbackOrder.Scheduler
+    name = "scheduler"
+
+    def __init__(self, mode: str = "epoch", scheduler_key: str = None):
+        if mode not in ("epoch", "batch"):
+            raise ValueError(f"mode must be 'epoch' or 'batch', got {mode!r}")
+        self.mode, self.scheduler_key = mode, scheduler_key
+
+    def _schedulers(self, runner):
+        scheduler = runner.scheduler
+        if isinstance(scheduler, dict):
+            return list(scheduler.values()) if self.scheduler_key is None else [scheduler[self.scheduler_key]]
+        return [] if scheduler is None else [scheduler]
+
+    def on_batch_end(self, runner):
+        if self.mode == "batch" and runner.is_train_loader:
+            for scheduler in self._schedulers(runner):
+                scheduler.step()
+
+    def on_epoch_end(self, runner):
+        if self.mode != "epoch":
+            return
+        for scheduler in self._schedulers(runner):
+            if isinstance(scheduler, ReduceLROnPlateau):
+                value = runner.epoch_metrics.get(runner.valid_loader, {}).get(runner.valid_metric)
+                if value is not None:
+                    scheduler.step(value)
+            else:
+                scheduler.step()

@@ -1,0 +1,31 @@
+"""Samplers that split data across processes: shuffled shards for training, exact shards for evaluation."""
+import math
+
+from torch.utils.data import DistributedSampler, IterableDataset, Sampler
+
+
+class ShardSampler(Sampler):
+    """Rank ``r`` of ``n`` gets indices ``r, r+n, ...`` with no padding, so each sample counts exactly once."""
+
+    def __init__(self, dataset, num_replicas: int, rank: int):
+        self.size, self.num_replicas, self.rank = len(dataset), num_replicas, rank
+
+    def __iter__(self):
+        return iter(range(self.rank, self.size, self.num_replicas))
+
+    def __len__(self):
+        return max(0, math.ceil((self.size - self.rank) / self.num_replicas))
+
+    def set_epoch(self, epoch: int) -> None:
+        """Evaluation order does not change between epochs."""
+
+
+def make_sampler(dataset, engine, shuffle: bool, is_train: bool, seed: int = 0):
+    """A sampler for ``dataset`` under ``engine``; ``None`` when one process reads everything."""
+    if not engine.is_distributed or isinstance(dataset, IterableDataset):
+        return None
+    if is_train:
+        return DistributedSampler(dataset, num_replicas=engine.world_size, rank=engine.rank,
+                                  shuffle=shuffle, seed=seed)
+    return ShardSampler(dataset, engine.world_size, engine.rank)
+

@@ -1,0 +1,44 @@
+"""Assembling the callback chain: defaults, then train-level, then stage-level callbacks, by name."""
+import re
+from collections.abc import Mapping
+
+
+def callback_name(callback) -> str:
+    """A callback's chain name: its ``name`` attribute, else its class name in snake case."""
+    name = getattr(callback, "name", None)
+    if name:
+        return name
+    snake = re.sub(r"(?<!^)(?=[A-Z])", "_", type(callback).__name__).lower()
+    return snake[: -len("_callback")] if snake.endswith("_callback") else snake
+
+
+def merge_chain(*layers) -> dict:
+    """Ordered name -> callback; a later layer's name replaces an earlier one and ``None`` removes it.
+
+    Callbacks given as a list are named by :func:`callback_name`; repeats within one list get ``_2``,
+    ``_3``... The result is stably sorted by ``order``.
+    """
+    chain = {}
+    for layer in layers:
+        if not layer:
+            continue
+        if isinstance(layer, Mapping):
+            items = list(layer.items())
+        else:
+            items, seen = [], {}
+            for callback in layer:
+                name = callback_name(callback)
+                seen[name] = seen.get(name, 0) + 1
+                items.append((name if seen[name] == 1 else f"{name}_{seen[name]}", callback))
+        for name, callback in items:
+            chain.pop(name, None)
+            if callback is not None:
+                chain[name] = callback
+    return dict(sorted(chain.items(), key=lambda item: int(item[1].order)))
+
+
+def describe_chain(chain: dict) -> str:
+    """One line per callback: order, name, class and scope, for the start-of-run log."""
+    return "\n".join(f"  {int(cb.order):>4}  {name:<16} {type(cb).__name__}"
+                     f"{' (main rank only)' if cb.scope else ''}"
+                     for name, cb in chain.items())

@@ -1,0 +1,82 @@
+"""Loaders from ``datasets={...}``: built at run time, inside each process, once the world exists."""
+import inspect
+from collections.abc import Mapping
+
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+#: Options of ``datasets={...}`` passed to every DataLoader; all other keys name datasets.
+LOADER_OPTIONS = ("batch_size", "num_workers", "collate_fn", "drop_last", "pin_memory", "worker_init_fn",
+                  "persistent_workers", "prefetch_factor", "shuffle")
+FACTORY = "get_datasets_fn"
+
+
+def _is_dataset(obj) -> bool:
+    return isinstance(obj, (Dataset, IterableDataset)) or (hasattr(obj, "__getitem__") and hasattr(obj, "__len__"))
+
+
+def dataset_loader_names(datasets, prefix: str = "") -> list:
+    """Check a ``datasets`` dict without building anything; return the loader names it will make."""
+    if not isinstance(datasets, Mapping):
+        raise TypeError(f"{prefix}datasets must be a dict like {{'batch_size': 32, 'train': ds, 'valid': ds}}, "
+                        f"got {type(datasets).__name__}")
+    batch_size = datasets.get("batch_size")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"{prefix}datasets['batch_size'] must be an integer >= 1, got {batch_size!r}")
+    workers = datasets.get("num_workers", 0)
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
+        raise ValueError(f"{prefix}datasets['num_workers'] must be an integer >= 0, got {workers!r}")
+    if FACTORY in datasets:
+        fn = datasets[FACTORY]
+        if not callable(fn):
+            raise TypeError(f"{prefix}datasets['{FACTORY}'] must be callable, got {type(fn).__name__}")
+        kwargs = _factory_kwargs(datasets)
+        params = inspect.signature(fn).parameters
+        if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
+            unknown = sorted(set(kwargs) - set(params))
+            if unknown:
+                raise ValueError(f"{prefix}datasets has unknown key(s) {unknown}: not a loader option "
+                                 f"({', '.join(LOADER_OPTIONS)}) nor an argument of {fn.__name__}{inspect.signature(fn)}")
+        return ["train", "valid"]  # the factory's names are known only once it runs; checked again then
+    names = []
+    for key, value in datasets.items():
+        if key in LOADER_OPTIONS:
+            continue
+        if not _is_dataset(value):
+            raise ValueError(f"{prefix}datasets[{key!r}] = {value!r:.60} is neither a loader option "
+                             f"({', '.join(LOADER_OPTIONS)}) nor a Dataset")
+        names.append(key)
+    if not names:
+        raise ValueError(f"{prefix}datasets holds no dataset: add e.g. 'train': dataset, 'valid': dataset")
+    return names
+
+
+def _factory_kwargs(datasets) -> dict:
+    return {k: v for k, v in datasets.items() if k not in LOADER_OPTIONS and k != FACTORY}
+
+
+def build_datasets(datasets: Mapping) -> dict:
+    """Name -> Dataset, calling ``get_datasets_fn(**kwargs)`` if given (inside the worker process)."""
+    if FACTORY in datasets:
+        made = datasets[FACTORY](**_factory_kwargs(datasets))
+        if not isinstance(made, Mapping) or not made or not all(_is_dataset(d) for d in made.values()):
+            raise TypeError(f"datasets['{FACTORY}'] must return a dict name -> Dataset, got {made!r:.80}")
+        return dict(made)
+    return {k: v for k, v in datasets.items() if k not in LOADER_OPTIONS}
+
+
+def build_loaders(datasets: Mapping, engine) -> dict:
+    """DataLoaders for ``datasets``: train loaders shuffle; under several processes each rank gets its shard."""
+    from torchstage.distributed.data import make_sampler
+    options = {k: v for k, v in datasets.items() if k in LOADER_OPTIONS}
+    shuffle = options.pop("shuffle", None)
+    loaders = {}
+    for name, dataset in build_datasets(datasets).items():
+        is_train = name.startswith("train")
+        train_shuffle = is_train if shuffle is None else (shuffle and is_train)
+        sampler = make_sampler(dataset, engine, shuffle=train_shuffle, is_train=is_train)
+        if sampler is None:
+            loaders[name] = DataLoader(dataset, shuffle=train_shuffle and not isinstance(dataset, IterableDataset),
+                                       **options)
+        else:
+            loaders[name] = DataLoader(dataset, sampler=sampler, **options)
+    return loaders

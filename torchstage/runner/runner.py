@@ -1,0 +1,141 @@
+"""The Runner: experiment -> stages -> epochs -> loaders -> batches, each level run by one helper."""
+import logging
+
+import torch
+
+from torchstage.callbacks.base import (EVENTS, CancelBatch, CancelEpoch, CancelLoader, CancelRun,
+                                       CancelStage)
+from torchstage.runner.spec import TrainSpec, make_spec
+
+logger = logging.getLogger("torchstage")
+
+
+class Runner:
+    """Drives a run and fires every event through the callback chain.
+
+    Subclass and override :meth:`handle_batch` for custom training steps (GANs, multi-model runs);
+    :class:`~torchstage.SupervisedRunner` is the ready-made one for ``model(input) -> output`` tasks.
+    """
+
+    #: Metric names this runner's handle_batch writes; ``None`` means unknown until the first loader.
+    produces = None
+
+    def __init__(self, model=None, engine=None):
+        self.model, self.engine = model, engine
+        self.callbacks = {}
+        self._handlers = {event: [] for event in EVENTS}
+
+    # ---- override points -----------------------------------------------------------------
+    def handle_batch(self, batch) -> None:
+        """One step on ``batch``: write outputs to ``self.batch`` and tensors to ``self.batch_metrics``."""
+        raise NotImplementedError(f"{type(self).__name__} must override handle_batch(batch)")
+
+    def get_default_callbacks(self, spec: TrainSpec) -> dict:
+        """Name -> callback for the default chain; users replace one by passing the same name."""
+        from torchstage.runner.defaults import default_callbacks
+        return default_callbacks(self, spec)
+
+    # ---- entry point ---------------------------------------------------------------------
+    def train(self, **kwargs) -> "Runner":
+        """Check every argument, then run all stages; see :class:`~torchstage.runner.spec.TrainSpec`."""
+        spec = make_spec(self, kwargs)
+        from torchstage.runner.setup import launch_or_run
+        return launch_or_run(self, spec)
+
+    def run(self) -> "Runner":
+        """Run the prepared experiment; fires ``on_exception`` (then re-raises) if anything fails."""
+        try:
+            self._run_event("experiment", self._run_stages, CancelRun)
+        except BaseException as exc:
+            self.exception = exc
+            for handler in self._handlers["on_exception"]:
+                try:
+                    handler(self)
+                except Exception:
+                    logger.exception("callback failed while handling an exception")
+            raise
+        return self
+
+    # ---- the loop ------------------------------------------------------------------------
+    def _run_event(self, level: str, body, cancel) -> None:
+        try:
+            self._fire(_START[level])
+            body()
+        except cancel:
+            pass
+        self._fire(_END[level])
+
+    def _fire(self, event: str) -> None:
+        for handler in self._handlers[event]:
+            handler(self)
+
+    def _run_stages(self) -> None:
+        for index in range(self.stage_index, len(self.spec.stage_specs)):
+            if index != self.stage_index:
+                self.enter_stage(index)
+            self._run_event("stage", self._run_epochs, CancelStage)
+
+    def _run_epochs(self) -> None:
+        for self.epoch in range(self.epoch + 1, self.num_epochs + 1):
+            self._run_event("epoch", self._run_loaders, CancelEpoch)
+
+    def _run_loaders(self) -> None:
+        for self.loader_key, self.loader in self.loaders.items():
+            self.is_train_loader = self.loader_key.startswith("train")
+            self._run_event("loader", self._run_batches, CancelLoader)
+
+    def _run_batches(self) -> None:
+        to_device = self.engine.to_device
+        for self.batch_step, batch in enumerate(self.loader, 1):
+            self.batch = to_device(batch)
+            self._run_event("batch", self._handle_batch, CancelBatch)
+
+    def _handle_batch(self) -> None:
+        self.handle_batch(self.batch)
+
+    # ---- stages and the chain --------------------------------------------------------------
+    def enter_stage(self, index: int) -> None:
+        """Make stage ``index`` current: its optimizer, loaders, callbacks and epoch count."""
+        stage = self.spec.stage_specs[index]
+        self.stage_index, self.stage_key, self.epoch = index, stage.name, 0
+        self.num_epochs = stage.num_epochs
+        self.criterion, self.optimizer, self.scheduler = stage.criterion, stage.optimizer, stage.scheduler
+        self.valid_loader, self.valid_metric = stage.valid_loader, stage.valid_metric
+        self.minimize_valid_metric = stage.minimize_valid_metric
+        self.loaders = self.stage_loaders[index]
+        self.set_callbacks(self.stage_callbacks[index])
+
+    def set_callbacks(self, callbacks: dict) -> None:
+        """Install an ordered name -> callback chain and index its handlers per event."""
+        self.callbacks = callbacks
+        is_main = self.engine.is_main
+        active = [cb for cb in callbacks.values() if is_main or cb.scope == 0]
+        self._handlers = {event: [getattr(cb, event) for cb in active if cb.handles(event)]
+                          for event in EVENTS}
+
+    def state_dict(self) -> dict:
+        """The whole run as a checkpoint dict (models, optimizers, loop position, RNG...)."""
+        from torchstage.runner.state import runner_state_dict
+        return runner_state_dict(self)
+
+    def load_state_dict(self, checkpoint: dict, weights_only: bool = False) -> None:
+        """Restore a checkpoint: weights always; optimizers, loop position and RNG unless weights_only."""
+        from torchstage.runner.state import load_runner_state_dict
+        load_runner_state_dict(self, checkpoint, weights_only=weights_only)
+
+    def loop_position(self) -> dict:
+        """Where the run stands: stage, completed epochs, batches done in this epoch, global counters."""
+        return {"stage": self.stage_key, "stage_index": self.stage_index, "epoch": self.epoch,
+                "epoch_done": self.epoch_done, "batch": self.train_batches_done,
+                "global_epoch_step": self.global_epoch_step, "global_batch_step": self.global_batch_step,
+                "global_sample_step": self.global_sample_step}
+
+    @property
+    def unwrapped_model(self):
+        """The model (or dict of models) without DDP/compile wrappers."""
+        unwrap = self.engine.unwrap
+        return {k: unwrap(m) for k, m in self.model.items()} if isinstance(self.model, dict) else unwrap(self.model)
+
+
+_START = {level: f"on_{level}_start" for level in ("experiment", "stage", "epoch", "loader", "batch")}
+_END = {level: f"on_{level}_end" for level in _START}

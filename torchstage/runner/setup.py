@@ -1,0 +1,90 @@
+"""Turning a checked spec into a ready runner: engine, seed, logdir, models, loaders, chains, resume."""
+import logging
+import os
+
+import torch
+
+from torchstage.distributed.engine import Engine
+from torchstage.rng import set_seed
+from torchstage.runner.chain import describe_chain, merge_chain
+from torchstage.runner.data import build_loaders
+
+logger = logging.getLogger("torchstage")
+
+
+def launch_or_run(runner, spec):
+    """Run here, or (``distributed=True`` outside a world) hand over to the process launcher."""
+    if spec.distributed:
+        from torchstage.distributed.launch import train_distributed
+        return train_distributed(runner, spec)
+    prepare(runner, spec)
+    return runner.run()
+
+
+def prepare(runner, spec, engine: Engine = None) -> None:
+    """Everything before the first event: no training happens here, every user error is raised here."""
+    from torchstage.logging_setup import ensure_console_handler
+    ensure_console_handler()
+    runner.spec = spec
+    runner.engine = engine or runner.engine or Engine()
+    set_seed(spec.seed + runner.engine.rank, spec.deterministic)
+    checkpoint = _resume_checkpoint(spec, runner.engine)
+    runner.model = spec.model
+    runner.scaler = None
+    for stage in spec.stage_specs:
+        if isinstance(stage.criterion, torch.nn.Module):
+            stage.criterion.to(runner.engine.device)
+    _place_models(runner)
+    runner.stage_loaders = [stage.loaders if stage.loaders is not None else build_loaders(stage.datasets, runner.engine)
+                            for stage in spec.stage_specs]
+    defaults = runner.get_default_callbacks(spec)
+    runner.stage_callbacks = [merge_chain(defaults, spec.callbacks, stage.callbacks if stage.callbacks is not spec.callbacks else None)
+                              for stage in spec.stage_specs]
+    for stage, chain in zip(spec.stage_specs, runner.stage_callbacks):
+        _check_valid_metric(runner, stage, chain)
+    runner.stage_index, runner.epoch_done, runner.train_batches_done = 0, True, 0
+    runner.global_epoch_step = runner.global_batch_step = runner.global_sample_step = 0
+    runner.epoch_metrics, runner.loader_metrics, runner.batch_metrics = {}, {}, {}
+    runner.enter_stage(0)
+    if checkpoint is not None:
+        from torchstage.runner.resume import restore
+        restore(runner, checkpoint)
+    if runner.engine.is_main:
+        logger.info("callbacks of stage %r:\n%s", runner.stage_key, describe_chain(runner.callbacks))
+
+
+def _place_models(runner) -> None:
+    prepare_model = runner.engine.prepare_model
+    if isinstance(runner.model, dict):
+        runner.model = {k: prepare_model(m) for k, m in runner.model.items()}
+    else:
+        runner.model = prepare_model(runner.model)
+
+
+def _check_valid_metric(runner, stage, chain) -> None:
+    if runner.produces is None:
+        return  # a custom handle_batch: checked when the first loader ends
+    produced = set(runner.produces).union(*(cb.produces for cb in chain.values()))
+    if stage.valid_metric not in produced:
+        prefix = "" if stage.name == "main" else f"stages[{stage.name!r}]: "
+        raise ValueError(f"{prefix}valid_metric={stage.valid_metric!r} is produced by no callback; the chain "
+                         f"produces {sorted(produced)}. Add a metric callback that writes it, or pick one of those")
+
+
+def _resume_checkpoint(spec, engine):
+    """The checkpoint to resume from, or None; refuses to overwrite an earlier run's checkpoints."""
+    from torchstage.checkpoint import load_checkpoint
+    last = os.path.join(spec.logdir, "checkpoints", "last.pth") if spec.logdir is not None else None
+    if spec.resume is None:
+        if last is not None and os.path.exists(last) and not spec.overwrite:
+            raise FileExistsError(f"logdir {str(spec.logdir)!r} already holds a run ({last}); pass resume='last' to "
+                                  f"continue it, overwrite=True to replace it, or another logdir")
+        return None
+    if spec.resume == "last":
+        if last is None:
+            raise ValueError("resume='last' needs a logdir to find checkpoints/last.pth in")
+        if not os.path.exists(last):
+            logger.info("resume='last': no checkpoint in %s yet, starting a new run", spec.logdir)
+            return None
+        return load_checkpoint(last)
+    return load_checkpoint(os.fspath(spec.resume))

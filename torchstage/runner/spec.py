@@ -1,0 +1,176 @@
+"""The arguments of ``Runner.train`` as a checked spec: every user error is raised here, before training."""
+import dataclasses
+import inspect
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+
+from torchstage.callbacks.base import Callback
+
+STAGE_KEYS = ("num_epochs", "loaders", "datasets", "criterion", "optimizer", "scheduler", "callbacks",
+              "valid_loader", "valid_metric", "minimize_valid_metric")
+
+
+@dataclass
+class StageSpec:
+    """One stage: its epochs, data, criterion, optimizer, scheduler and extra callbacks."""
+
+    name: str
+    num_epochs: int
+    loaders: Optional[Mapping] = None
+    datasets: Optional[dict] = None
+    criterion: Any = None
+    optimizer: Any = None
+    scheduler: Any = None
+    callbacks: Any = None
+    valid_loader: str = "valid"
+    valid_metric: str = "loss"
+    minimize_valid_metric: bool = True
+
+
+@dataclass
+class TrainSpec:
+    """Everything ``train(...)`` accepts. Stage-level keys given at the top are inherited by all stages."""
+
+    model: Any = None
+    criterion: Any = None
+    optimizer: Any = None
+    scheduler: Any = None
+    loaders: Optional[Mapping] = None
+    datasets: Optional[dict] = None
+    callbacks: Any = None
+    logdir: Optional[str] = None
+    num_epochs: int = 1
+    valid_loader: str = "valid"
+    valid_metric: str = "loss"
+    minimize_valid_metric: bool = True
+    verbose: bool = False
+    seed: int = 42
+    deterministic: bool = False
+    stages: Optional[Mapping] = None
+    resume: Optional[str] = None
+    overwrite: bool = False
+    scheduler_step: str = "epoch"
+    distributed: bool = False
+    nprocs: Optional[int] = None
+    stage_specs: list = field(default_factory=list, repr=False)
+
+
+def make_spec(runner, kwargs: dict) -> TrainSpec:
+    """Validate ``train`` keyword arguments and resolve stages; raise ValueError/TypeError naming the argument."""
+    names = [f.name for f in dataclasses.fields(TrainSpec) if f.name != "stage_specs"]
+    unknown = sorted(set(kwargs) - set(names))
+    if unknown:
+        raise TypeError(f"train() got unknown argument(s) {unknown}; accepted: {', '.join(names)}")
+    spec = TrainSpec(**kwargs)
+    _check_model(spec.model)
+    _check_type("seed", spec.seed, int)
+    if spec.logdir is not None and not isinstance(spec.logdir, (str, os.PathLike)):
+        raise TypeError(f"logdir must be a path (str or os.PathLike), got {type(spec.logdir).__name__}")
+    if spec.scheduler_step not in ("epoch", "batch"):
+        raise ValueError(f"scheduler_step must be 'epoch' or 'batch', got {spec.scheduler_step!r}")
+    spec.stage_specs = _resolve_stages(spec)
+    for stage in spec.stage_specs:
+        _check_stage(runner, stage)
+    return spec
+
+
+def _resolve_stages(spec: TrainSpec) -> list:
+    top = {key: getattr(spec, key) for key in STAGE_KEYS}
+    if spec.stages is None:
+        return [StageSpec(name="main", **top)]
+    if not isinstance(spec.stages, Mapping) or not spec.stages:
+        raise TypeError(f"stages must be a non-empty mapping {{name: {{num_epochs, loaders, ...}}}}, "
+                        f"got {type(spec.stages).__name__}")
+    stages = []
+    for name, overrides in spec.stages.items():
+        if not isinstance(overrides, Mapping):
+            raise TypeError(f"stages[{name!r}] must be a mapping of stage settings, got {type(overrides).__name__}")
+        unknown = sorted(set(overrides) - set(STAGE_KEYS))
+        if unknown:
+            raise ValueError(f"stages[{name!r}] has unknown key(s) {unknown}; accepted: {', '.join(STAGE_KEYS)}")
+        values = {**top, **overrides}
+        if "loaders" in overrides:
+            values["datasets"] = overrides.get("datasets")
+        if "datasets" in overrides:
+            values["loaders"] = overrides.get("loaders")
+        stages.append(StageSpec(name=str(name), **values))
+    return stages
+
+
+def _check_stage(runner, stage: StageSpec) -> None:
+    where = "num_epochs" if stage.name == "main" else f"stages[{stage.name!r}]['num_epochs']"
+    if isinstance(stage.num_epochs, bool) or not isinstance(stage.num_epochs, int) or stage.num_epochs < 1:
+        raise ValueError(f"{where} must be an integer >= 1, got {stage.num_epochs!r}")
+    prefix = "" if stage.name == "main" else f"stages[{stage.name!r}]: "
+    if stage.loaders is not None and stage.datasets is not None:
+        raise ValueError(f"{prefix}give either loaders or datasets, not both")
+    if stage.loaders is None and stage.datasets is None:
+        raise ValueError(f"{prefix}loaders is required: a mapping such as {{'train': DataLoader, 'valid': "
+                         f"DataLoader}} (or pass datasets={{'batch_size': .., 'train': .., 'valid': ..}})")
+    if stage.loaders is not None:
+        names = _check_loaders(stage.loaders, prefix)
+    else:
+        from torchstage.runner.data import dataset_loader_names
+        names = dataset_loader_names(stage.datasets, prefix)
+    if stage.valid_loader not in names:
+        raise ValueError(f"{prefix}valid_loader={stage.valid_loader!r} is not among the loaders {names}; "
+                         f"pass valid_loader=<one of them>")
+    if getattr(runner, "requires", None):
+        for name in runner.requires:
+            if getattr(stage, name) is None:
+                raise ValueError(f"{prefix}{type(runner).__name__} needs a {name}; got {name}=None")
+    if stage.callbacks is not None and not isinstance(stage.callbacks, (list, tuple, Mapping)):
+        raise TypeError(f"{prefix}callbacks must be a list or a dict name -> Callback, "
+                        f"got {type(stage.callbacks).__name__}")
+    items = stage.callbacks.items() if isinstance(stage.callbacks, Mapping) else enumerate(stage.callbacks or ())
+    for key, callback in items:
+        if not (isinstance(callback, Callback) or (callback is None and isinstance(stage.callbacks, Mapping))):
+            raise TypeError(f"{prefix}callbacks[{key!r}] must be a torchstage Callback, got "
+                            f"{type(callback).__name__}")
+
+
+def _check_loaders(loaders, prefix: str) -> list:
+    if not isinstance(loaders, Mapping) or not loaders:
+        raise TypeError(f"{prefix}loaders must be a non-empty mapping of name -> iterable of batches "
+                        f"(e.g. {{'train': DataLoader, 'valid': DataLoader}}), got {loaders!r:.80}")
+    for name, loader in loaders.items():
+        if not isinstance(name, str):
+            raise TypeError(f"{prefix}loaders keys must be strings, got {name!r}")
+        if not hasattr(loader, "__iter__") or isinstance(loader, (str, bytes, torch.Tensor)):
+            hint = "; pass datasets={...} to have torchstage build loaders" if hasattr(loader, "__getitem__") else ""
+            raise TypeError(f"{prefix}loaders[{name!r}] is a {type(loader).__name__}, expected an iterable "
+                            f"of batches such as a DataLoader{hint}")
+        try:
+            size = len(loader)
+        except TypeError:
+            continue
+        if size == 0:
+            raise ValueError(f"{prefix}loaders[{name!r}] is empty (len 0): it would yield no batch")
+    return list(loaders)
+
+
+def _check_model(model) -> None:
+    models = model.values() if isinstance(model, Mapping) else [model]
+    if model is None or (isinstance(model, Mapping) and not model):
+        raise ValueError("model is required: a torch.nn.Module or a dict of name -> torch.nn.Module")
+    for m in models:
+        if not isinstance(m, torch.nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module or a dict of them, got {type(m).__name__}")
+
+
+def _check_type(name, value, kind) -> None:
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise TypeError(f"{name} must be {kind.__name__}, got {value!r}")
+
+
+def train_signature() -> inspect.Signature:
+    """The keyword-only signature of ``Runner.train``, so ``help()`` and IDEs list every argument."""
+    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    for f in dataclasses.fields(TrainSpec):
+        if f.name != "stage_specs":
+            params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default))
+    return inspect.Signature(params)

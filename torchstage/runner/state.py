@@ -1,0 +1,73 @@
+"""The runner <-> checkpoint mapping: what a run is made of, as one dict of tensors and plain values."""
+import time
+
+import torch
+
+from torchstage.checkpoint import FORMAT, CheckpointError, clean_state_dict
+from torchstage.rng import get_rng_state, set_rng_state
+
+HPARAMS = ("num_epochs", "valid_loader", "valid_metric", "minimize_valid_metric", "seed", "deterministic",
+           "logdir", "scheduler_step")
+
+
+def named(obj, default_name: str) -> dict:
+    """A dict of name -> object for a single object or a dict of them (None gives {})."""
+    if obj is None:
+        return {}
+    return dict(obj) if isinstance(obj, dict) else {default_name: obj}
+
+
+def runner_state_dict(runner) -> dict:
+    """Every part of the run needed to resume it exactly; collective under several processes."""
+    from torchstage import __version__
+    spec = runner.spec
+    scaler = getattr(runner, "scaler", None)
+    return {
+        "format": FORMAT,
+        "models": {k: m.state_dict() for k, m in named(runner.unwrapped_model, "model").items()},
+        "optimizers": {k: o.state_dict() for k, o in named(runner.optimizer, "optimizer").items()},
+        "schedulers": {k: s.state_dict() for k, s in named(runner.scheduler, "scheduler").items()},
+        "scaler": scaler.state_dict() if scaler is not None else {},
+        "callbacks": {k: s for k, s in ((k, cb.state_dict()) for k, cb in runner.callbacks.items()) if s},
+        "loop": runner.loop_position(),
+        "rng": runner.engine.all_gather_object(get_rng_state()),
+        "metrics": {loader: dict(values) for loader, values in runner.epoch_metrics.items()},
+        "meta": {"torchstage": __version__, "torch": torch.__version__, "world_size": runner.engine.world_size,
+                 "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "stage_names": [s.name for s in spec.stage_specs],
+                 "hparams": {k: _plain(getattr(spec, k)) for k in HPARAMS}},
+    }
+
+
+def load_runner_state_dict(runner, checkpoint: dict, weights_only: bool = False) -> None:
+    """Put a checkpoint's weights (and unless ``weights_only`` everything else) into the runner."""
+    models = named(runner.unwrapped_model, "model")
+    _load_named("model", models, checkpoint["models"], lambda m, s: m.load_state_dict(clean_state_dict(s)))
+    if weights_only:
+        return
+    _load_named("optimizer", named(runner.optimizer, "optimizer"), checkpoint["optimizers"],
+                lambda o, s: o.load_state_dict(s))
+    _load_named("scheduler", named(runner.scheduler, "scheduler"), checkpoint["schedulers"],
+                lambda o, s: o.load_state_dict(s))
+    scaler = getattr(runner, "scaler", None)
+    if scaler is not None and checkpoint.get("scaler"):
+        scaler.load_state_dict(checkpoint["scaler"])
+    for name, state in checkpoint.get("callbacks", {}).items():
+        if name in runner.callbacks:
+            runner.callbacks[name].load_state_dict(state)
+    rng = checkpoint["rng"]
+    if len(rng) != runner.engine.world_size:
+        raise CheckpointError(f"checkpoint was written by {len(rng)} process(es); resume it with the same "
+                              f"number, not {runner.engine.world_size}")
+    set_rng_state(rng[runner.engine.rank])
+
+
+def _load_named(kind: str, targets: dict, states: dict, load) -> None:
+    missing = sorted(set(targets) - set(states))
+    if missing:
+        raise CheckpointError(f"checkpoint has no {kind} state for {missing}; it has {sorted(states)}")
+    for name, target in targets.items():
+        load(target, states[name])
+
+
+def _plain(value):
+    return value if isinstance(value, (int, float, str, bool, type(None))) else str(value)

@@ -1,0 +1,62 @@
+"""SupervisedRunner: ``model(batch[input_key]) -> batch[output_key]``, with criterion and optimizer callbacks."""
+from torchstage.callbacks.criterion import CriterionCallback
+from torchstage.callbacks.optimizer import OptimizerCallback
+from torchstage.runner.runner import Runner
+
+
+class SupervisedRunner(Runner):
+    """The runner for ``(input, target)`` tasks.
+
+    A tuple/list batch maps to ``{input_key: batch[0], target_key: batch[1]}``; a dict batch is used as
+    is. ``input_key`` may be a list of keys, passed to the model as keyword arguments. A model returning
+    a tensor fills ``output_key``; one returning a dict adds its keys; a tuple needs a list ``output_key``.
+    """
+
+    requires = ("criterion", "optimizer")
+    produces = ()
+
+    def __init__(self, model=None, engine=None, input_key="features", output_key="logits",
+                 target_key="targets", loss_key="loss"):
+        super().__init__(model=model, engine=engine)
+        self.input_key, self.output_key = input_key, output_key
+        self.target_key, self.loss_key = target_key, loss_key
+
+    def get_default_callbacks(self, spec) -> dict:
+        chain = super().get_default_callbacks(spec)
+        output_key = self.output_key if isinstance(self.output_key, str) else self.output_key[0]
+        chain["criterion"] = CriterionCallback(input_key=output_key, target_key=self.target_key,
+                                               metric_key=self.loss_key)
+        chain["optimizer"] = OptimizerCallback(metric_key=self.loss_key)
+        return chain
+
+    def handle_batch(self, batch) -> None:
+        batch = self.batch = self._as_dict(batch)
+        batch.update(self.forward(batch))
+
+    def forward(self, batch: dict, **kwargs) -> dict:
+        """Run the model on ``batch``'s inputs and name its outputs."""
+        if isinstance(self.input_key, str):
+            output = self.model(batch[self.input_key], **kwargs)
+        else:
+            output = self.model(**{key: batch[key] for key in self.input_key}, **kwargs)
+        if isinstance(output, dict):
+            return output
+        if isinstance(output, (tuple, list)):
+            keys = [self.output_key] if isinstance(self.output_key, str) else self.output_key
+            if len(keys) != len(output):
+                raise ValueError(f"the model returned {len(output)} outputs but output_key names {len(keys)}: "
+                                 f"{keys}; pass output_key=[one name per output]")
+            return dict(zip(keys, output))
+        return {self.output_key if isinstance(self.output_key, str) else self.output_key[0]: output}
+
+    def _as_dict(self, batch) -> dict:
+        if isinstance(batch, dict):
+            return dict(batch)
+        if isinstance(batch, (tuple, list)):
+            inputs = [self.input_key] if isinstance(self.input_key, str) else list(self.input_key)
+            keys = inputs + [self.target_key]
+            if len(batch) not in (len(inputs), len(keys)):
+                raise ValueError(f"a batch of {len(batch)} items cannot map to input_key={self.input_key!r} "
+                                 f"and target_key={self.target_key!r}; yield dict batches or set the keys")
+            return dict(zip(keys, batch))
+        return {self.input_key: batch}
