@@ -25,11 +25,11 @@ def multiclass_inputs(outputs, targets, owner: str, num_classes=None):
     """Scores ``(N, C)`` and integer class indices ``(N,)`` -> the same tensors, checked."""
     outputs, targets = _tensor(outputs, "outputs", owner), _tensor(targets, "targets", owner)
     if outputs.ndim != 2 or targets.ndim != 1 or targets.shape[0] != outputs.shape[0]:
+        hint = " (one-hot targets: pass targets.argmax(1))" if targets.shape == outputs.shape else ""
         raise ValueError(f"{owner}: multi-class mode expects outputs (N, C) and class-index targets (N,), "
-                         f"got outputs {tuple(outputs.shape)} and targets {tuple(targets.shape)}")
+                         f"got outputs {tuple(outputs.shape)} and targets {tuple(targets.shape)}{hint}")
     if targets.is_floating_point() or targets.dtype == torch.bool or targets.is_complex():
-        raise TypeError(f"{owner}: multi-class targets must be integer class indices, got dtype {targets.dtype} "
-                        "(one-hot targets: pass targets.argmax(1))")
+        raise TypeError(f"{owner}: multi-class targets must be integer class indices, got dtype {targets.dtype}")
     if num_classes is not None and outputs.shape[1] != num_classes:
         raise ValueError(f"{owner}: num_classes={num_classes} but outputs have shape {tuple(outputs.shape)}")
     return outputs, targets
