@@ -30,6 +30,9 @@ class AccuracyMetric(AdditiveMetric):
         self._state_size = len(topk) + 1
         super().__init__(prefix)
 
+    def _names(self) -> tuple:
+        return tuple("accuracy" if k == 1 else f"accuracy_top{k}" for k in self.topk)
+
     def _update(self, outputs, targets) -> None:
         owner = "AccuracyMetric"
         if isinstance(outputs, torch.Tensor) and (outputs.ndim == 1 or (outputs.ndim == 2 and outputs.shape[1] == 1)):

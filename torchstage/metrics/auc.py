@@ -89,6 +89,9 @@ class AUCMetric(Metric):
             raise ValueError(f"AUCMetric.sync: ranks hold different numbers of columns ({narrowest} vs {widest})")
         self._chunks, self._gathered = [], engine.all_gather_cat(local.contiguous())
 
+    def _names(self) -> tuple:
+        return ("auc",) if self.average == "macro" else ()
+
     def _compute(self) -> Values:
         data = self._local()
         if data.shape[0] == 0:

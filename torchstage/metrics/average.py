@@ -41,6 +41,9 @@ class _WeightedMean(AdditiveMetric):
         state[0] += value * count
         state[1] += count
 
+    def _names(self) -> tuple:
+        return (self.name,)
+
     def _compute(self) -> Values:
         state = self._checked_state()
         if float(state[1]) == 0.0:  # one host read, at compute time only

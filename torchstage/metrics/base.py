@@ -49,6 +49,14 @@ class Metric(ABC):
             self._sync(engine)
         self._synced = True
 
+    @property
+    def names(self) -> tuple:
+        """The result keys known before any data (``prefix`` included), to check ``valid_metric`` early."""
+        return tuple(self.prefix + name for name in self._names())
+
+    def _names(self) -> tuple:
+        return ()
+
     def compute(self) -> Values:
         """``{prefix + name: 0-dim tensor}`` on the state's device; raises if nothing was accumulated."""
         return {self.prefix + name: value for name, value in self._compute().items()}

@@ -64,6 +64,9 @@ class PrecisionRecallF1Metric(AdditiveMetric):
             rows[2].index_add_(0, targets, ones)
         state[-1] += scores.shape[0]
 
+    def _names(self) -> tuple:
+        return ("precision", "recall", "f1")
+
     def _compute(self) -> Values:
         state = self._checked_state()
         if float(state[-1]) == 0.0:
