@@ -23,3 +23,26 @@ def test_tutorial_trains_and_writes_logs_and_checkpoints(tmp_path):
     assert len(rows) == 8 and float(rows[-1]["loss"]) < float(rows[0]["loss"])
     checkpoint = torch.load(tmp_path / "checkpoints" / "best.pth", weights_only=True)
     assert set(checkpoint["models"]["model"]) == {"weight", "bias"}
+
+
+def test_stages_example_runs_both_stages(tmp_path):
+    result = run_script("stages.py", str(tmp_path))
+    assert "[warmup] epoch 2/2" in result.stdout and "[finetune] epoch 3/3" in result.stdout
+    rows = list(csv.DictReader(open(tmp_path / "logs" / "train.csv")))
+    assert [r["stage"] for r in rows] == ["warmup"] * 2 + ["finetune"] * 3
+    assert float(rows[0]["lr"]) == 0.1 and float(rows[-1]["lr"]) == 1e-3
+
+
+def test_classification_example_learns(tmp_path):
+    result = run_script("classification_metrics.py", str(tmp_path))
+    accuracy = float(result.stdout.split("valid accuracy=")[1].split()[0])
+    assert accuracy > 0.9
+    rows = list(csv.DictReader(open(tmp_path / "logs" / "valid.csv")))
+    assert {"accuracy", "accuracy_top3", "precision", "recall", "f1", "auc"} <= set(rows[0])
+    assert "auc" not in list(csv.DictReader(open(tmp_path / "logs" / "train.csv")))[0]
+
+
+def test_custom_callback_example_stops_early():
+    result = run_script("custom_callback.py")
+    epoch = int(result.stdout.split("stopped after epoch ")[1].split()[0])
+    assert 1 <= epoch < 100
