@@ -11,10 +11,12 @@ class AccuracyMetric(AdditiveMetric):
     """Fraction of samples predicted right; state ``[correct@k for k in topk] + [total]``.
 
     The mode follows each batch's shape:
+
     - multi-class: outputs ``(N, C)`` scores (logits or probabilities), targets ``(N,)`` class
       indices; a sample is right at ``k`` when its target is among the ``k`` highest scores.
     - binary: outputs ``(N,)`` or ``(N, 1)``, targets 0/1 of the same shape; predicted positive iff
       ``sigmoid(outputs) > threshold`` (``from_logits=True``) or ``outputs > threshold``; ``topk`` must be ``(1,)``.
+
     Keys: ``prefix + "accuracy"`` for k=1 and ``prefix + f"accuracy_top{k}"`` for k>1.
     """
 

@@ -21,6 +21,7 @@ class PrecisionRecallF1Metric(AdditiveMetric):
     - multi-class (``num_classes=C >= 2``): outputs ``(N, C)``, targets ``(N,)`` class indices; the
       prediction is the argmax (threshold unused). ``average="macro"`` (default): unweighted mean of the
       per-class values over all C classes; ``"micro"``: from the summed counts (equals accuracy).
+
     A ratio with a zero denominator is 0.0, like sklearn's ``zero_division=0``.
     Keys: ``prefix + "precision"``, ``prefix + "recall"``, ``prefix + "f1"``.
     """
