@@ -304,13 +304,15 @@ def master_port(job_id, environ: Mapping = os.environ, ephemeral: Optional[tuple
         if not port.isdigit() or not 0 < int(port) < 65536:
             raise SlurmConfigError(f"MASTER_PORT={port!r} is not a port number (1-65535)")
         return int(port)
-    try:
-        jid = int(job_id)
-    except (TypeError, ValueError):
-        raise SlurmConfigError(f"SLURM job id {job_id!r} is not an integer") from None
+    if not str(job_id).isdigit():
+        raise SlurmConfigError(f"SLURM job id {job_id!r} is not an integer")
+    jid = int(job_id)
     lo, hi = ephemeral or ephemeral_port_range()
-    for window in (range(*PORT_WINDOW), range(1024, 65536)):
-        candidates = [p for p in window if not lo <= p <= hi]
-        if candidates:
-            return candidates[jid % len(candidates)]
+    for start, stop in (PORT_WINDOW, (1024, 65536)):
+        below = (start, max(start, min(stop, lo)))          # window ports under the ephemeral range
+        above = (min(stop, max(start, hi + 1)), stop)       # and over it
+        n_below, n_above = below[1] - below[0], above[1] - above[0]
+        if n_below + n_above:
+            i = jid % (n_below + n_above)
+            return below[0] + i if i < n_below else above[0] + i - n_below
     raise SlurmConfigError(f"no port outside the ephemeral range {lo}-{hi}; set MASTER_PORT")
