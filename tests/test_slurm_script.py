@@ -2,6 +2,7 @@
 import argparse
 import re
 import sys
+import time
 
 import pytest
 
@@ -110,11 +111,15 @@ def test_submit_waits_on_real_cluster(slurm_cluster, tmp_path, monkeypatch, caps
     assert [x for x in lines if x] == ["rank 0 node1", "rank 1 node2"]
 
 
-def test_submit_from_stdin_reports_failing_job(slurm_cluster, tmp_path, monkeypatch, capsys):
+def test_submit_from_stdin_failing_task_ends_job(slurm_cluster, tmp_path, monkeypatch, capsys):
+    """No --save: the script goes to sbatch on stdin. Task 1 fails, --kill-on-bad-exit ends task 0's sleep."""
     for k, v in slurm_cluster.items():
         monkeypatch.setenv(k, v)
     monkeypatch.chdir(tmp_path)
     args = parse(["--nodes", "2", "--output", str(tmp_path / "fail.out"), "--submit", "--wait", "--",
-                  "bash", "-c", 'exit $((SLURM_PROCID * 5))'])
-    assert run_slurm_command(args) == 5  # srun: the failing task's code
+                  "bash", "-c", "[ $SLURM_PROCID = 1 ] && exit 5; sleep 60"])
+    start = time.monotonic()
+    assert run_slurm_command(args) != 0
+    assert time.monotonic() - start < 20
     assert capsys.readouterr().out.strip().isdigit()
+    assert "task 1: Exited with exit code 5" in (tmp_path / "fail.out").read_text()
