@@ -114,13 +114,15 @@ EOF
     chmod 0600 "$DIR/munge/munge.key"
 }
 
+# Report a failed start with the end of each log, and stop what was started.
 fail_with_logs() {
     echo "slurm-local: error: $1" >&2
     local f
     for f in "$DIR"/log/*.log; do
-        [[ -f $f ]] && { echo "--- tail $f" >&2; tail -n 15 "$f" >&2; }
+        [[ -f $f ]] && { echo "--- tail $f" >&2; tail -n 6 "$f" >&2; }
     done
-    SLURM_CONF=$CONF sinfo -N >&2 2>&1 || true
+    SLURM_CONF=$CONF timeout 5 sinfo -N >&2 2>&1 || true
+    stop_daemons
     exit 1
 }
 
