@@ -38,6 +38,9 @@ live_pid() {
     echo "$pid"
 }
 
+# Running (a zombie counts as gone: PID 1 of a container may be slow to reap it).
+running() { [[ -e /proc/$1 ]] && ! grep -q '^State:[[:space:]]*Z' "/proc/$1/status" 2>/dev/null; }
+
 all_alive() {
     local name pidfile binary
     while IFS='|' read -r name pidfile binary; do
@@ -45,10 +48,11 @@ all_alive() {
     done < <(daemons)
 }
 
-nodes_idle() {
+# Every node in a state matching $1 (sinfo's short states: idle, alloc, mix, comp, down, ...).
+nodes_in() {
     local states
-    states=$(SLURM_CONF=$CONF sinfo -h -N -o '%N %t' 2>/dev/null | sort -u) || return 1
-    [[ $(grep -c ' idle$' <<<"$states") -eq ${#NODES[@]} ]]
+    states=$(SLURM_CONF=$CONF timeout 10 sinfo -h -N -o '%N %t' 2>/dev/null | sort -u) || return 1
+    [[ $(grep -cE " ($1)\$" <<<"$states") -eq ${#NODES[@]} ]]
 }
 
 ensure_packages() {
@@ -129,7 +133,7 @@ fail_with_logs() {
 up() {
     ensure_packages
     ensure_hosts
-    if all_alive && nodes_idle; then
+    if all_alive && nodes_in 'idle|alloc|mix|comp'; then  # running jobs are fine
         say "already up ($DIR)"; return 0
     fi
     stop_daemons quiet  # leftovers of a half-started cluster
@@ -142,7 +146,7 @@ up() {
     local n
     for n in "${NODES[@]}"; do slurmd -f "$CONF" -N "$n" || fail_with_logs "slurmd -N $n did not start"; done
     local deadline=$((SECONDS + WAIT_S))
-    until nodes_idle; do
+    until nodes_in idle; do
         ((SECONDS < deadline)) || fail_with_logs "nodes not idle after ${WAIT_S}s"
         all_alive || { sleep 0.5; all_alive || fail_with_logs "a daemon died during start"; }
         sleep 0.2
@@ -150,24 +154,28 @@ up() {
     say "up: ${NODES[*]} idle; use: source $DIR/env"
 }
 
-# TERM each daemon by its pid file (slurmd first), wait, KILL what is left.
+# TERM daemons by their pid files in stages (slurmd, slurmctld, munged: each may still talk to the next), wait, KILL leftovers.
 stop_daemons() {
-    local quiet=${1:-} name pidfile binary pid pids=() names=()
-    while IFS='|' read -r name pidfile binary; do
-        if pid=$(live_pid "$pidfile" "$binary"); then
-            kill -TERM "$pid" 2>/dev/null || true
-            pids+=("$pid"); names+=("$name")
-        fi
-        rm -f "$pidfile"
-    done < <(daemons | tac)
-    [[ -z $quiet && ${#names[@]} -gt 0 ]] && say "stopping ${names[*]}"
-    local i deadline=$((SECONDS + 10))
-    for i in "${!pids[@]}"; do
-        while [[ -e /proc/${pids[$i]} ]] && ((SECONDS < deadline)); do sleep 0.1; done
-        if [[ -e /proc/${pids[$i]} ]]; then
-            say "${names[$i]} (pid ${pids[$i]}) ignored TERM, sending KILL"
-            kill -KILL "${pids[$i]}" 2>/dev/null || true
-        fi
+    local quiet=${1:-} stage name pidfile binary pid
+    for stage in slurmd slurmctld munged; do
+        local pids=() names=()
+        while IFS='|' read -r name pidfile binary; do
+            [[ $name == "$stage"* ]] || continue
+            if pid=$(live_pid "$pidfile" "$binary"); then
+                kill -TERM "$pid" 2>/dev/null || true
+                pids+=("$pid"); names+=("$name")
+            fi
+            rm -f "$pidfile"
+        done < <(daemons)
+        [[ -z $quiet && ${#names[@]} -gt 0 ]] && say "stopping ${names[*]}"
+        local i deadline=$((SECONDS + 10))
+        for i in "${!pids[@]}"; do
+            while running "${pids[$i]}" && ((SECONDS < deadline)); do sleep 0.1; done
+            if running "${pids[$i]}"; then
+                say "${names[$i]} (pid ${pids[$i]}) ignored TERM for 10s, sending KILL"
+                kill -KILL "${pids[$i]}" 2>/dev/null || true
+            fi
+        done
     done
 }
 
