@@ -44,6 +44,7 @@ def test_minimal_script_has_no_optional_directives():
     (dict(ntasks_per_node="2"), "ntasks_per_node: expected a positive integer, got '2'"),
     (dict(time="2 hours"), "time: expected one word"),
     (dict(time="2h"), "time: expected MM, HH:MM:SS"),
+    (dict(time=43200), "quote it in YAML"),
     (dict(signal="B:USR1@120"), "only the batch shell.*'USR1@120'"),
     (dict(signal="usr1"), "signal: expected SIGNAL@SECONDS"),
     (dict(job_name="a\n#SBATCH --x"), "job_name"),

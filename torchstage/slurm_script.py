@@ -47,6 +47,8 @@ class SbatchOptions:
             value = getattr(self, name)
             if value is not None and (type(value) is not int or value < 1):
                 raise SlurmScriptError(f"{name}: expected a positive integer, got {value!r}")
+        if self.time is not None and not isinstance(self.time, str):  # YAML reads unquoted 12:00:00 as 43200
+            raise SlurmScriptError(f"time: expected a string such as '12:00:00' (quote it in YAML), got {self.time!r}")
         for name in ("job_name", "partition", "account", "time", "output", "signal"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not re.fullmatch(r"[^\s#]+", value)):

@@ -104,7 +104,7 @@ def test_uneven_cpu_layout_is_fine():
 
 
 @pytest.mark.parametrize("tpn, ntasks, devices, match", [
-    ("2(x2)", 4, 4, r"tasks per node 2\(x2\) on 2 node\(s\).*cannot use 4 local devices.*"
+    ("2(x2)", 4, 4, r"tasks per node 2,2 on 2 node\(s\).*cannot use 4 local devices.*"
                     r"--ntasks-per-node=1 .*--ntasks-per-node=4"),
     ("2,1", 3, 2, r"uneven tasks per node 2,1 .*cannot use 2 local devices"),
     ("1,2", 3, 2, r"uneven tasks per node 1,2"),

@@ -15,8 +15,6 @@ from typing import Mapping, Optional, Sequence
 logger = logging.getLogger(__name__)
 
 MAX_RANGE = 65536  # SLURM refuses a bracket range of more hosts than this ("Too many hosts")
-_BATCH_STEP_IDS = {"batch", "extern", "interactive", "4294967290", "4294967291", "4294967292",
-                   "4294967293", "4294967294", "4294967295"}
 
 
 class SlurmConfigError(ValueError):
@@ -150,7 +148,7 @@ def slurm_step(environ: Mapping = os.environ, controlling_tty: Optional[bool] = 
     if not all(environ.get(k) for k in ("SLURM_JOB_ID", "SLURM_PROCID")):
         return None
     step_id = environ.get("SLURM_STEP_ID") or environ.get("SLURM_STEPID")
-    if not step_id or step_id in _BATCH_STEP_IDS:
+    if not step_id or not step_id.isdigit() or int(step_id) >= 0xFFFFFFF0:  # batch/extern/interactive steps
         return None
     if environ.get("SLURM_PTY_PORT"):
         if has_controlling_tty() if controlling_tty is None else controlling_tty:
@@ -223,20 +221,9 @@ def slurm_world(step: SlurmStep, local_devices: int) -> SlurmWorld:
                           spawn_local=local_devices)
     kind = "uneven tasks per node" if len(set(tpn)) > 1 else "tasks per node"
     raise SlurmConfigError(
-        f"{kind} {_compress(tpn)} on {n} node(s) (SLURM_STEP_TASKS_PER_NODE) cannot use {local_devices} "
+        f"{kind} {','.join(map(str, tpn))} on {n} node(s) (SLURM_STEP_TASKS_PER_NODE) cannot use {local_devices} "
         f"local devices per node: use --ntasks-per-node=1 (one launcher per node spawns {local_devices} "
         f"processes) or --ntasks-per-node={local_devices} (one task per device), the same on every node")
-
-
-def _compress(counts: Sequence[int]) -> str:
-    out, i = [], 0
-    while i < len(counts):
-        j = i
-        while j < len(counts) and counts[j] == counts[i]:
-            j += 1
-        out.append(f"{counts[i]}(x{j - i})" if j - i > 1 else str(counts[i]))
-        i = j
-    return ",".join(out)
 
 
 # ---- rendezvous --------------------------------------------------------------------------------
