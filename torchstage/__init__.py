@@ -8,6 +8,7 @@ from torchstage.callbacks.checkpoint import CheckpointCallback
 from torchstage.callbacks.console import ConsoleLogger
 from torchstage.callbacks.criterion import CriterionCallback
 from torchstage.callbacks.csv_logger import CSVLogger
+from torchstage.callbacks.early_stopping import EarlyStoppingCallback
 from torchstage.callbacks.loop import LoopCallback
 from torchstage.callbacks.optimizer import OptimizerCallback
 from torchstage.callbacks.progress import ProgressBar
@@ -26,6 +27,7 @@ del train_signature
 __all__ = [
     "Callback", "CallbackOrder", "CallbackScope", "CancelBatch", "CancelEpoch", "CancelLoader", "CancelRun",
     "CancelStage", "CheckpointCallback", "CheckpointError", "ConsoleLogger", "CriterionCallback", "CSVLogger",
+    "EarlyStoppingCallback",
     "Engine", "LoopCallback", "MetricsAveragingCallback", "OptimizerCallback", "ProgressBar", "Runner",
     "SchedulerCallback", "SupervisedRunner", "TensorBoardLogger", "load_checkpoint", "load_model_weights",
     "set_seed",
