@@ -11,6 +11,7 @@ from torchstage.callbacks.csv_logger import CSVLogger
 from torchstage.callbacks.early_stopping import EarlyStoppingCallback
 from torchstage.callbacks.loop import LoopCallback
 from torchstage.callbacks.optimizer import OptimizerCallback
+from torchstage.callbacks.output_losses import Loss, OutputLossesCallback, Regularizer
 from torchstage.callbacks.progress import ProgressBar
 from torchstage.callbacks.scheduler import SchedulerCallback
 from torchstage.callbacks.tensorboard import TensorBoardLogger
@@ -27,7 +28,7 @@ del train_signature
 __all__ = [
     "Callback", "CallbackOrder", "CallbackScope", "CancelBatch", "CancelEpoch", "CancelLoader", "CancelRun",
     "CancelStage", "CheckpointCallback", "CheckpointError", "ConsoleLogger", "CriterionCallback", "CSVLogger",
-    "EarlyStoppingCallback",
+    "EarlyStoppingCallback", "Loss", "OutputLossesCallback", "Regularizer",
     "Engine", "LoopCallback", "MetricsAveragingCallback", "OptimizerCallback", "ProgressBar", "Runner",
     "SchedulerCallback", "SupervisedRunner", "TensorBoardLogger", "load_checkpoint", "load_model_weights",
     "set_seed",
