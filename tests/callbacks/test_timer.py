@@ -40,7 +40,8 @@ def test_timeit_logs_data_and_compute_time_per_batch(tmp_path):
     assert 0.02 <= train["time_data"] < 0.2  # 2 items x 10 ms per batch
     assert 0.03 <= train["time_batch"] < 0.3
     assert train["samples_per_s"] <= 2 / 0.05
-    assert 0.04 <= valid["time_data"] and valid["time_batch"] < 0.03  # 4 items; no slow step outside training
+    assert 0.04 <= valid["time_data"]  # 4 items per batch
+    assert valid["time_batch"] < train["time_batch"]  # the slow step runs on train batches only
     with open(tmp_path / "logs" / "train.csv") as f:
         row = next(csv.DictReader(f))
     assert float(row["time_data"]) == train["time_data"] and "samples_per_s" in row
