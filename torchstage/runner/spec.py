@@ -56,6 +56,15 @@ class TrainSpec:
     scheduler_step: str = "epoch"
     distributed: bool = False
     nprocs: Optional[int] = None
+    amp: Any = None
+    accumulation_steps: int = 1
+    grad_clip_norm: Optional[float] = None
+    grad_clip_value: Optional[float] = None
+    compile: Any = False
+    check: bool = False
+    overfit: Any = False
+    timeit: bool = False
+    valid_every: int = 1
     stage_specs: list = field(default_factory=list, repr=False)
 
 
@@ -72,6 +81,8 @@ def make_spec(runner, kwargs: dict) -> TrainSpec:
         raise TypeError(f"logdir must be a path (str or os.PathLike), got {type(spec.logdir).__name__}")
     if spec.scheduler_step not in ("epoch", "batch"):
         raise ValueError(f"scheduler_step must be 'epoch' or 'batch', got {spec.scheduler_step!r}")
+    from torchstage.runner.features import check_feature_args
+    check_feature_args(spec)
     spec.stage_specs = _resolve_stages(spec)
     for stage in spec.stage_specs:
         _check_stage(runner, stage)
