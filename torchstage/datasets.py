@@ -14,3 +14,12 @@ def synthetic_regression(num_samples: int = 1000, num_features: int = 10, seed: 
     weights = torch.randn(num_features, 1, generator=generator)
     targets = features @ weights + noise * torch.randn(num_samples, 1, generator=generator)
     return TensorDataset(features, targets)
+
+
+def synthetic_regression_splits(num_train: int = 1000, num_valid: int = 200, num_features: int = 10,
+                                seed: int = 0) -> dict:
+    """``{"train": ..., "valid": ...}`` from one synthetic task (same weights), e.g. for ``datasets: {_target_: ..}``."""
+    full = synthetic_regression(num_train + num_valid, num_features, seed)
+    features, targets = full.tensors
+    return {"train": TensorDataset(features[:num_train], targets[:num_train]),
+            "valid": TensorDataset(features[num_train:], targets[num_train:])}

@@ -72,6 +72,9 @@ def check_arguments(fn, kwargs: Mapping, path: str, target: str, given=()) -> No
         return
     accepted = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     for key in kwargs:
+        if key in given and key not in accepted:
+            raise ConfigError(path, f"{target} has no argument {key!r}, which torchstage passes to this kind of "
+                                    f"component (is it the right class here?); it accepts: {', '.join(accepted)}")
         if key not in accepted:
             close = difflib.get_close_matches(str(key), accepted, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
