@@ -14,6 +14,7 @@ from torchstage.callbacks.progress import ProgressBar
 from torchstage.callbacks.scheduler import SchedulerCallback
 from torchstage.callbacks.tensorboard import TensorBoardLogger
 from torchstage.checkpoint import CheckpointError, load_checkpoint, load_model_weights
+from torchstage.config import ConfigError, load_config, train_from_config
 from torchstage.distributed.engine import Engine
 from torchstage.rng import set_seed
 from torchstage.runner.runner import Runner
@@ -25,8 +26,8 @@ del train_signature
 
 __all__ = [
     "Callback", "CallbackOrder", "CallbackScope", "CancelBatch", "CancelEpoch", "CancelLoader", "CancelRun",
-    "CancelStage", "CheckpointCallback", "CheckpointError", "ConsoleLogger", "CriterionCallback", "CSVLogger",
+    "CancelStage", "CheckpointCallback", "CheckpointError", "ConfigError", "ConsoleLogger", "CriterionCallback", "CSVLogger",
     "Engine", "LoopCallback", "MetricsAveragingCallback", "OptimizerCallback", "ProgressBar", "Runner",
-    "SchedulerCallback", "SupervisedRunner", "TensorBoardLogger", "load_checkpoint", "load_model_weights",
-    "set_seed",
+    "SchedulerCallback", "SupervisedRunner", "TensorBoardLogger", "load_checkpoint", "load_config", "load_model_weights",
+    "set_seed", "train_from_config",
 ]

@@ -43,6 +43,7 @@ def plot_logs(logdir: str, output: str = None) -> str:
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
+        from matplotlib.ticker import MaxNLocator
     except ImportError as exc:
         raise ImportError("torchstage plot needs matplotlib, which is not installed: "
                           "pip install 'torchstage[plot]'") from exc
@@ -66,6 +67,7 @@ def plot_logs(logdir: str, output: str = None) -> str:
             axes.axvline(epoch - 0.5, color="grey", linestyle="--", linewidth=0.8)
         axes.set_title(metric)
         axes.set_xlabel("epoch")
+        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
         axes.grid(alpha=0.3)
         axes.legend(fontsize="small")
     output = output or os.path.join(logdir, "curves.png")
