@@ -138,9 +138,11 @@ def test_component_errors_name_the_yaml_path(change, path, message):
     assert text.startswith(f"{path}: ") and message in text
 
 
-def test_train_argument_errors_become_config_errors():
+def test_train_argument_errors_become_config_errors_with_dotted_paths():
     text = error_of(base(valid_loader="test"))
-    assert "valid_loader='test' is not among the loaders ['train', 'valid']" in text
+    assert text.startswith("valid_loader='test' is not among the loaders ['train', 'valid']")
+    text = error_of(base(stages={"ft": {"num_epochs": 1, "datasets": {**DATA, "batch_size": 0}}}))
+    assert text == "stages.ft: datasets.batch_size must be an integer >= 1, got 0"
 
 
 # ---- what gets built ----------------------------------------------------------------------------

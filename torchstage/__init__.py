@@ -26,8 +26,9 @@ del train_signature
 
 __all__ = [
     "Callback", "CallbackOrder", "CallbackScope", "CancelBatch", "CancelEpoch", "CancelLoader", "CancelRun",
-    "CancelStage", "CheckpointCallback", "CheckpointError", "ConfigError", "ConsoleLogger", "CriterionCallback", "CSVLogger",
+    "CancelStage", "CheckpointCallback", "CheckpointError", "ConsoleLogger", "CriterionCallback", "CSVLogger",
     "Engine", "LoopCallback", "MetricsAveragingCallback", "OptimizerCallback", "ProgressBar", "Runner",
-    "SchedulerCallback", "SupervisedRunner", "TensorBoardLogger", "load_checkpoint", "load_config", "load_model_weights",
-    "set_seed", "train_from_config",
+    "SchedulerCallback", "SupervisedRunner", "TensorBoardLogger", "load_checkpoint", "load_model_weights",
+    "set_seed",
+    "ConfigError", "load_config", "train_from_config",
 ]

@@ -163,17 +163,18 @@ def build_train_call(config: Mapping):
 
     Python, numpy and torch are seeded with the config's ``seed`` (default: TrainSpec's) before the first
     component is built, so model initialisation is reproducible; ``train`` then seeds again as usual.
+    Order: model, runner, then per level (top, then each stage) criterion, optimizer, scheduler, data,
+    callbacks; so a script that calls ``set_seed(seed)`` and builds its model first gets the same weights.
     """
     from torchstage.rng import set_seed
     check_config(config)
     defaults = TrainSpec()
     set_seed(config.get("seed", defaults.seed), config.get("deterministic", defaults.deterministic))
+    kwargs = {"model": _build_models(config["model"])} if "model" in config else {}
     runner = _build_runner(config.get("runner"))
-    kwargs = {}
     for key, value in config.items():
-        if key in EXTRA_KEYS or key in STAGE_KEYS or key == "stages":
-            continue
-        kwargs[key] = _build_models(value) if key == "model" else instantiate(value, key)
+        if key not in (*EXTRA_KEYS, *STAGE_KEYS, "stages", "model"):
+            kwargs[key] = instantiate(value, key)  # scalars as they are; components of new train() arguments
     model = kwargs.get("model")
     kwargs.update(_build_stage_values(config, "", model, inherited={}))
     if config.get("stages") is not None:
@@ -227,7 +228,9 @@ def _build_models(node):
 
 def _build_stage_values(node: Mapping, path: str, model, inherited: dict) -> dict:
     """The stage-level train arguments of ``node`` (the top level or one stage), built in a fixed order."""
-    values = {key: node[key] for key in STAGE_KEYS if key in node}
+    built_here = ("criterion", "optimizer", "scheduler", "datasets", "loaders", "callbacks")
+    values = {key: instantiate(node[key], join(path, key))
+              for key in STAGE_KEYS if key in node and key not in built_here}
     if "criterion" in node:
         values["criterion"] = instantiate(node["criterion"], join(path, "criterion"))
     if "optimizer" in node:
@@ -259,8 +262,8 @@ def _build_optimizers(node, path: str, model):
         names = item.get("params")
         if isinstance(model, Mapping):
             if names is None:
-                raise ConfigError(join(where, "params"), f"the model is a dict ({', '.join(model)}): name the "
-                                                         f"model(s) this optimizer updates, e.g. params: {next(iter(model))}")
+                raise ConfigError(join(where, "params"), f"the model is a dict ({', '.join(model)}): name the model(s) "
+                                                         f"this optimizer updates, e.g. params: {next(iter(model))}")
             names = [names] if isinstance(names, str) else names
             if not isinstance(names, list) or any(n not in model for n in names):
                 raise ConfigError(join(where, "params"), f"expected a model name or a list of them "
@@ -374,8 +377,8 @@ def train_from_config(config: Mapping, dry_run: bool = False):
         kwargs["callbacks"] = _with_config_saver(kwargs.get("callbacks"), dump_config(config))
     try:
         spec = make_spec(runner, kwargs)  # the checks train() makes, reported as config errors
-    except (TypeError, ValueError) as exc:
-        raise ConfigError("", str(exc)) from exc
+    except (TypeError, ValueError) as exc:  # "stages['ft']: datasets['batch_size'] ..." -> "stages.ft: datasets.batch_size"
+        raise ConfigError("", re.sub(r"(?<=\w)\[(['\"])([^'\"\]]*)\1\]", r".\2", str(exc))) from exc
     if dry_run:
         from torchstage.runner.setup import prepare
         prepare(runner, spec)
