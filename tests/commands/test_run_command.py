@@ -189,3 +189,17 @@ def test_distributed_config_on_two_cpu_processes(tmp_path):
     state = checkpoint(tmp_path / "ddp")
     assert state["meta"]["world_size"] == 2 and state["loop"]["global_epoch_step"] == 2
     assert (tmp_path / "ddp" / "config.yml").exists()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torchstage.distributed.launch") is None,
+                    reason="needs torchstage.distributed.launch")
+def test_distributed_config_under_torchrun(tmp_path):
+    (tmp_path / "base.yml").write_text(FOUNDATION)
+    (tmp_path / "ddp.yml").write_text("distributed: true\nnum_epochs: 1\nlogdir: ddp\nverbose: false\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                             "-m", "torchstage", "run", "-C", "base.yml", "ddp.yml"],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert checkpoint(tmp_path / "ddp")["meta"]["world_size"] == 2
+    assert torchstage.load_config(tmp_path / "ddp" / "config.yml")["distributed"] is True
