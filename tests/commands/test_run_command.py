@@ -166,17 +166,27 @@ def test_dry_run_prints_config_and_chains_and_trains_nothing(tmp_path):
     assert not (tmp_path / "two").exists()
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--set", "model.in_feature=3"], "model.in_feature: torch.nn.Linear has no argument 'in_feature' "
-                                      "(did you mean 'in_features'?)"),
-    (["--set", "num_epochs"], "--set 'num_epochs': expected KEY.PATH=VALUE"),
-])
-def test_config_errors_exit_2_with_the_path_and_no_traceback(tmp_path, args, message):
+def test_config_error_exits_2_with_the_path_and_no_traceback(tmp_path):
     (tmp_path / "base.yml").write_text(FOUNDATION)
-    result = run_cli("run", "-C", "base.yml", *args, "--set", "logdir=out", cwd=tmp_path)
+    result = run_cli("run", "-C", "base.yml", "--set", "model.in_feature=3", "--set", "logdir=out", cwd=tmp_path)
     assert result.returncode == 2
-    assert result.stderr.startswith(f"torchstage run: error: {message}"), result.stderr
+    assert result.stderr.startswith("torchstage run: error: model.in_feature: torch.nn.Linear has no argument "
+                                    "'in_feature' (did you mean 'in_features'?); it accepts: "), result.stderr
     assert "Traceback" not in result.stderr and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--set", "num_epochs"], "--set 'num_epochs': expected KEY.PATH=VALUE"),
+    (["--set", "stages.a.epochs=2"], "stages.a.epochs: unknown stage key 'epochs'"),
+    (["--set", "optimizer._target_=torch.optim.Adamm"], "optimizer._target_: cannot import 'torch.optim.Adamm'"),
+    (["missing.yml"], "missing.yml: cannot read config file"),
+])
+def test_config_errors_in_process(tmp_path, monkeypatch, capsys, args, message):
+    (tmp_path / "base.yml").write_text(FOUNDATION)
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "-C", "base.yml", *args, "--set", "logdir=out"]) == 2
+    assert capsys.readouterr().err.startswith(f"torchstage run: error: {message}")
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torchstage.distributed.launch") is None,
