@@ -1,5 +1,6 @@
 """The config API in-process: merging, --set, key/type checks with YAML paths, and what gets built."""
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
@@ -212,3 +213,12 @@ def test_callbacks_as_list_or_mapping_and_null_removes_a_default():
     assert "console" not in runner.callbacks and isinstance(runner.callbacks["csv2"], torchstage.CSVLogger)
     runner = cfg.train_from_config(base(callbacks=[{"_target_": "torchstage.CSVLogger", "logdir": "x"}]), dry_run=True)
     assert runner.callbacks["csv"].logdir == "x"
+
+
+@pytest.mark.parametrize("files", [["regression.yml"], ["regression.yml", "two_stages.yml"],
+                                   ["regression.yml", "distributed.yml"]])
+def test_shipped_example_configs_build(files):
+    folder = Path(torchstage.__file__).resolve().parent.parent / "scripts" / "configs"
+    config = load_config([folder / name for name in files])
+    runner = cfg.train_from_config(config, dry_run=True)
+    assert runner.spec.stage_specs[-1].optimizer is not None and runner.loaders["train"] is not None

@@ -19,7 +19,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _subcommands():
     """The ``add_parser(subparsers)`` function of every subcommand, in help order."""
     from torchstage.commands import plot, run
-    return [run.add_parser, plot.add_parser]
+    from torchstage.slurm_script import add_slurm_parser
+    return [run.add_parser, plot.add_parser, add_slurm_parser]
 
 
 def main(argv=None) -> int:

@@ -54,9 +54,7 @@ def run_cli(*args, cwd, timeout=120):
 
 
 def checkpoint(logdir) -> dict:
-    # weights_only=False: the foundation's checkpoints hold a TorchVersion (meta) and a Counter (MultiStepLR)
-    # that weights_only loading refuses; these files are the test's own.
-    return torch.load(Path(logdir) / "checkpoints" / "last.pth", map_location="cpu", weights_only=False)
+    return torchstage.load_checkpoint(str(Path(logdir) / "checkpoints" / "last.pth"))
 
 
 def weights(logdir) -> dict:
