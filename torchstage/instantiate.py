@@ -88,7 +88,7 @@ def check_arguments(fn, kwargs: Mapping, path: str, target: str, given=()) -> No
         if value is None and params[key].default is None:
             continue
         if not _matches(value, kinds):
-            expected = " or ".join(k.__name__ for k in kinds)
+            expected = " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
             raise ConfigError(join(path, key), f"{target} expects {expected} for {key!r}, got "
                                                f"{type(value).__name__} {value!r}")
 
