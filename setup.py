@@ -17,7 +17,7 @@ setup(
     python_requires=">=3.9",
     install_requires=["torch>=2.1,<3", "numpy", "tqdm", "tensorboardX>=2.6", "pyyaml"],
     extras_require={
-        "test": ["pytest>=7", "pytest-timeout", "scikit-learn"],
+        "test": ["pytest>=7", "pytest-timeout", "scikit-learn", "matplotlib"],
         "plot": ["matplotlib"],
         "docs": ["sphinx>=7", "myst-parser"],
     },

@@ -21,6 +21,7 @@ from torchstage.callbacks.tensorboard import TensorBoardLogger
 from torchstage.callbacks.timer import TimerCallback
 from torchstage.callbacks.validation import ValidEveryCallback
 from torchstage.checkpoint import CheckpointError, load_checkpoint, load_model_weights
+from torchstage.config import ConfigError, load_config, train_from_config
 from torchstage.distributed.engine import Engine
 from torchstage.rng import set_seed
 from torchstage.runner.runner import Runner
@@ -39,4 +40,5 @@ __all__ = [
     "Engine", "LoopCallback", "MetricsAveragingCallback", "OptimizerCallback", "ProgressBar", "Runner",
     "SchedulerCallback", "SupervisedRunner", "TensorBoardLogger", "load_checkpoint", "load_model_weights",
     "set_seed",
+    "ConfigError", "load_config", "train_from_config",
 ]

@@ -7,7 +7,8 @@ def build_parser() -> argparse.ArgumentParser:
     from torchstage import __version__
     parser = argparse.ArgumentParser(
         prog="torchstage", description="Train PyTorch models from configs, inspect checkpoints and the "
-                                       "distributed environment.")
+                                       "distributed environment.",
+        epilog="Run 'torchstage COMMAND --help' for the options of a command.")
     parser.add_argument("--version", action="version", version=f"torchstage {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add_parser in _subcommands():
@@ -17,8 +18,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _subcommands():
     """The ``add_parser(subparsers)`` function of every subcommand, in help order."""
+    from torchstage.commands import plot, run
     from torchstage.slurm_script import add_slurm_parser
-    return [add_slurm_parser]
+    return [run.add_parser, plot.add_parser, add_slurm_parser]
 
 
 def main(argv=None) -> int:

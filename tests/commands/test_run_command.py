@@ -1,0 +1,213 @@
+"""``torchstage run`` as a user runs it: a subprocess on YAML files, checked by weights, files and exit codes."""
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+import torchstage
+from torchstage.cli import main
+from torchstage.datasets import synthetic_regression
+
+REPO = Path(torchstage.__file__).resolve().parent.parent
+
+# The foundation script as a config, on a smaller workload: same data, model, optimizer, scheduler, loaders.
+FOUNDATION = """\
+seed: 7
+model: {_target_: torch.nn.Linear, in_features: 10, out_features: 1}
+criterion: {_target_: torch.nn.MSELoss}
+optimizer: {_target_: torch.optim.Adam}
+scheduler: {_target_: torch.optim.lr_scheduler.MultiStepLR, milestones: [1, 2]}
+datasets:
+  batch_size: 32
+  num_workers: 1
+  shuffle: false        # the script's DataLoader does not shuffle
+  train: &data {_target_: torchstage.datasets.synthetic_regression, num_samples: 1000, num_features: 10, seed: 0}
+  valid: *data
+num_epochs: 8
+verbose: true
+"""
+
+# The same run with the script's DataLoaders spelled out as components.
+FOUNDATION_LOADERS = FOUNDATION.split("datasets:")[0] + """\
+loaders:
+  train: &loader
+    _target_: torch.utils.data.DataLoader
+    dataset: {_target_: torchstage.datasets.synthetic_regression, num_samples: 1000, num_features: 10, seed: 0}
+    batch_size: 32
+    num_workers: 1
+  valid: *loader
+num_epochs: 8
+verbose: true
+"""
+
+
+def run_cli(*args, cwd, timeout=120):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-m", "torchstage", *map(str, args)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def checkpoint(logdir) -> dict:
+    return torchstage.load_checkpoint(str(Path(logdir) / "checkpoints" / "last.pth"))
+
+
+def weights(logdir) -> dict:
+    return checkpoint(logdir)["models"]["model"]
+
+
+def train_script(logdir, seed=7, lr=0.01, num_epochs=3) -> dict:
+    """The foundation script with the config's seed: ``set_seed`` before the model is built."""
+    torchstage.set_seed(seed)
+    loader = DataLoader(synthetic_regression(1000, 10, seed=0), batch_size=32, num_workers=1)
+    model = torch.nn.Linear(10, 1)
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    torchstage.SupervisedRunner().train(
+        model=model, criterion=torch.nn.MSELoss(), optimizer=optimizer,
+        scheduler=torch.optim.lr_scheduler.MultiStepLR(optimizer, [1, 2]),
+        loaders={"train": loader, "valid": loader}, logdir=str(logdir), num_epochs=num_epochs, seed=seed)
+    return weights(logdir)
+
+
+@pytest.fixture(scope="module")
+def config_run(tmp_path_factory):
+    """One config run with --set overrides (lr, epochs, logdir) that the tests below compare against."""
+    folder = tmp_path_factory.mktemp("config_run")
+    (folder / "foundation.yml").write_text(FOUNDATION)
+    result = run_cli("run", "-C", "foundation.yml", "--set", "optimizer.lr=1e-2", "--set", "num_epochs=3",
+                     "--set", "logdir=out", cwd=folder)
+    assert result.returncode == 0, result.stderr
+    return folder, result
+
+
+def test_config_run_gives_the_scripts_final_weights(config_run, tmp_path):
+    folder, result = config_run
+    assert "[main] epoch 3/3" in result.stdout
+    expected = train_script(tmp_path / "script")
+    got = weights(folder / "out")
+    assert set(got) == {"weight", "bias"}
+    for name in expected:
+        assert torch.equal(got[name], expected[name]), name
+    torchstage.set_seed(7)
+    assert not torch.equal(got["weight"], torch.nn.Linear(10, 1).weight)  # it did train
+
+
+def test_loaders_spelled_as_components_give_the_same_weights(config_run, tmp_path, monkeypatch):
+    folder, _ = config_run
+    (tmp_path / "loaders.yml").write_text(FOUNDATION_LOADERS)
+    monkeypatch.chdir(tmp_path)  # in-process this time: cli.main is what the subprocess runs
+    assert main(["run", "-C", "loaders.yml", "--set", "optimizer.lr=0.01", "--set", "num_epochs=3",
+                 "--set", "logdir=out", "--set", "verbose=false"]) == 0
+    got, expected = weights(tmp_path / "out"), weights(folder / "out")
+    assert all(torch.equal(got[name], expected[name]) for name in expected)
+
+
+def test_saved_config_reproduces_the_run(config_run, monkeypatch):
+    folder, _ = config_run
+    monkeypatch.chdir(folder)
+    saved = torchstage.load_config(folder / "out" / "config.yml")
+    assert saved["optimizer"] == {"_target_": "torch.optim.Adam", "lr": 0.01}
+    assert saved["num_epochs"] == 3 and saved["seed"] == 7 and saved["logdir"] == "out"
+    assert main(["run", "-C", "out/config.yml", "--set", "logdir=again", "--set", "verbose=false"]) == 0
+    got, expected = weights(folder / "again"), weights(folder / "out")
+    assert all(torch.equal(got[name], expected[name]) for name in expected)
+
+
+TWO_STAGES = """\
+stages:
+  warmup:
+    num_epochs: 2
+    optimizer: {_target_: torch.optim.SGD, lr: 0.05}
+  finetune:
+    num_epochs: 1
+    optimizer: {_target_: torch.optim.Adam, lr: 1e-3}
+    datasets:
+      batch_size: 100
+      train: {_target_: torchstage.datasets.synthetic_regression, num_samples: 300, seed: 0}
+      valid: {_target_: torchstage.datasets.synthetic_regression, num_samples: 100, seed: 1}
+logdir: two
+"""
+
+
+def test_two_stage_config(tmp_path):
+    (tmp_path / "base.yml").write_text(FOUNDATION)
+    (tmp_path / "stages.yml").write_text(TWO_STAGES)
+    result = run_cli("run", "-C", "base.yml", "stages.yml", "--set", "scheduler=null", "--set", "verbose=false",
+                     "--set", "datasets.num_workers=0", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    rows = (tmp_path / "two" / "logs" / "train.csv").read_text().splitlines()
+    assert [row.split(",")[:3] for row in rows[1:]] == [["warmup", "1", "1"], ["warmup", "2", "2"],
+                                                        ["finetune", "1", "3"]]
+    assert [float(row.split(",")[-1]) for row in rows[1:]] == [0.05, 0.05, 0.001]  # lr: each stage's optimizer
+    state = checkpoint(tmp_path / "two")
+    assert state["meta"]["stage_names"] == ["warmup", "finetune"]
+    assert state["loop"]["global_batch_step"] == 2 * 32 + 3  # train batches: 1000/32 twice, then 300/100
+
+
+def test_dry_run_prints_config_and_chains_and_trains_nothing(tmp_path):
+    (tmp_path / "base.yml").write_text(FOUNDATION)
+    (tmp_path / "stages.yml").write_text(TWO_STAGES)
+    result = run_cli("run", "-C", "base.yml", "stages.yml", "--dry-run", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert out.startswith("# merged config\nseed: 7\n") and "  finetune:\n    num_epochs: 1\n" in out
+    assert "# stage 'warmup': 2 epoch(s); loaders train (32 batches), valid (32 batches); criterion MSELoss; " \
+           "optimizer SGD; scheduler MultiStepLR" in out
+    assert "# stage 'finetune': 1 epoch(s); loaders train (3 batches), valid (1 batches)" in out
+    assert out.count("OptimizerCallback") == 2 and out.count("ConfigSaver") == 2
+    assert "epoch 1/" not in out and "nothing was trained" in out
+    assert not (tmp_path / "two").exists()
+
+
+def test_config_error_exits_2_with_the_path_and_no_traceback(tmp_path):
+    (tmp_path / "base.yml").write_text(FOUNDATION)
+    result = run_cli("run", "-C", "base.yml", "--set", "model.in_feature=3", "--set", "logdir=out", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.startswith("torchstage run: error: model.in_feature: torch.nn.Linear has no argument "
+                                    "'in_feature' (did you mean 'in_features'?); it accepts: "), result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--set", "num_epochs"], "--set 'num_epochs': expected KEY.PATH=VALUE"),
+    (["--set", "stages.a.epochs=2"], "stages.a.epochs: unknown stage key 'epochs'"),
+    (["--set", "optimizer._target_=torch.optim.Adamm"], "optimizer._target_: cannot import 'torch.optim.Adamm'"),
+    (["missing.yml"], "missing.yml: cannot read config file"),
+])
+def test_config_errors_in_process(tmp_path, monkeypatch, capsys, args, message):
+    (tmp_path / "base.yml").write_text(FOUNDATION)
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "-C", "base.yml", *args, "--set", "logdir=out"]) == 2
+    assert capsys.readouterr().err.startswith(f"torchstage run: error: {message}")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torchstage.distributed.launch") is None,
+                    reason="needs torchstage.distributed.launch")
+def test_distributed_config_on_two_cpu_processes(tmp_path):
+    (tmp_path / "base.yml").write_text(FOUNDATION)
+    (tmp_path / "ddp.yml").write_text("distributed: true\nnprocs: 2\nnum_epochs: 2\nlogdir: ddp\nverbose: false\n")
+    result = run_cli("run", "-C", "base.yml", "ddp.yml", cwd=tmp_path, timeout=180)
+    assert result.returncode == 0, result.stdout + result.stderr
+    state = checkpoint(tmp_path / "ddp")
+    assert state["meta"]["world_size"] == 2 and state["loop"]["global_epoch_step"] == 2
+    assert (tmp_path / "ddp" / "config.yml").exists()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torchstage.distributed.launch") is None,
+                    reason="needs torchstage.distributed.launch")
+def test_distributed_config_under_torchrun(tmp_path):
+    (tmp_path / "base.yml").write_text(FOUNDATION)
+    (tmp_path / "ddp.yml").write_text("distributed: true\nnum_epochs: 1\nlogdir: ddp\nverbose: false\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                             "-m", "torchstage", "run", "-C", "base.yml", "ddp.yml"],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert checkpoint(tmp_path / "ddp")["meta"]["world_size"] == 2
+    assert torchstage.load_config(tmp_path / "ddp" / "config.yml")["distributed"] is True
