@@ -72,3 +72,15 @@ def test_train_signature_lists_every_argument():
     for name in ("model", "criterion", "optimizer", "scheduler", "loaders", "datasets", "callbacks", "logdir",
                  "num_epochs", "valid_loader", "valid_metric", "minimize_valid_metric", "verbose", "seed", "stages"):
         assert params[name].kind is inspect.Parameter.KEYWORD_ONLY
+
+
+def test_factory_datasets_may_name_any_loaders_and_valid_loader_is_checked_once_built():
+    def make(num_features):
+        X, y = regression_data(n=32, features=num_features)
+        return {"fit": TensorDataset(X, y), "holdout": TensorDataset(X, y)}
+
+    runner = train(loaders=None, callbacks=None, valid_loader="holdout",
+                   datasets={"batch_size": 8, "get_datasets_fn": make, "num_features": 4})
+    assert list(runner.loaders) == ["fit", "holdout"]
+    with pytest.raises(ValueError, match=r"valid_loader='valid' is not among the loaders \['fit', 'holdout'\]"):
+        train(loaders=None, datasets={"batch_size": 8, "get_datasets_fn": make, "num_features": 4})

@@ -17,7 +17,7 @@ def _is_dataset(obj) -> bool:
 
 
 def dataset_loader_names(datasets, prefix: str = "") -> list:
-    """Check a ``datasets`` dict without building anything; return the loader names it will make."""
+    """Check a ``datasets`` dict without building anything; the loader names it makes (None: not yet known)."""
     if not isinstance(datasets, Mapping):
         raise TypeError(f"{prefix}datasets must be a dict like {{'batch_size': 32, 'train': ds, 'valid': ds}}, "
                         f"got {type(datasets).__name__}")
@@ -40,7 +40,7 @@ def dataset_loader_names(datasets, prefix: str = "") -> list:
                                  f"({', '.join(LOADER_OPTIONS)}) nor an argument of {fn.__name__}{inspect.signature(fn)}")
         if "valid_ratio" in datasets:
             check_split(datasets, ["train"], prefix)
-        return ["train", "valid"]  # the factory's names are known only once it runs; checked again then
+        return None  # the factory's loader names are known only once it has run
     names = []
     for key, value in datasets.items():
         if key in LOADER_OPTIONS or key in SPLIT_OPTIONS:

@@ -9,6 +9,7 @@ from torchstage.rng import set_seed
 from torchstage.runner.amp import setup_amp
 from torchstage.runner.chain import describe_chain, merge_chain
 from torchstage.runner.data import build_loaders
+from torchstage.runner.spec import check_valid_loader
 from torchstage.runner.features import check_feature_chain, compile_models
 
 logger = logging.getLogger("torchstage")
@@ -40,6 +41,8 @@ def prepare(runner, spec, engine: Engine = None) -> None:
     compile_models(runner, spec.compile)
     runner.stage_loaders = [stage.loaders if stage.loaders is not None else build_loaders(stage.datasets, runner.engine)
                             for stage in spec.stage_specs]
+    for stage, loaders in zip(spec.stage_specs, runner.stage_loaders):
+        check_valid_loader(stage, loaders)
     defaults = runner.get_default_callbacks(spec)
     runner.stage_callbacks = [merge_chain(defaults, spec.callbacks, stage.callbacks if stage.callbacks is not spec.callbacks else None)
                               for stage in spec.stage_specs]

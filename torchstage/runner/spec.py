@@ -127,9 +127,8 @@ def _check_stage(runner, stage: StageSpec) -> None:
     else:
         from torchstage.runner.data import dataset_loader_names
         names = dataset_loader_names(stage.datasets, prefix)
-    if stage.valid_loader not in names:
-        raise ValueError(f"{prefix}valid_loader={stage.valid_loader!r} is not among the loaders {names}; "
-                         f"pass valid_loader=<one of them>")
+    if names is not None:  # None: a get_datasets_fn, checked once it has run (still before training)
+        check_valid_loader(stage, names)
     if getattr(runner, "requires", None):
         for name in runner.requires:
             if getattr(stage, name) is None:
@@ -142,6 +141,14 @@ def _check_stage(runner, stage: StageSpec) -> None:
         if not (isinstance(callback, Callback) or (callback is None and isinstance(stage.callbacks, Mapping))):
             raise TypeError(f"{prefix}callbacks[{key!r}] must be a torchstage Callback, got "
                             f"{type(callback).__name__}")
+
+
+def check_valid_loader(stage: StageSpec, names) -> None:
+    """``valid_loader`` must name one of the stage's loaders."""
+    if stage.valid_loader not in names:
+        prefix = "" if stage.name == "main" else f"stages[{stage.name!r}]: "
+        raise ValueError(f"{prefix}valid_loader={stage.valid_loader!r} is not among the loaders {list(names)}; "
+                         f"pass valid_loader=<one of them>")
 
 
 def _check_loaders(loaders, prefix: str) -> list:
