@@ -7,7 +7,7 @@ from torchstage.checkpoint import FORMAT, CheckpointError, clean_state_dict
 from torchstage.rng import get_rng_state, set_rng_state
 
 HPARAMS = ("num_epochs", "valid_loader", "valid_metric", "minimize_valid_metric", "seed", "deterministic",
-           "logdir", "scheduler_step")
+           "logdir", "scheduler_step", "checkpoint_period", "topk", "load_best_on_end")
 
 
 def named(obj, default_name: str) -> dict:
@@ -30,9 +30,9 @@ def runner_state_dict(runner) -> dict:
         "scaler": scaler.state_dict() if scaler is not None else {},
         "callbacks": {k: s for k, s in ((k, cb.state_dict()) for k, cb in runner.callbacks.items()) if s},
         "loop": runner.loop_position(),
-        "rng": runner.engine.all_gather_object(get_rng_state()),
+        "rng": runner.engine.all_gather_object({**get_rng_state(), **_loader_start(runner)}),
         "metrics": {loader: dict(values) for loader, values in runner.epoch_metrics.items()},
-        "meta": {"torchstage": __version__, "torch": torch.__version__, "world_size": runner.engine.world_size,
+        "meta": {"torchstage": __version__, "torch": str(torch.__version__), "world_size": runner.engine.world_size,
                  "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "stage_names": [s.name for s in spec.stage_specs],
                  "hparams": {k: _plain(getattr(spec, k)) for k in HPARAMS}},
     }
@@ -67,6 +67,12 @@ def _load_named(kind: str, targets: dict, states: dict, load) -> None:
         raise CheckpointError(f"checkpoint has no {kind} state for {missing}; it has {sorted(states)}")
     for name, target in targets.items():
         load(target, states[name])
+
+
+def _loader_start(runner) -> dict:
+    """The random state the current loader pass started from, so a mid-epoch resume replays its order."""
+    state = getattr(runner, "loader_start_rng", None)
+    return {} if state is None else {"loader_start": state}
 
 
 def _plain(value):
