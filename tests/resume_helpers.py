@@ -48,3 +48,19 @@ def differences(a, b, path="") -> list:
 def checkpoint_differences(path_a, path_b) -> list:
     a, b = (torch.load(p, weights_only=True) for p in (path_a, path_b))
     return [d for key in EXACT_KEYS for d in differences(a[key], b[key], key)]
+
+
+def tiny_train_kwargs(logdir, **overrides) -> dict:
+    """An in-process shuffled run with dropout: 10 train batches per epoch, 3 valid batches."""
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(52, 6, generator=g), torch.randn(52, 1, generator=g)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Dropout(0.2), nn.Linear(8, 1))
+    kwargs = dict(model=model, criterion=nn.MSELoss(), optimizer=torch.optim.Adam(model.parameters(), lr=0.01),
+                  loaders={"train": DataLoader(TensorDataset(x[:40], y[:40]), batch_size=4, shuffle=True),
+                           "valid": DataLoader(TensorDataset(x[40:], y[40:]), batch_size=4)},
+                  logdir=None if logdir is None else str(logdir), num_epochs=3, seed=3)
+    kwargs.update(overrides)
+    return kwargs

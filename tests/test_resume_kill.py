@@ -3,7 +3,7 @@
 Each scenario kills a real child process (tests/resume_scripts/tiny_run.py), checks that the surviving
 ``last.pth`` loads, resumes it in a new process and compares the final checkpoint with an uninterrupted
 run: weights, optimizer and scheduler states, loop position, metrics, callback states and RNG states.
-Scenarios run two at a time (the whole module takes about 30-60 s on 2 cores).
+Scenarios run two at a time (the whole module takes about 40-70 s on 2 idle cores).
 """
 import os
 import random
@@ -25,7 +25,12 @@ SCENARIOS = {
     "mid-epoch in the second stage": {"KILL_AT_BATCH": 27},
     "inside a checkpoint write, before os.replace": {"KILL_IN_WRITE": 4},
     "inside a checkpoint write, in fsync": {"KILL_IN_FSYNC": 5},
+    "SIGTERM: graceful stop": {"SIGNAL_AT_BATCH": 13},
 }
+EXIT_CODES = {"SIGTERM: graceful stop": 128 + signal.SIGTERM}
+
+
+_EXTERNAL = "killed by the parent at a random moment"
 
 
 def _kill_externally(logdir):
@@ -62,7 +67,7 @@ def runs(tmp_path_factory):
     with ThreadPoolExecutor(max_workers=2) as pool:
         reference = pool.submit(run_tiny, os.path.join(base, "reference"))
         futures = {name: pool.submit(_scenario, base, name, env)
-                   for name, env in [*SCENARIOS.items(), ("killed by the parent at a random moment", None)]}
+                   for name, env in [*SCENARIOS.items(), (_EXTERNAL, None)]}
         results = {name: f.result() for name, f in futures.items()}
         ref = reference.result()
     assert ref.returncode == 0, ref.stdout
@@ -71,10 +76,10 @@ def runs(tmp_path_factory):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("name", [*SCENARIOS, "killed by the parent at a random moment"])
+@pytest.mark.parametrize("name", [*SCENARIOS, _EXTERNAL])
 def test_killed_run_resumes_bitwise_equal(runs, name):
     run = runs[name]
-    assert run["code"] == -signal.SIGKILL, run["out"][-2000:]
+    assert run["code"] == EXIT_CODES.get(name, -signal.SIGKILL), run["out"][-2000:]
     assert run["survivor"] is not None, "the killed run left no loadable last.pth"
     assert run["resumed"].returncode == 0, run["resumed"].stdout[-3000:]
     assert checkpoint_differences(runs["reference"], run["last"]) == []
@@ -87,6 +92,13 @@ def test_kill_inside_a_write_leaves_the_previous_checkpoint(runs):
     assert run["stale"], "the interrupted write should have left its temporary file"
     assert not [f for f in os.listdir(os.path.dirname(run["last"])) if f.endswith(".tmp")], \
         "the resumed run should have removed the stale temporary file"
+
+
+def test_sigterm_stops_after_the_batch_with_a_checkpoint_and_a_log_line(runs):
+    run = runs["SIGTERM: graceful stop"]
+    assert run["survivor"]["global_batch_step"] == 13 and run["survivor"]["loader_batch"] == 3
+    assert "graceful stop on SIGTERM after stage 'warmup' epoch 2 batch 3 (global batch 13)" in run["out"]
+    assert "resume='last'" in run["out"] and "exit code 143" in run["out"]
 
 
 def test_kill_in_fsync_of_best_leaves_last(runs):
