@@ -97,7 +97,7 @@ def test_kill_inside_a_write_leaves_the_previous_checkpoint(runs):
 def test_sigterm_stops_after_the_batch_with_a_checkpoint_and_a_log_line(runs):
     run = runs["SIGTERM: graceful stop"]
     assert run["survivor"]["global_batch_step"] == 13 and run["survivor"]["loader_batch"] == 3
-    assert "graceful stop on SIGTERM after stage 'warmup' epoch 2 batch 3 (global batch 13)" in run["out"]
+    assert "graceful stop (SIGTERM) after stage 'warmup' epoch 2 batch 3 (global batch 13)" in run["out"]
     assert "resume='last'" in run["out"] and "exit code 143" in run["out"]
 
 

@@ -44,7 +44,7 @@ def test_sigterm_in_process_stops_and_restores_the_previous_handler(tmp_path, ca
         SupervisedRunner().train(**tiny_train_kwargs(tmp_path, callbacks=[
             At(4, lambda: os.kill(os.getpid(), signal.SIGTERM))]))
     assert stopped.value.code == 143
-    assert "graceful stop on SIGTERM after stage 'main' epoch 1 batch 4 (global batch 4)" in caplog.text
+    assert "graceful stop (SIGTERM) after stage 'main' epoch 1 batch 4 (global batch 4)" in caplog.text
     assert signal.getsignal(signal.SIGTERM) is previous
     assert stop_requested() is None
 

@@ -107,5 +107,8 @@ def agree(request: Optional[StopRequest], group=None) -> Optional[StopRequest]:
     exit_code, signum = flags.tolist()
     if exit_code == 0:
         return None
-    reason = request.reason if request is not None else "stop requested on another rank"
+    if request is not None:
+        reason = request.reason
+    else:
+        reason = f"{signal.Signals(signum).name} on another rank" if signum else "requested on another rank"
     return StopRequest(reason=reason, signum=signum, exit_code=exit_code)

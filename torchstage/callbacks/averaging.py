@@ -12,6 +12,7 @@ class MetricsAveragingCallback(Callback):
 
     order = CallbackOrder.MetricAggregation
     name = "averaging"
+    state_per_rank = True  # partial sums of a mid-loader checkpoint differ between ranks
 
     def __init__(self):
         self._sums, self._counts, self._resumed = {}, {}, None

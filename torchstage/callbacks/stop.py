@@ -67,7 +67,7 @@ class StopCallback(Callback):
         if runner.engine.is_main:
             where = f"checkpoint {paths[0]}; continue with train(..., resume='last')" if paths else \
                 "no checkpoint (no logdir)"
-            logger.warning("graceful stop on %s after stage %r epoch %d batch %d (global batch %d): %s; exit code %d",
+            logger.warning("graceful stop (%s) after stage %r epoch %d batch %d (global batch %d): %s; exit code %d",
                            request.reason, runner.stage_key, runner.epoch, runner.train_batches_done,
                            runner.global_batch_step, where, request.exit_code)
         raise CancelRun()

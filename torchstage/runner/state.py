@@ -28,7 +28,7 @@ def runner_state_dict(runner) -> dict:
         "optimizers": {k: o.state_dict() for k, o in named(runner.optimizer, "optimizer").items()},
         "schedulers": {k: s.state_dict() for k, s in named(runner.scheduler, "scheduler").items()},
         "scaler": scaler.state_dict() if scaler is not None else {},
-        "callbacks": {k: s for k, s in ((k, cb.state_dict()) for k, cb in runner.callbacks.items()) if s},
+        "callbacks": _callback_states(runner),
         "loop": runner.loop_position(),
         "rng": runner.engine.all_gather_object({**get_rng_state(), **_loader_start(runner)}),
         "metrics": {loader: dict(values) for loader, values in runner.epoch_metrics.items()},
@@ -53,7 +53,10 @@ def load_runner_state_dict(runner, checkpoint: dict, weights_only: bool = False)
         scaler.load_state_dict(checkpoint["scaler"])
     for name, state in checkpoint.get("callbacks", {}).items():
         if name in runner.callbacks:
-            runner.callbacks[name].load_state_dict(state)
+            if getattr(runner.callbacks[name], "state_per_rank", False):
+                state = state["per_rank"][runner.engine.rank] if "per_rank" in state else {}
+            if state:
+                runner.callbacks[name].load_state_dict(state)
     rng = checkpoint["rng"]
     if len(rng) != runner.engine.world_size:
         raise CheckpointError(f"checkpoint was written by {len(rng)} process(es); resume it with the same "
@@ -67,6 +70,19 @@ def _load_named(kind: str, targets: dict, states: dict, load) -> None:
         raise CheckpointError(f"checkpoint has no {kind} state for {missing}; it has {sorted(states)}")
     for name, target in targets.items():
         load(target, states[name])
+
+
+def _callback_states(runner) -> dict:
+    """Callback name -> state; a callback with ``state_per_rank = True`` keeps one state per rank (collective)."""
+    states = {}
+    for name, callback in runner.callbacks.items():
+        state = callback.state_dict()
+        if getattr(callback, "state_per_rank", False):
+            gathered = runner.engine.all_gather_object(state)
+            state = {"per_rank": gathered} if any(gathered) else {}
+        if state:
+            states[name] = state
+    return states
 
 
 def _loader_start(runner) -> dict:
