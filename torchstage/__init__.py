@@ -17,16 +17,19 @@ from torchstage.callbacks.optimizer import OptimizerCallback
 from torchstage.callbacks.output_losses import Loss, OutputLossesCallback, Regularizer
 from torchstage.callbacks.progress import ProgressBar
 from torchstage.callbacks.scheduler import SchedulerCallback
+from torchstage.callbacks.stop import StopCallback
 from torchstage.callbacks.tensorboard import TensorBoardLogger
 from torchstage.callbacks.timer import TimerCallback
 from torchstage.callbacks.validation import ValidEveryCallback
 from torchstage.checkpoint import CheckpointError, load_checkpoint, load_model_weights
 from torchstage.config import ConfigError, load_config, train_from_config
 from torchstage.distributed.engine import Engine
+from torchstage.periods import Batch, Epoch
 from torchstage.rng import set_seed
 from torchstage.runner.runner import Runner
 from torchstage.runner.spec import train_signature
 from torchstage.runner.supervised import SupervisedRunner
+from torchstage.stop import RunStopped, StopRequest, request_stop
 
 Runner.train.__signature__ = train_signature()
 del train_signature
@@ -39,6 +42,6 @@ __all__ = [
     "Regularizer", "TimerCallback", "ValidEveryCallback",
     "Engine", "LoopCallback", "MetricsAveragingCallback", "OptimizerCallback", "ProgressBar", "Runner",
     "SchedulerCallback", "SupervisedRunner", "TensorBoardLogger", "load_checkpoint", "load_model_weights",
-    "set_seed",
+    "set_seed", "Batch", "Epoch", "RunStopped", "StopCallback", "StopRequest", "request_stop",
     "ConfigError", "load_config", "train_from_config",
 ]

@@ -69,8 +69,8 @@ def load_checkpoint(path: str, map_location="cpu") -> dict:
         detail = next((line.strip() for line in str(e).splitlines() if "Unsupported" in line), "")
         raise CheckpointError(
             f"refused to load {path!r}: it holds objects that only unpickling code could rebuild, and "
-            f"torchstage loads checkpoints with weights_only=True so that no code from a file ever runs. "
-            f"{detail}".strip()) from None
+            f"torchstage loads checkpoints with weights_only=True so that no code from a file ever runs "
+            f"({_unpickling_reason(e)})") from None
     except (RuntimeError, EOFError, OSError) as e:
         raise CheckpointError(f"could not read checkpoint {path!r}: {e}") from None
     if not isinstance(checkpoint, dict) or checkpoint.get("format") != FORMAT:
@@ -78,6 +78,14 @@ def load_checkpoint(path: str, map_location="cpu") -> dict:
         raise CheckpointError(f"{path!r} is not a torchstage checkpoint: format is {found!r}, "
                               f"expected {FORMAT!r}")
     return checkpoint
+
+
+def _unpickling_reason(error) -> str:
+    """The line of torch's weights_only error that names the refused object."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    named = [line for line in lines if "Unsupported" in line or "global" in line.lower()]
+    reason = (named or lines or ["unsupported object"])[0].replace("WeightsUnpickler error: ", "")
+    return reason.split(" Please use")[0]  # torch's advice to allow-list the global is not ours to give
 
 
 def clean_state_dict(state_dict: dict) -> dict:

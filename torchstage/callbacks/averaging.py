@@ -12,9 +12,17 @@ class MetricsAveragingCallback(Callback):
 
     order = CallbackOrder.MetricAggregation
     name = "averaging"
+    state_per_rank = True  # partial sums of a mid-loader checkpoint differ between ranks
+
+    def __init__(self):
+        self._sums, self._counts, self._resumed = {}, {}, None
 
     def on_loader_start(self, runner):
         self._sums, self._counts = {}, {}
+        if self._resumed is not None:  # a run resumed mid-loader continues its partial sums
+            device = runner.engine.device
+            self._sums = {k: v.to(device) for k, v in self._resumed["sums"].items()}
+            self._counts, self._resumed = dict(self._resumed["counts"]), None
 
     def on_batch_end(self, runner):
         size, sums, counts = runner.batch_size, self._sums, self._counts
@@ -27,12 +35,21 @@ class MetricsAveragingCallback(Callback):
                 sums[key] = value.to(torch.float64 if value.device.type in ("cpu", "cuda") else torch.float32) * size
                 counts[key] = size
 
+    def state_dict(self):
+        """The partial sums of the current loader (non-empty only for a checkpoint written mid-loader)."""
+        return {"sums": dict(self._sums), "counts": dict(self._counts)} if self._sums else {}
+
+    def load_state_dict(self, state):
+        self._resumed = state
+
     def on_loader_end(self, runner):
-        if not self._sums:
+        partial, counts = self._sums, self._counts
+        self._sums, self._counts = {}, {}  # a checkpoint written after this loader holds no partial sums
+        if not partial:
             return
-        keys = list(self._sums)
-        sums = torch.stack([self._sums[k].reshape(()) for k in keys])
-        totals = torch.cat([sums, torch.tensor([self._counts[k] for k in keys], dtype=sums.dtype, device=sums.device)])
+        keys = list(partial)
+        sums = torch.stack([partial[k].reshape(()) for k in keys])
+        totals = torch.cat([sums, torch.tensor([counts[k] for k in keys], dtype=sums.dtype, device=sums.device)])
         values = runner.engine.all_reduce_(totals).tolist()
         n = len(keys)
         for i, key in enumerate(keys):

@@ -34,6 +34,8 @@ class Callback:
 
     order: int = CallbackOrder.External
     scope: CallbackScope = CallbackScope.All
+    #: True if :meth:`state_dict` differs between ranks: checkpoints then keep one state per rank.
+    state_per_rank: bool = False
 
     def on_experiment_start(self, runner): pass
     def on_stage_start(self, runner): pass

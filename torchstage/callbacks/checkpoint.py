@@ -1,51 +1,118 @@
-"""Checkpoints at epoch end: ``last.pth``, ``best.pth`` by the valid metric, and ``metrics.json``."""
+"""Checkpoints: ``last.pth`` every period, ``best.pth`` and the top-k ``epoch-NNNN.pth`` by the valid metric.
+
+Files live in ``logdir/checkpoints/`` with ``metrics.json``; every write is atomic. ``last.pth`` may be
+written after a train batch (``Batch(n)``), which resumes mid-epoch exactly.
+"""
+import glob
 import json
 import math
 import os
 
 from torchstage.callbacks.base import Callback, CallbackOrder
-from torchstage.checkpoint import serialize, write_atomic
+from torchstage.checkpoint import load_checkpoint, serialize, write_atomic
+from torchstage.periods import Epoch, as_periods, batch_due, epoch_due
 
 
 class CheckpointCallback(Callback):
-    """Writes ``logdir/checkpoints/{last,best}.pth`` atomically on the main rank; every rank decides "best".
+    """Writes checkpoints atomically on the main rank; every rank takes part and decides "best" alike.
 
-    The best score is tracked per stage (a new stage may optimise another loss); ``metrics.json``
-    keeps the valid metric of every epoch and the best and last entries.
+    ``period``: when ``last.pth`` is written: ``Epoch(n)`` (default ``Epoch(1)``), ``Batch(n)`` (mid-epoch,
+    every n train batches) or a tuple of both; the last epoch of each stage always writes it.
+    ``topk``: how many ``epoch-NNNN.pth`` (global epoch number) to keep, the best by the valid metric.
+    ``load_best_on_end``: load ``best.pth`` weights into the model when the run ends (not after a stop).
+    The best score and top-k list are tracked per stage (a new stage may optimise another loss).
     """
 
     order = CallbackOrder.Checkpoint
     name = "checkpoint"
 
-    def __init__(self, logdir: str = None):
-        self.logdir = logdir
-        self.best, self.history = None, []
+    def __init__(self, logdir: str = None, period=Epoch(1), topk: int = 1, load_best_on_end: bool = False):
+        if isinstance(topk, bool) or not isinstance(topk, int) or topk < 0:
+            raise ValueError(f"topk must be an integer >= 0 (0 keeps no epoch-NNNN.pth), got {topk!r}")
+        self.logdir, self.periods = logdir, as_periods(period, "period")
+        self.topk, self.load_best_on_end = topk, bool(load_best_on_end)
+        self.best, self.history, self.kept = None, [], []
+        self._saved_at = None
+
+    def folder(self, runner) -> str:
+        return os.path.join(self.logdir or runner.spec.logdir, "checkpoints")
+
+    def on_experiment_start(self, runner):
+        if runner.engine.is_main:  # temporary files of a write that a crash interrupted
+            for stale in glob.glob(os.path.join(self.folder(runner), ".*.tmp")):
+                os.remove(stale)
 
     def on_stage_start(self, runner):
         if self.best is not None and self.best.get("stage") != runner.stage_key:
-            self.best = None
+            self.best, self.kept = None, []
+
+    def on_batch_end(self, runner):
+        if batch_due(self.periods, runner):
+            self.save_last(runner)
 
     def on_epoch_end(self, runner):
-        folder = os.path.join(self.logdir or runner.spec.logdir, "checkpoints")
         entry = {"stage": runner.stage_key, "epoch": runner.epoch, "global_epoch": runner.global_epoch_step,
                  "metrics": {k: dict(v) for k, v in runner.epoch_metrics.items()}}
         value = self._valid_value(runner)
-        is_best = value is not None and (self.best is None or self._better(runner, value, self.best["value"]))
         if value is not None:
             entry["value"] = value
         self.history.append(entry)
+        is_best = value is not None and (self.best is None or self._better(runner, value, self.best["value"]))
         if is_best:
             self.best = entry
-        data = serialize(runner.state_dict())  # collective: every rank takes part
+        kept, dropped = self._update_topk(runner, entry)
+        last_due = epoch_due(self.periods, runner) or runner.epoch == runner.num_epochs
+        data = serialize(runner.state_dict()) if (last_due or is_best or kept) else None  # collective
+        if last_due:
+            self._saved_at = self._position(runner)
         if not runner.engine.is_main:
             return
-        write_atomic(os.path.join(folder, "last.pth"), data)
-        if is_best:
-            write_atomic(os.path.join(folder, "best.pth"), data)
+        folder = self.folder(runner)
+        targets = (["last.pth"] if last_due else []) + (["best.pth"] if is_best else []) + \
+                  ([entry["file"]] if kept else [])
+        for name in targets:
+            write_atomic(os.path.join(folder, name), data)
+        for old in dropped:
+            path = os.path.join(folder, old["file"])
+            if os.path.exists(path):
+                os.remove(path)
         summary = {"valid_loader": runner.valid_loader, "valid_metric": runner.valid_metric,
-                   "minimize_valid_metric": runner.minimize_valid_metric, "best": self.best,
-                   "last": entry, "history": self.history}
+                   "minimize_valid_metric": runner.minimize_valid_metric, "best": self.best, "last": entry,
+                   "topk": self.kept, "history": self.history}
         write_atomic(os.path.join(folder, "metrics.json"), json.dumps(summary, indent=2).encode())
+
+    def save_last(self, runner) -> str:
+        """Write ``last.pth`` for the current position unless already written there; collective."""
+        path = os.path.join(self.folder(runner), "last.pth")
+        position = self._position(runner)
+        if self._saved_at == position:
+            return path
+        data = serialize(runner.state_dict())
+        self._saved_at = position
+        if runner.engine.is_main:
+            write_atomic(path, data)
+        return path
+
+    def on_experiment_end(self, runner):
+        if not self.load_best_on_end or getattr(runner, "stop_request", None) is not None or self.best is None:
+            return
+        runner.engine.barrier()  # the main rank has written best.pth
+        runner.load_state_dict(load_checkpoint(os.path.join(self.folder(runner), "best.pth")), weights_only=True)
+
+    def _update_topk(self, runner, entry):
+        """Add ``entry`` to the kept top-k if it belongs there; return (kept it?, entries to delete)."""
+        if self.topk == 0 or "value" not in entry:
+            return False, []
+        entry["file"] = f"epoch-{entry['global_epoch']:04d}.pth"
+        ranked = self.kept + [{"file": entry["file"], "value": entry["value"], "stage": entry["stage"],
+                               "global_epoch": entry["global_epoch"]}]
+        ranked.sort(key=lambda e: e["value"], reverse=not runner.minimize_valid_metric)  # stable: earlier wins ties
+        self.kept, dropped = ranked[: self.topk], ranked[self.topk:]
+        return any(e["file"] == entry["file"] for e in self.kept), dropped
+
+    @staticmethod
+    def _position(runner) -> tuple:
+        return runner.stage_key, runner.epoch, runner.global_batch_step, runner.epoch_done
 
     @staticmethod
     def _valid_value(runner):
@@ -63,7 +130,7 @@ class CheckpointCallback(Callback):
         return value < best if runner.minimize_valid_metric else value > best
 
     def state_dict(self):
-        return {"best": self.best, "history": self.history}
+        return {"best": self.best, "history": self.history, "kept": self.kept}
 
     def load_state_dict(self, state):
-        self.best, self.history = state["best"], state["history"]
+        self.best, self.history, self.kept = state["best"], state["history"], state.get("kept", [])

@@ -1,5 +1,14 @@
-"""Putting a loaded checkpoint back into a prepared runner: weights, optimizers, callbacks, RNG, position."""
+"""Putting a loaded checkpoint back into a prepared runner, and starting its loop where the old run stopped.
+
+An epoch-boundary checkpoint resumes at the next epoch (or the next stage). A mid-epoch one (written
+after a train batch) resumes in the same epoch and loader: loaders the old run had finished in that
+epoch are not run again, and the interrupted loader skips its done batches by index (see
+:mod:`torchstage.resume_sampler`), with the counters, partial metrics and RNG the old run had.
+"""
 from torchstage.checkpoint import CheckpointError
+from torchstage.resume_sampler import capture_loader_rng, resume_iterator
+
+_COUNTERS = ("global_epoch_step", "global_batch_step", "global_sample_step")
 
 
 def restore(runner, checkpoint: dict) -> None:
@@ -9,15 +18,56 @@ def restore(runner, checkpoint: dict) -> None:
     if loop["stage"] not in names:
         raise CheckpointError(f"checkpoint was written in stage {loop['stage']!r}, which this run does not have "
                               f"(stages: {names})")
-    if not loop["epoch_done"]:
-        raise CheckpointError("checkpoint was written in the middle of an epoch; resuming mid-epoch "
-                              "needs the batch-period checkpoints of a later torchstage")
     index = names.index(loop["stage"])
     runner.enter_stage(index)
     runner.load_state_dict(checkpoint)
-    for key in ("global_epoch_step", "global_batch_step", "global_sample_step"):
+    for key in _COUNTERS:
         setattr(runner, key, loop[key])
     runner.epoch_metrics = checkpoint.get("metrics", {})
-    runner.epoch = loop["epoch"]
-    if runner.epoch >= runner.num_epochs and index + 1 < len(names):
-        runner.enter_stage(index + 1)
+    if loop["epoch_done"]:
+        runner.epoch = loop["epoch"]
+        if runner.epoch >= runner.num_epochs and index + 1 < len(names):
+            runner.enter_stage(index + 1)
+        return
+    loader = loop.get("loader")
+    rng = checkpoint["rng"][runner.engine.rank]
+    if loader not in runner.loaders or "loader_start" not in rng:
+        raise CheckpointError(f"checkpoint was written in the middle of loader {loader!r} of stage "
+                              f"{loop['stage']!r}, which this run does not have (loaders: {list(runner.loaders)})"
+                              if "loader_start" in rng else
+                              "checkpoint was written mid-epoch without the loader's random state; it cannot "
+                              "be resumed exactly")
+    runner.epoch = loop["epoch"] - 1  # the loop runs this epoch again...
+    runner.global_epoch_step -= 1  # ...and its start counts it again
+    runner.resume_point = {"loader": loader, "batch": loop["loader_batch"], "train_batches_done": loop["batch"],
+                           "loader_sample_step": loop["loader_sample_step"], "metrics": runner.epoch_metrics,
+                           "loader_rng": rng["loader_start"], "rng": rng}
+
+
+def remaining_loaders(runner) -> list:
+    """The current epoch's ``(name, loader)`` pairs, less those a resumed epoch had already finished."""
+    items = list(runner.loaders.items())
+    point = getattr(runner, "resume_point", None)
+    if point is not None:
+        items = items[[name for name, _ in items].index(point["loader"]):]
+    return items
+
+
+def loader_batches(runner):
+    """``(batch_step, batch)`` pairs of the current loader; a resumed loader starts after its done batches.
+
+    Also records in ``runner.loader_start_rng`` the random state the pass starts from, which every
+    checkpoint keeps so that a mid-epoch resume replays the same order.
+    """
+    point = getattr(runner, "resume_point", None)
+    if point is None or point["loader"] != runner.loader_key:
+        runner.loader_start_rng = capture_loader_rng(runner.loader)
+        return enumerate(runner.loader, 1)
+    runner.resume_point = None
+    runner.loader_start_rng = point["loader_rng"]
+    runner.train_batches_done = point["train_batches_done"]
+    runner.loader_sample_step = point["loader_sample_step"]
+    done = {name: metrics for name, metrics in point["metrics"].items() if name != runner.loader_key}
+    runner.epoch_metrics = {**done, runner.loader_key: runner.loader_metrics}
+    batches = resume_iterator(runner.loader, point["batch"], point["loader_rng"], point["rng"])
+    return enumerate(batches, point["batch"] + 1)

@@ -6,7 +6,9 @@ import torch
 
 from torchstage.callbacks.base import (EVENTS, CancelBatch, CancelEpoch, CancelLoader, CancelRun,
                                        CancelStage)
+from torchstage.runner.resume import loader_batches, remaining_loaders
 from torchstage.runner.spec import TrainSpec, make_spec
+from torchstage.stop import RunStopped
 
 logger = logging.getLogger("torchstage")
 
@@ -78,6 +80,8 @@ class Runner:
                 except Exception:
                     logger.exception("callback failed while handling an exception")
             raise
+        if getattr(self, "stop_request", None) is not None:
+            raise RunStopped(self.stop_request)  # a graceful stop: checkpoint written, exit code set
         return self
 
     # ---- the loop ------------------------------------------------------------------------
@@ -104,13 +108,13 @@ class Runner:
             self._run_event("epoch", self._run_loaders, CancelEpoch)
 
     def _run_loaders(self) -> None:
-        for self.loader_key, self.loader in self.loaders.items():
+        for self.loader_key, self.loader in remaining_loaders(self):
             self.is_train_loader = self.loader_key.startswith("train")
             self._run_event("loader", self._run_batches, CancelLoader)
 
     def _run_batches(self) -> None:
         to_device = self.engine.to_device
-        for self.batch_step, batch in enumerate(self.loader, 1):
+        for self.batch_step, batch in loader_batches(self):
             self.batch = to_device(batch)
             self._run_event("batch", self._handle_batch, CancelBatch)
 
@@ -151,6 +155,8 @@ class Runner:
         """Where the run stands: stage, completed epochs, batches done in this epoch, global counters."""
         return {"stage": self.stage_key, "stage_index": self.stage_index, "epoch": self.epoch,
                 "epoch_done": self.epoch_done, "batch": self.train_batches_done,
+                "loader": getattr(self, "loader_key", None), "loader_batch": getattr(self, "batch_step", 0),
+                "loader_sample_step": getattr(self, "loader_sample_step", 0),
                 "global_epoch_step": self.global_epoch_step, "global_batch_step": self.global_batch_step,
                 "global_sample_step": self.global_sample_step}
 

@@ -52,6 +52,7 @@ def prepare(runner, spec, engine: Engine = None) -> None:
     runner.stage_index, runner.epoch_done, runner.train_batches_done = 0, True, 0
     runner.global_epoch_step = runner.global_batch_step = runner.global_sample_step = 0
     runner.epoch_metrics, runner.loader_metrics, runner.batch_metrics = {}, {}, {}
+    runner.resume_point = runner.stop_request = runner.loader_start_rng = None
     runner.enter_stage(0)
     if checkpoint is not None:
         from torchstage.runner.resume import restore

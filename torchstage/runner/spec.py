@@ -65,6 +65,9 @@ class TrainSpec:
     overfit: Any = False
     timeit: bool = False
     valid_every: int = 1
+    checkpoint_period: Any = None
+    topk: int = 1
+    load_best_on_end: bool = False
     stage_specs: list = field(default_factory=list, repr=False)
 
 
@@ -83,6 +86,7 @@ def make_spec(runner, kwargs: dict) -> TrainSpec:
         raise ValueError(f"scheduler_step must be 'epoch' or 'batch', got {spec.scheduler_step!r}")
     from torchstage.runner.features import check_feature_args
     check_feature_args(spec)
+    _check_checkpointing(spec)
     spec.stage_specs = _resolve_stages(spec)
     for stage in spec.stage_specs:
         _check_stage(runner, stage)
@@ -178,6 +182,16 @@ def _check_model(model) -> None:
     for m in models:
         if not isinstance(m, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module or a dict of them, got {type(m).__name__}")
+
+
+def _check_checkpointing(spec: TrainSpec) -> None:
+    from torchstage.periods import Epoch, as_periods
+    spec.checkpoint_period = as_periods(Epoch(1) if spec.checkpoint_period is None else spec.checkpoint_period,
+                                        "checkpoint_period")
+    if isinstance(spec.topk, bool) or not isinstance(spec.topk, int) or spec.topk < 0:
+        raise ValueError(f"topk must be an integer >= 0 (how many epoch-NNNN.pth to keep), got {spec.topk!r}")
+    if spec.load_best_on_end and spec.logdir is None:
+        raise ValueError("load_best_on_end=True needs a logdir to write best.pth in; pass logdir=...")
 
 
 def _check_type(name, value, kind) -> None:

@@ -7,7 +7,7 @@ from torchstage.checkpoint import FORMAT, CheckpointError, clean_state_dict
 from torchstage.rng import get_rng_state, set_rng_state
 
 HPARAMS = ("num_epochs", "valid_loader", "valid_metric", "minimize_valid_metric", "seed", "deterministic",
-           "logdir", "scheduler_step")
+           "logdir", "scheduler_step", "checkpoint_period", "topk", "load_best_on_end")
 
 
 def named(obj, default_name: str) -> dict:
@@ -28,9 +28,9 @@ def runner_state_dict(runner) -> dict:
         "optimizers": {k: o.state_dict() for k, o in named(runner.optimizer, "optimizer").items()},
         "schedulers": {k: s.state_dict() for k, s in named(runner.scheduler, "scheduler").items()},
         "scaler": scaler.state_dict() if scaler is not None else {},
-        "callbacks": {k: s for k, s in ((k, cb.state_dict()) for k, cb in runner.callbacks.items()) if s},
+        "callbacks": _callback_states(runner),
         "loop": runner.loop_position(),
-        "rng": runner.engine.all_gather_object(get_rng_state()),
+        "rng": runner.engine.all_gather_object({**get_rng_state(), **_loader_start(runner)}),
         "metrics": {loader: dict(values) for loader, values in runner.epoch_metrics.items()},
         "meta": {"torchstage": __version__, "torch": str(torch.__version__), "world_size": runner.engine.world_size,
                  "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "stage_names": [s.name for s in spec.stage_specs],
@@ -53,7 +53,10 @@ def load_runner_state_dict(runner, checkpoint: dict, weights_only: bool = False)
         scaler.load_state_dict(checkpoint["scaler"])
     for name, state in checkpoint.get("callbacks", {}).items():
         if name in runner.callbacks:
-            runner.callbacks[name].load_state_dict(state)
+            if getattr(runner.callbacks[name], "state_per_rank", False):
+                state = state["per_rank"][runner.engine.rank] if "per_rank" in state else {}
+            if state:
+                runner.callbacks[name].load_state_dict(state)
     rng = checkpoint["rng"]
     if len(rng) != runner.engine.world_size:
         raise CheckpointError(f"checkpoint was written by {len(rng)} process(es); resume it with the same "
@@ -67,6 +70,25 @@ def _load_named(kind: str, targets: dict, states: dict, load) -> None:
         raise CheckpointError(f"checkpoint has no {kind} state for {missing}; it has {sorted(states)}")
     for name, target in targets.items():
         load(target, states[name])
+
+
+def _callback_states(runner) -> dict:
+    """Callback name -> state; a callback with ``state_per_rank = True`` keeps one state per rank (collective)."""
+    states = {}
+    for name, callback in runner.callbacks.items():
+        state = callback.state_dict()
+        if getattr(callback, "state_per_rank", False):
+            gathered = runner.engine.all_gather_object(state)
+            state = {"per_rank": gathered} if any(gathered) else {}
+        if state:
+            states[name] = state
+    return states
+
+
+def _loader_start(runner) -> dict:
+    """The random state the current loader pass started from, so a mid-epoch resume replays its order."""
+    state = getattr(runner, "loader_start_rng", None)
+    return {} if state is None else {"loader_start": state}
 
 
 def _plain(value):

@@ -1,0 +1,107 @@
+"""The file format: atomic writes that keep the old file on failure, loading that never runs pickled code."""
+import copy
+import errno
+import os
+import pickle
+
+import pytest
+import torch
+from torch import nn
+
+import torchstage.checkpoint as ckpt
+from torchstage import CheckpointError, SupervisedRunner, load_checkpoint, load_model_weights
+
+from resume_helpers import tiny_train_kwargs
+
+
+def test_write_atomic_replaces_and_leaves_no_temporary(tmp_path):
+    path = tmp_path / "sub" / "last.pth"
+    ckpt.write_atomic(str(path), b"old")
+    ckpt.write_atomic(str(path), b"new")
+    assert path.read_bytes() == b"new" and os.listdir(path.parent) == ["last.pth"]
+
+
+@pytest.mark.parametrize("failing", ["fsync", "replace"])
+def test_failed_write_raises_clearly_and_keeps_the_old_file(tmp_path, monkeypatch, failing):
+    path = tmp_path / "last.pth"
+    ckpt.write_atomic(str(path), b"good")
+
+    def disk_full(*args):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(ckpt.os, failing, disk_full)
+    with pytest.raises(CheckpointError, match=r"could not write checkpoint .*last.pth.*No space left on device"):
+        ckpt.write_atomic(str(path), b"half")
+    monkeypatch.undo()
+    assert path.read_bytes() == b"good" and os.listdir(tmp_path) == ["last.pth"]
+
+
+def test_unwritable_folder_raises_checkpoint_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(CheckpointError, match="could not write checkpoint"):
+        ckpt.write_atomic(str(blocker / "last.pth"), b"x")
+
+
+class Payload:
+    """Unpickling this runs code: it would create the marker file."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_checkpoint_that_needs_code_is_refused_and_the_code_does_not_run(tmp_path):
+    marker = tmp_path / "pwned"
+    path = tmp_path / "evil.pth"
+    torch.save({"format": ckpt.FORMAT, "models": {"model": {}}, "x": Payload(str(marker))}, str(path))
+    with open(path, "rb") as f:  # make sure the file really carries the payload
+        assert b"pwned" in f.read()
+    with pytest.raises(CheckpointError, match=r"refused to load .*evil.pth.*weights_only=True.*Unsupported global"):
+        load_checkpoint(str(path))
+    assert not marker.exists()
+
+
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
+def test_plain_pickle_and_foreign_files_are_refused(tmp_path):
+    path = tmp_path / "pickled.pth"
+    path.write_bytes(pickle.dumps({"format": ckpt.FORMAT}))
+    with pytest.raises(CheckpointError):
+        load_checkpoint(str(path))
+    torch.save({"state_dict": {}}, str(tmp_path / "other.pth"))
+    with pytest.raises(CheckpointError, match="is not a torchstage checkpoint: format is None"):
+        load_checkpoint(str(tmp_path / "other.pth"))
+    with pytest.raises(CheckpointError, match="does not exist"):
+        load_checkpoint(str(tmp_path / "missing.pth"))
+
+
+def test_state_saved_with_ddp_or_compile_prefixes_loads_into_a_plain_model():
+    source = nn.Linear(3, 2)
+    prefixed = {f"module._orig_mod.{k}": v for k, v in source.state_dict().items()}
+    target = nn.Linear(3, 2)
+    load_model_weights(target, {"format": ckpt.FORMAT, "models": {"model": prefixed}})
+    assert torch.equal(target.weight, source.weight) and torch.equal(target.bias, source.bias)
+
+
+def test_checkpoint_of_a_ddp_wrapped_model_loads_into_a_plain_one(tmp_path):
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        kwargs = tiny_train_kwargs(tmp_path / "run", num_epochs=1)
+        plain = kwargs["model"]
+        ddp = nn.parallel.DistributedDataParallel(plain)
+        SupervisedRunner().train(**{**kwargs, "model": ddp})
+    finally:
+        dist.destroy_process_group()
+    path = str(tmp_path / "run" / "checkpoints" / "last.pth")
+    saved = load_checkpoint(path)["models"]["model"]
+    assert not any(k.startswith("module.") for k in saved)
+    fresh = copy.deepcopy(plain)
+    with torch.no_grad():
+        for p in fresh.parameters():
+            p.zero_()
+    load_model_weights(fresh, path)
+    assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), plain.state_dict().values()))
+    # the raw DDP state dict (keys "module.…") loads too
+    load_model_weights(fresh, {"format": ckpt.FORMAT, "models": {"model": ddp.state_dict()}})
