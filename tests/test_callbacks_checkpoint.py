@@ -7,7 +7,7 @@ import torch
 
 from torchstage import Batch, CheckpointCallback, Epoch, SupervisedRunner, load_checkpoint
 
-from resume_helpers import tiny_train_kwargs
+from tests.resume_helpers import tiny_train_kwargs
 
 
 def _run(tmp_path, **overrides):

@@ -11,7 +11,7 @@ from torch import nn
 import torchstage.checkpoint as ckpt
 from torchstage import CheckpointError, SupervisedRunner, load_checkpoint, load_model_weights
 
-from resume_helpers import tiny_train_kwargs
+from tests.resume_helpers import tiny_train_kwargs
 
 
 def test_write_atomic_replaces_and_leaves_no_temporary(tmp_path):

@@ -9,7 +9,7 @@ import torch
 from torchstage import Batch, CancelRun, Callback, SupervisedRunner
 from torchstage.cli import main
 
-from resume_helpers import ROOT, child_env, tiny_train_kwargs
+from tests.resume_helpers import ROOT, child_env, tiny_train_kwargs
 
 
 class StopAt(Callback):

@@ -3,7 +3,7 @@ import os
 import subprocess
 import sys
 
-from resume_helpers import ROOT, child_env
+from tests.resume_helpers import ROOT, child_env
 
 EXAMPLE = os.path.join(ROOT, "scripts", "examples", "checkpoints_resume.py")
 

@@ -6,7 +6,7 @@ import pytest
 from torchstage import Batch, Epoch, SupervisedRunner
 from torchstage.periods import as_periods, batch_due, epoch_due
 
-from resume_helpers import tiny_train_kwargs
+from tests.resume_helpers import tiny_train_kwargs
 
 
 def test_batch_period_counts_global_train_batches():

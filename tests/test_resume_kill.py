@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from resume_helpers import checkpoint_differences, run_tiny, start_tiny
+from tests.resume_helpers import checkpoint_differences, run_tiny, start_tiny
 from torchstage import load_checkpoint
 
 SCENARIOS = {

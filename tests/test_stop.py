@@ -9,7 +9,7 @@ import torch
 from torchstage import Callback, RunStopped, SupervisedRunner, load_checkpoint, request_stop
 from torchstage.stop import SignalStop, clear_stop_request, stop_requested
 
-from resume_helpers import checkpoint_differences, tiny_train_kwargs
+from tests.resume_helpers import checkpoint_differences, tiny_train_kwargs
 
 
 class At(Callback):

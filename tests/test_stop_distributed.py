@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from resume_helpers import ROOT, checkpoint_differences, child_env
+from tests.resume_helpers import ROOT, checkpoint_differences, child_env
 from torchstage import load_checkpoint
 
 SCRIPT = os.path.join(ROOT, "tests", "resume_scripts", "ddp_run.py")
