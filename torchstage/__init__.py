@@ -15,6 +15,7 @@ from torchstage.callbacks.scheduler import SchedulerCallback
 from torchstage.callbacks.tensorboard import TensorBoardLogger
 from torchstage.checkpoint import CheckpointError, load_checkpoint, load_model_weights
 from torchstage.distributed.engine import Engine
+from torchstage.distributed.launch import distributed_cmd_run
 from torchstage.rng import set_seed
 from torchstage.runner.runner import Runner
 from torchstage.runner.spec import train_signature
@@ -27,6 +28,6 @@ __all__ = [
     "Callback", "CallbackOrder", "CallbackScope", "CancelBatch", "CancelEpoch", "CancelLoader", "CancelRun",
     "CancelStage", "CheckpointCallback", "CheckpointError", "ConsoleLogger", "CriterionCallback", "CSVLogger",
     "Engine", "LoopCallback", "MetricsAveragingCallback", "OptimizerCallback", "ProgressBar", "Runner",
-    "SchedulerCallback", "SupervisedRunner", "TensorBoardLogger", "load_checkpoint", "load_model_weights",
+    "SchedulerCallback", "SupervisedRunner", "TensorBoardLogger", "distributed_cmd_run", "load_checkpoint", "load_model_weights",
     "set_seed",
 ]

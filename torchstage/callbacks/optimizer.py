@@ -39,10 +39,22 @@ class OptimizerCallback(Callback):
         loss = runner.batch_metrics[self.metric_key]
         if self.accumulation_steps > 1:
             loss = loss / self.accumulation_steps
-        loss.backward()
         self._pending += 1
+        if self._pending == self.accumulation_steps or not self._more_batches(runner):
+            loss.backward()
+        else:  # an intermediate accumulation step: gradients are synced by the step's last backward
+            with runner.engine.no_sync(runner.model):
+                loss.backward()
         if self._pending == self.accumulation_steps:
             self._step()
+
+    @staticmethod
+    def _more_batches(runner) -> bool:
+        """False on a loader's last batch, and for loaders of unknown length (always sync there)."""
+        try:
+            return runner.batch_step < len(runner.loader)
+        except TypeError:
+            return False
 
     def on_loader_end(self, runner):
         if not runner.is_train_loader:
