@@ -31,7 +31,14 @@ class OptimizerCallback(Callback):
             raise ValueError(f"stage {runner.stage_key!r} has no optimizer; pass optimizer=... to train()")
 
     def on_loader_start(self, runner):
-        self._pending = 0
+        self._pending, self._no_sync = 0, None
+
+    def on_batch_start(self, runner):
+        # An intermediate accumulation step skips gradient sync under DDP; DDP decides that at forward
+        # time, so the context spans the whole batch (forward and backward).
+        if runner.is_train_loader and self._pending + 1 < self.accumulation_steps and self._more_batches(runner):
+            self._no_sync = runner.engine.no_sync(runner.model)
+            self._no_sync.__enter__()
 
     def on_batch_end(self, runner):
         if not runner.is_train_loader:
@@ -39,12 +46,11 @@ class OptimizerCallback(Callback):
         loss = runner.batch_metrics[self.metric_key]
         if self.accumulation_steps > 1:
             loss = loss / self.accumulation_steps
-        self._pending += 1
-        if self._pending == self.accumulation_steps or not self._more_batches(runner):
+        try:
             loss.backward()
-        else:  # an intermediate accumulation step: gradients are synced by the step's last backward
-            with runner.engine.no_sync(runner.model):
-                loss.backward()
+        finally:
+            self._leave_no_sync()
+        self._pending += 1
         if self._pending == self.accumulation_steps:
             self._step()
 
@@ -56,7 +62,17 @@ class OptimizerCallback(Callback):
         except TypeError:
             return False
 
+    def _leave_no_sync(self):
+        if self._no_sync is not None:
+            self._no_sync.__exit__(None, None, None)
+            self._no_sync = None
+
+    def on_exception(self, runner):
+        if getattr(self, "_no_sync", None) is not None:
+            self._leave_no_sync()
+
     def on_loader_end(self, runner):
+        self._leave_no_sync()
         if not runner.is_train_loader:
             return
         if self._pending:

@@ -35,8 +35,7 @@ def relaunch_command() -> list:
     Raises RuntimeError from an interactive session, where there is no command to repeat.
     """
     argv = list(getattr(sys, "orig_argv", [])) or [sys.executable, *sys.argv]
-    main = sys.modules.get("__main__")
-    if sys.flags.interactive or (not getattr(main, "__file__", None) and "-c" not in argv and "-m" not in argv):
+    if sys.flags.interactive or sys.argv[0] in ("", "-") or "ipykernel" in sys.modules:
         raise RuntimeError("distributed training starts its processes by running this program's command again, "
                            "and an interactive session has none; put the training in a script and run it with "
                            "`python script.py` or `torchrun --nproc-per-node=N script.py`")
@@ -85,7 +84,7 @@ class Launcher:
         self.procs.append(proc)
         self.tails[rank] = collections.deque(maxlen=TAIL_LINES)
         for pipe, out, tail in ((proc.stdout, sys.stdout, None), (proc.stderr, sys.stderr, self.tails[rank])):
-            thread = threading.Thread(target=_relay, args=(pipe, out, f"[rank {rank}] ", tail), daemon=True)
+            thread = threading.Thread(target=_relay, args=(pipe, out, f"[rank{rank}]: ", tail), daemon=True)
             thread.start()
             self.threads.append(thread)
 
@@ -142,10 +141,15 @@ def _signal_group(proc, sig) -> None:
 
 
 def _relay(pipe, out, prefix: str, tail) -> None:
-    """Copy lines from a worker's pipe to ``out`` with a rank prefix; keep the last ones in ``tail``."""
+    """Copy lines from a worker's pipe to ``out`` with a rank prefix; keep the last ones in ``tail``.
+
+    The prefix has torch's own format (``[rank3]: ``), and lines torch already prefixed keep theirs.
+    """
     data = prefix.encode()
     target = getattr(out, "buffer", None)
     for line in iter(pipe.readline, b""):
+        if line.startswith(data):
+            line = line[len(data):]
         if tail is not None:
             tail.append(line.decode(errors="replace"))
         if target is not None:
