@@ -7,6 +7,7 @@ KILL) and returns the failing rank's exit code. Children watch the launcher (``w
 import collections
 import logging
 import os
+import queue
 import signal
 import socket
 import subprocess
@@ -48,6 +49,9 @@ def worker_env(world: World, local_rank: int, port: int, environ=None) -> dict:
     env.update(RANK=str(world.rank + local_rank), WORLD_SIZE=str(world.world_size), LOCAL_RANK=str(local_rank),
                LOCAL_WORLD_SIZE=str(world.spawn), MASTER_ADDR=world.master_addr, MASTER_PORT=str(port),
                PYTHONUNBUFFERED="1")
+    # Like torchrun: without a user setting, the workers share the cores instead of each spinning up
+    # one OpenMP thread per core (oversubscription makes small ops 10-100x slower).
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(1, world.spawn))))
     env[LAUNCHED_ENV] = "1"
     env[PARENT_ENV] = str(os.getpid())
     return env
@@ -89,17 +93,20 @@ class Launcher:
             self.threads.append(thread)
 
     def _watch(self) -> int:
-        while True:
-            running = False
-            for proc in self.procs:
-                code = proc.poll()
-                if code is None:
-                    running = True
-                elif code != 0:
-                    return self._fail(proc, code)
-            if not running:
-                return 0
-            time.sleep(0.05)
+        """Wait for exits in the order they happen, so the first failure (not a peer's echo) is reported."""
+        exits = queue.Queue()
+        for proc in self.procs:
+            threading.Thread(target=lambda p=proc: exits.put((p, p.wait())), daemon=True).start()
+        for _ in self.procs:
+            while True:
+                try:  # a timeout keeps the main thread responsive to signals
+                    proc, code = exits.get(timeout=0.5)
+                    break
+                except queue.Empty:
+                    pass
+            if code != 0:
+                return self._fail(proc, code)
+        return 0
 
     def _fail(self, proc, code: int) -> int:
         self._stop_all()

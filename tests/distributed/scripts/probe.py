@@ -1,7 +1,7 @@
 """A training script that records what each rank saw, for the distributed tests.
 
 Usage: python probe.py LOGDIR; settings from env: PROBE_SAMPLES (1001), PROBE_EPOCHS (3), PROBE_ACC (2),
-PROBE_FAIL="rank:epoch" (raise there), PROBE_SLEEP (seconds per batch), PROBE_SAMPLER ("weighted").
+PROBE_FAIL="rank:epoch" (raise there, time in LOGDIR/failed-at), PROBE_SLEEP (seconds per batch), PROBE_SAMPLER ("weighted").
 Each rank writes LOGDIR/report-rank<R>.json and LOGDIR/pids/<pid> at start.
 """
 import json
@@ -57,6 +57,8 @@ class Probe(Callback):
 
     def on_epoch_start(self, runner):
         if fail and runner.engine.rank == fail[0] and runner.epoch == fail[1]:
+            with open(os.path.join(logdir, "failed-at"), "w") as f:
+                f.write(repr(time.time()))
             raise RuntimeError(f"probe failure on rank {runner.engine.rank} at epoch {runner.epoch}")
 
     def on_batch_end(self, runner):
