@@ -9,6 +9,8 @@ from torchstage.callbacks.console import ConsoleLogger
 from torchstage.callbacks.criterion import CriterionCallback
 from torchstage.callbacks.csv_logger import CSVLogger
 from torchstage.callbacks.loop import LoopCallback
+from torchstage.callbacks.metric import (AccuracyCallback, AUCCallback, FunctionalMetricCallback, MetricCallback,
+                                         PrecisionRecallF1Callback)
 from torchstage.callbacks.optimizer import OptimizerCallback
 from torchstage.callbacks.progress import ProgressBar
 from torchstage.callbacks.scheduler import SchedulerCallback
@@ -25,6 +27,7 @@ Runner.train.__signature__ = train_signature()
 del train_signature
 
 __all__ = [
+    "AccuracyCallback", "AUCCallback", "FunctionalMetricCallback", "MetricCallback", "PrecisionRecallF1Callback",
     "Callback", "CallbackOrder", "CallbackScope", "CancelBatch", "CancelEpoch", "CancelLoader", "CancelRun",
     "CancelStage", "CheckpointCallback", "CheckpointError", "ConsoleLogger", "CriterionCallback", "CSVLogger",
     "Engine", "LoopCallback", "MetricsAveragingCallback", "OptimizerCallback", "ProgressBar", "Runner",

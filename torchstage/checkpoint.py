@@ -66,10 +66,11 @@ def load_checkpoint(path: str, map_location="cpu") -> dict:
     try:
         checkpoint = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
+        detail = next((line.strip() for line in str(e).splitlines() if "Unsupported" in line), "")
         raise CheckpointError(
             f"refused to load {path!r}: it holds objects that only unpickling code could rebuild, and "
-            f"torchstage loads checkpoints with weights_only=True so that no code from a file ever runs "
-            f"({str(e).splitlines()[0]})") from None
+            f"torchstage loads checkpoints with weights_only=True so that no code from a file ever runs. "
+            f"{detail}".strip()) from None
     except (RuntimeError, EOFError, OSError) as e:
         raise CheckpointError(f"could not read checkpoint {path!r}: {e}") from None
     if not isinstance(checkpoint, dict) or checkpoint.get("format") != FORMAT:

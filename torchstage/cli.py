@@ -17,7 +17,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _subcommands():
     """The ``add_parser(subparsers)`` function of every subcommand, in help order."""
-    return []
+    from torchstage.slurm_script import add_slurm_parser
+    return [add_slurm_parser]
 
 
 def main(argv=None) -> int:

@@ -11,5 +11,6 @@ def ensure_console_handler() -> None:
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(logging.Formatter("%(message)s"))
     log.addHandler(handler)
-    log.setLevel(logging.INFO)
+    if log.level == logging.NOTSET:
+        log.setLevel(logging.INFO)
     log.propagate = False

@@ -125,7 +125,7 @@ def _check_stage(runner, stage: StageSpec) -> None:
     if getattr(runner, "requires", None):
         for name in runner.requires:
             if getattr(stage, name) is None:
-                raise ValueError(f"{prefix}{type(runner).__name__} needs a {name}; got {name}=None")
+                raise ValueError(f"{prefix}{type(runner).__name__} needs {name}=...; got {name}=None")
     if stage.callbacks is not None and not isinstance(stage.callbacks, (list, tuple, Mapping)):
         raise TypeError(f"{prefix}callbacks must be a list or a dict name -> Callback, "
                         f"got {type(stage.callbacks).__name__}")

@@ -32,7 +32,7 @@ def runner_state_dict(runner) -> dict:
         "loop": runner.loop_position(),
         "rng": runner.engine.all_gather_object(get_rng_state()),
         "metrics": {loader: dict(values) for loader, values in runner.epoch_metrics.items()},
-        "meta": {"torchstage": __version__, "torch": torch.__version__, "world_size": runner.engine.world_size,
+        "meta": {"torchstage": __version__, "torch": str(torch.__version__), "world_size": runner.engine.world_size,
                  "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "stage_names": [s.name for s in spec.stage_specs],
                  "hparams": {k: _plain(getattr(spec, k)) for k in HPARAMS}},
     }

@@ -1,0 +1,62 @@
+"""Framework overhead: SupervisedRunner.train vs a hand-written loop on the same tiny workload, same process.
+
+Runs the two alternately (after a warm-up of each) and prints the median times and their ratio.
+Usage: python scripts/bench/overhead.py [--repeats 5] [--num-workers 1]
+"""
+import argparse
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import workload  # noqa: E402
+
+from torchstage import SupervisedRunner  # noqa: E402
+
+
+def run_torchstage(loaders, logdir):
+    model, criterion, optimizer, scheduler = workload.make_parts()
+    SupervisedRunner().train(model=model, criterion=criterion, optimizer=optimizer, scheduler=scheduler,
+                             loaders=loaders, logdir=logdir, num_epochs=workload.NUM_EPOCHS, verbose=False,
+                             overwrite=True)
+
+
+def run_hand_written(loaders, logdir):
+    model, criterion, optimizer, scheduler = workload.make_parts()
+    workload.hand_written(loaders, workload.NUM_EPOCHS, model, criterion, optimizer, scheduler,
+                          checkpoint_path=os.path.join(logdir, "hand.pth"))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--num-workers", type=int, default=1)
+    args = parser.parse_args()
+    logging.getLogger("torchstage").setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message="Using a target size")
+    X, y = workload.make_data()
+    loader = workload.make_loader(X, y, args.num_workers)
+    loaders = {"train": loader, "valid": loader}
+    contenders = {"hand-written": run_hand_written, "torchstage": run_torchstage}
+    times = {name: [] for name in contenders}
+    with tempfile.TemporaryDirectory() as logdir:
+        for repeat in range(args.repeats + 1):
+            for name, fn in contenders.items():
+                start = time.perf_counter()
+                fn(loaders, logdir)
+                if repeat:  # the first round warms up imports, workers and allocators
+                    times[name].append(time.perf_counter() - start)
+    base = statistics.median(times["hand-written"])
+    for name, values in times.items():
+        med = statistics.median(values)
+        print(f"{name:>14}: median {med:.3f} s over {len(values)} runs  ratio {med / base:.3f}")
+    per_round = [t / h for t, h in zip(times["torchstage"], times["hand-written"])]
+    print(f"per-round ratios: {' '.join(f'{r:.3f}' for r in per_round)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""The shared benchmark workload: Catalyst's tutorial regression (1e4 x 10, batch 32, Adam, MSE, MultiStepLR)."""
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+NUM_SAMPLES, NUM_FEATURES, BATCH_SIZE, NUM_EPOCHS = 10_000, 10, 32, 8
+
+
+def make_data(seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(NUM_SAMPLES, NUM_FEATURES, generator=g), torch.rand(NUM_SAMPLES, generator=g)
+
+
+def make_loader(X, y, num_workers: int = 1):
+    return DataLoader(TensorDataset(X, y), batch_size=BATCH_SIZE, num_workers=num_workers)
+
+
+def make_parts(seed: int = 0):
+    """A fresh model, optimizer, scheduler and criterion, identical for every contender."""
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(NUM_FEATURES, 1)
+    optimizer = torch.optim.Adam(model.parameters())
+    scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, [3, 6])
+    return model, torch.nn.MSELoss(), optimizer, scheduler
+
+
+def hand_written(loaders, num_epochs, model, criterion, optimizer, scheduler, checkpoint_path=None):
+    """The loop a careful user writes by hand: same work as the runner (loss averages, a checkpoint per epoch)."""
+    for _ in range(num_epochs):
+        for name, loader in loaders.items():
+            training = name.startswith("train")
+            model.train(training)
+            total, count = torch.zeros((), dtype=torch.float64), 0
+            with torch.set_grad_enabled(training):
+                for x, y in loader:
+                    loss = criterion(model(x), y)
+                    if training:
+                        loss.backward()
+                        optimizer.step()
+                        optimizer.zero_grad(set_to_none=True)
+                    total += loss.detach() * len(x)
+                    count += len(x)
+            float(total / count)
+        scheduler.step()
+        if checkpoint_path is not None:
+            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                        "scheduler": scheduler.state_dict()}, checkpoint_path)
+    return model

@@ -1,0 +1,28 @@
+"""Shared test fixtures: small deterministic data, quiet logs."""
+import logging
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def regression_data(n=64, features=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.rand(n, features, generator=g)
+    y = X @ torch.arange(1.0, features + 1) / features + 0.1 * torch.rand(n, generator=g)
+    return X, y.view(-1, 1)
+
+
+def regression_loaders(n=64, batch_size=16, seed=0):
+    X, y = regression_data(n, seed=seed)
+    loader = DataLoader(TensorDataset(X, y), batch_size=batch_size)
+    return {"train": loader, "valid": loader}
+
+
+@pytest.fixture(autouse=True)
+def _quiet_torchstage_logs():
+    log = logging.getLogger("torchstage")
+    level = log.level
+    log.setLevel(logging.WARNING)
+    yield
+    log.setLevel(level)

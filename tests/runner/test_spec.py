@@ -1,0 +1,74 @@
+"""Every user error is raised before training, naming the argument, the value and what is expected."""
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from tests.conftest import regression_data, regression_loaders
+from torchstage import Callback, SupervisedRunner
+
+
+class NeverRuns(Callback):
+    def on_experiment_start(self, runner):
+        raise AssertionError("training started")
+
+
+def train(**overrides):
+    model = torch.nn.Linear(4, 1)
+    kwargs = dict(model=model, criterion=torch.nn.MSELoss(), optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                  loaders=regression_loaders(), num_epochs=1, callbacks=[NeverRuns()])
+    kwargs.update(overrides)
+    return SupervisedRunner().train(**kwargs)
+
+
+@pytest.mark.parametrize("overrides, error, message", [
+    ({"loaders": [1, 2]}, TypeError, r"loaders must be a non-empty mapping of name -> iterable"),
+    ({"loaders": {}}, TypeError, r"loaders must be a non-empty mapping"),
+    ({"loaders": {"train": TensorDataset(torch.zeros(2, 4)), "valid": [1]}}, TypeError,
+     r"loaders\['train'\] is a TensorDataset, expected an iterable of batches such as a DataLoader; pass datasets"),
+    ({"loaders": {"train": DataLoader(TensorDataset(torch.zeros(0, 4))), "valid": [1]}}, ValueError,
+     r"loaders\['train'\] is empty \(len 0\)"),
+    ({"valid_loader": "test"}, ValueError, r"valid_loader='test' is not among the loaders \['train', 'valid'\]"),
+    ({"valid_metric": "accuracy"}, ValueError,
+     r"valid_metric='accuracy' is produced by no callback; the chain produces \['loss'\]"),
+    ({"num_epochs": 0}, ValueError, r"num_epochs must be an integer >= 1, got 0"),
+    ({"num_epochs": 2.5}, ValueError, r"num_epochs must be an integer >= 1, got 2.5"),
+    ({"criterion": None}, ValueError, r"SupervisedRunner needs criterion=\.\.\.; got criterion=None"),
+    ({"optimizer": None}, ValueError, r"SupervisedRunner needs optimizer=\.\.\.; got optimizer=None"),
+    ({"stages": {"warmup": {"num_epochs": 1, "lr": 3}}}, ValueError,
+     r"stages\['warmup'\] has unknown key\(s\) \['lr'\]; accepted: num_epochs, loaders"),
+    ({"stages": {"warmup": {"num_epochs": -1}}}, ValueError,
+     r"stages\['warmup'\]\['num_epochs'\] must be an integer >= 1, got -1"),
+    ({"loaders": None, "datasets": {"batch_size": 8, "train": regression_data()[0], "valid": regression_data()[0],
+                                    "shufle": True}}, ValueError,
+     r"datasets\['shufle'\] = True is neither a loader option .* nor a Dataset"),
+    ({"loaders": None, "datasets": {"batch_size": 0, "train": regression_data()[0]}}, ValueError,
+     r"datasets\['batch_size'\] must be an integer >= 1, got 0"),
+    ({"loaders": None, "datasets": {"batch_size": 4, "get_datasets_fn": lambda num_features: {}, "num_feat": 3}},
+     ValueError, r"datasets has unknown key\(s\) \['num_feat'\]: not a loader option .* nor an argument of"),
+    ({"callbacks": [object()]}, TypeError, r"callbacks\[0\] must be a torchstage Callback, got object"),
+    ({"lr": 0.1}, TypeError, r"train\(\) got unknown argument\(s\) \['lr'\]; accepted: model, criterion"),
+    ({"model": "resnet"}, TypeError, r"model must be a torch.nn.Module or a dict of them, got str"),
+])
+def test_errors_name_argument_value_and_expectation(overrides, error, message):
+    with pytest.raises(error, match=message):
+        train(**overrides)
+
+
+def test_existing_run_is_never_overwritten_silently(tmp_path):
+    model = torch.nn.Linear(4, 1)
+    common = dict(model=model, criterion=torch.nn.MSELoss(), optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                  loaders=regression_loaders(), num_epochs=1, logdir=str(tmp_path))
+    SupervisedRunner().train(**common)
+    before = (tmp_path / "checkpoints" / "last.pth").read_bytes()
+    with pytest.raises(FileExistsError, match=r"already holds a run .*resume='last'.*overwrite=True"):
+        SupervisedRunner().train(**common, callbacks=[NeverRuns()])
+    assert (tmp_path / "checkpoints" / "last.pth").read_bytes() == before
+    SupervisedRunner().train(**common, overwrite=True)
+
+
+def test_train_signature_lists_every_argument():
+    import inspect
+    params = inspect.signature(SupervisedRunner.train).parameters
+    for name in ("model", "criterion", "optimizer", "scheduler", "loaders", "datasets", "callbacks", "logdir",
+                 "num_epochs", "valid_loader", "valid_metric", "minimize_valid_metric", "verbose", "seed", "stages"):
+        assert params[name].kind is inspect.Parameter.KEYWORD_ONLY

@@ -1,0 +1,126 @@
+"""sbatch script generation, YAML options, the `torchstage slurm` subcommand, a real sbatch --wait."""
+import argparse
+import re
+import sys
+import time
+
+import pytest
+
+from tests.slurm_cluster import slurm_cluster  # noqa: F401
+from torchstage.slurm_script import (SbatchOptions, SlurmScriptError, add_slurm_parser, build_sbatch_script,
+                                     load_sbatch_options, options_from_dict, run_slurm_command)
+
+
+def parse(argv):
+    parser = argparse.ArgumentParser(prog="torchstage")
+    add_slurm_parser(parser.add_subparsers(dest="cmd"))
+    return parser.parse_args(["slurm", *argv])
+
+
+def test_script_directives_and_srun_line():
+    text = build_sbatch_script(SbatchOptions(
+        ["python", "train.py", "--lr", "0.1 x"], job_name="exp1", nodes=2, ntasks_per_node=4, gpus_per_node=4,
+        cpus_per_task=8, partition="gpu", account="proj", time="1-02:00:00", output="logs/%x-%j.out",
+        modules=["cuda/12.1", "nccl"], setup="source venv/bin/activate", signal="USR1@120", requeue=True))
+    lines = text.splitlines()
+    assert lines[0] == "#!/bin/bash"
+    for d in ["--job-name=exp1", "--nodes=2", "--ntasks-per-node=4", "--gpus-per-node=4", "--cpus-per-task=8",
+              "--partition=gpu", "--account=proj", "--time=1-02:00:00", "--output=logs/%x-%j.out",
+              "--signal=USR1@120", "--requeue", "--open-mode=append"]:
+        assert f"#SBATCH {d}" in lines
+    assert lines.index("module load cuda/12.1") < lines.index("source venv/bin/activate") < len(lines) - 1
+    assert lines[-1] == "srun --kill-on-bad-exit=1 --cpus-per-task=8 python train.py --lr '0.1 x'"
+    assert max(i for i, x in enumerate(lines) if x.startswith("#SBATCH")) < lines.index("set -eo pipefail")
+
+
+def test_minimal_script_has_no_optional_directives():
+    text = build_sbatch_script(SbatchOptions("python train.py"))
+    assert re.findall(r"#SBATCH --([\w-]+)", text) == ["job-name", "nodes", "ntasks-per-node"]
+    assert text.endswith("srun --kill-on-bad-exit=1 python train.py\n")
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(nodes=0), "nodes: expected a positive integer, got 0"),
+    (dict(ntasks_per_node="2"), "ntasks_per_node: expected a positive integer, got '2'"),
+    (dict(time="2 hours"), "time: expected one word"),
+    (dict(time="2h"), "time: expected MM, HH:MM:SS"),
+    (dict(time=43200), "quote it in YAML"),
+    (dict(signal="B:USR1@120"), "only the batch shell.*'USR1@120'"),
+    (dict(signal="usr1"), "signal: expected SIGNAL@SECONDS"),
+    (dict(job_name="a\n#SBATCH --x"), "job_name"),
+    (dict(modules="cuda"), "modules: expected a list"),
+    (dict(command=""), "command"),
+])
+def test_bad_options(kwargs, match):
+    with pytest.raises(SlurmScriptError, match=match):
+        SbatchOptions(**{"command": "python t.py", **kwargs})
+
+
+def test_yaml_options_and_unknown_key(tmp_path):
+    cfg = tmp_path / "job.yml"
+    cfg.write_text("job-name: yaml-job\nnodes: 2\nmodules: [cuda]\ncommand: python train.py -C cfg.yml\n")
+    opts = load_sbatch_options(str(cfg), nodes=3, time=None)
+    assert (opts.job_name, opts.nodes, opts.modules, opts.time) == ("yaml-job", 3, ["cuda"], None)
+    cfg.write_text("nodez: 2\ncommand: x\n")
+    with pytest.raises(SlurmScriptError, match=f"{re.escape(str(cfg))}: unknown key 'nodez'"):
+        load_sbatch_options(str(cfg))
+    cfg.write_text("nodes: two\ncommand: x\n")
+    with pytest.raises(SlurmScriptError, match="nodes: expected a positive integer, got 'two'"):
+        load_sbatch_options(str(cfg))
+    with pytest.raises(SlurmScriptError, match="no command"):
+        options_from_dict({"nodes": 1})
+    with pytest.raises(SlurmScriptError, match="cannot read"):
+        load_sbatch_options(str(tmp_path / "missing.yml"))
+
+
+def test_cli_prints_saves_and_reports_errors(tmp_path, capsys):
+    assert run_slurm_command(parse(["--nodes", "2", "--module", "a", "--module", "b", "--", "python", "t.py"])) == 0
+    out = capsys.readouterr().out
+    assert "#SBATCH --nodes=2" in out and "module load a\nmodule load b" in out
+    assert out.endswith("srun --kill-on-bad-exit=1 python t.py\n")
+    cfg = tmp_path / "c.yml"
+    cfg.write_text("nodes: 2\ntime: '10'\ncommand: python a.py\n")
+    path = tmp_path / "job.sbatch"
+    assert run_slurm_command(parse(["--config", str(cfg), "--nodes", "1", "--save", str(path)])) == 0
+    text = path.read_text()
+    assert "#SBATCH --nodes=1" in text and "#SBATCH --time=10" in text and "python a.py" in text
+    assert capsys.readouterr().out == ""
+    assert run_slurm_command(parse(["--nodes", "0", "--", "x"])) == 2
+    assert "torchstage slurm: error: " in capsys.readouterr().err
+    assert run_slurm_command(parse(["--nodes", "1"])) == 2
+    assert "no command" in capsys.readouterr().err
+
+
+def test_cli_submit_without_sbatch(monkeypatch, capsys):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert run_slurm_command(parse(["--submit", "--", "true"])) == 2
+    assert "sbatch not found" in capsys.readouterr().err
+
+
+def test_submit_waits_on_real_cluster(slurm_cluster, tmp_path, monkeypatch, capsys):
+    for k, v in slurm_cluster.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "job-%j.out"
+    code = "import os; print('rank', os.environ['SLURM_PROCID'], os.environ['SLURMD_NODENAME'])"
+    args = parse(["--job-name", "ts-test", "--nodes", "2", "--output", str(out), "--time", "1",
+                  "--save", str(tmp_path / "job.sbatch"), "--submit", "--wait", "--", sys.executable, "-c", code])
+    assert run_slurm_command(args) == 0
+    job_id = capsys.readouterr().out.strip()
+    assert job_id.isdigit()
+    lines = sorted((tmp_path / f"job-{job_id}.out").read_text().split("\n"))
+    assert [x for x in lines if x] == ["rank 0 node1", "rank 1 node2"]
+
+
+def test_submit_from_stdin_failing_task_ends_job(slurm_cluster, tmp_path, monkeypatch, capsys):
+    """No --save: the script goes to sbatch on stdin. Task 1 fails, --kill-on-bad-exit ends task 0's sleep."""
+    for k, v in slurm_cluster.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.chdir(tmp_path)
+    args = parse(["--nodes", "2", "--output", str(tmp_path / "fail.out"), "--submit", "--wait", "--",
+                  "bash", "-c", "[ $SLURM_PROCID = 1 ] && exit 5; sleep 60"])
+    start = time.monotonic()
+    assert run_slurm_command(args) != 0
+    assert time.monotonic() - start < 20
+    assert capsys.readouterr().out.strip().isdigit()
+    assert "task 1: Exited with exit code 5" in (tmp_path / "fail.out").read_text()

@@ -1,0 +1,79 @@
+"""Metric callbacks: feed ``batch[input_key]``/``batch[target_key]`` to an accumulator, publish at loader end."""
+import torch
+
+from torchstage.callbacks.base import Callback, CallbackOrder
+from torchstage.metrics import AccuracyMetric, AUCMetric, FunctionalMetric, Metric, PrecisionRecallF1Metric
+
+
+class MetricCallback(Callback):
+    """Runs any :class:`~torchstage.metrics.Metric` over each loader; results go to ``runner.loader_metrics``.
+
+    Updates stay on the device; at loader end the state is reduced across ranks once and turned into
+    floats with one host copy. ``loaders`` limits it to some loaders (default: all).
+    """
+
+    order = CallbackOrder.Metric
+
+    def __init__(self, metric: Metric, input_key: str = "logits", target_key: str = "targets", loaders=None):
+        if not isinstance(metric, Metric):
+            raise TypeError(f"metric must be a torchstage.metrics.Metric, got {type(metric).__name__}")
+        self.metric, self.input_key, self.target_key = metric, input_key, target_key
+        self.loaders = None if loaders is None else ({loaders} if isinstance(loaders, str) else set(loaders))
+
+    @property
+    def produces(self):
+        return self.metric.names
+
+    def _active(self, runner) -> bool:
+        return self.loaders is None or runner.loader_key in self.loaders
+
+    def on_loader_start(self, runner):
+        self.metric.reset()
+
+    def on_batch_end(self, runner):
+        if self._active(runner):
+            with torch.no_grad():
+                self.metric.update(runner.batch[self.input_key], runner.batch[self.target_key])
+
+    def on_loader_end(self, runner):
+        if not self._active(runner):
+            return
+        self.metric.sync(runner.engine)
+        values = self.metric.compute()
+        floats = torch.stack([v.reshape(()).double() for v in values.values()]).tolist()
+        runner.loader_metrics.update(zip(values, floats))
+
+
+class AccuracyCallback(MetricCallback):
+    """Top-k accuracy (multi-class logits) or thresholded binary accuracy: ``accuracy``, ``accuracy_top{k}``."""
+
+    def __init__(self, input_key="logits", target_key="targets", topk=(1,), threshold=0.5, from_logits=True,
+                 prefix="", loaders=None):
+        super().__init__(AccuracyMetric(topk=topk, threshold=threshold, from_logits=from_logits, prefix=prefix),
+                         input_key, target_key, loaders)
+
+
+class PrecisionRecallF1Callback(MetricCallback):
+    """Binary (``num_classes=None``) or multi-class macro/micro ``precision``, ``recall`` and ``f1``."""
+
+    def __init__(self, input_key="logits", target_key="targets", num_classes=None, average=None, threshold=0.5,
+                 from_logits=True, prefix="", loaders=None):
+        super().__init__(PrecisionRecallF1Metric(num_classes=num_classes, average=average, threshold=threshold,
+                                                 from_logits=from_logits, prefix=prefix),
+                         input_key, target_key, loaders)
+
+
+class AUCCallback(MetricCallback):
+    """ROC AUC over the whole loader (state gathered across ranks): ``auc`` and ``auc/<class>``."""
+
+    def __init__(self, input_key="logits", target_key="targets", average="macro", class_names=None, prefix="",
+                 loaders=None):
+        super().__init__(AUCMetric(average=average, class_names=class_names, prefix=prefix),
+                         input_key, target_key, loaders)
+
+
+class FunctionalMetricCallback(MetricCallback):
+    """Any ``fn(outputs, targets) -> tensor`` (a batch mean), averaged over the loader by batch size."""
+
+    def __init__(self, fn, name: str, input_key="logits", target_key="targets", prefix="", loaders=None):
+        super().__init__(FunctionalMetric(fn, name=name, prefix=prefix), input_key, target_key, loaders)
