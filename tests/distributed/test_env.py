@@ -1,7 +1,4 @@
 """resolve_world: precedence, process counts, and errors that name the setting."""
-import sys
-import types
-
 import pytest
 
 from torchstage.distributed.env import World, resolve_world
@@ -41,15 +38,22 @@ def test_explicit_arguments_beat_torchrun():
     assert (world.rank, world.world_size, world.source, world.master_port, world.spawn) == (0, 2, "arguments", 1234, 0)
 
 
-def test_slurm_plugs_in_below_torchrun(monkeypatch):
-    slurm_world = World(rank=2, world_size=4, local_rank=0, master_port=15000, source="slurm")
-    fake = types.SimpleNamespace(slurm_step=lambda env: "step" if "SLURM_PROCID" in env else None,
-                                 slurm_world=lambda step, devices: slurm_world)
-    monkeypatch.setitem(sys.modules, "torchstage.distributed.slurm", fake)
-    monkeypatch.setattr("torchstage.distributed.slurm", fake, raising=False)
-    assert resolve_world(environ={"SLURM_PROCID": "2", "TORCHSTAGE_NPROC": "3"}, gpus=0) is slurm_world
-    assert resolve_world(environ={**TORCHRUN, "SLURM_PROCID": "2"}, gpus=0).source == "torchrun"
-    assert resolve_world(environ={}, gpus=0).source == "single"
+SLURM_TASK = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_LOCALID": "0",
+              "SLURM_NODEID": "1", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NUM_NODES": "2",
+              "SLURM_STEP_NODELIST": "localhost,localhost", "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
+              "MASTER_ADDR": "127.0.0.1"}
+
+
+def test_a_slurm_task_is_a_rank_below_torchrun():
+    world = resolve_world(environ=SLURM_TASK, gpus=0)
+    assert (world.rank, world.world_size, world.local_rank, world.spawn, world.source) == (1, 2, 0, 0, "slurm")
+    assert 1024 <= world.master_port < 65536
+    assert resolve_world(environ={**SLURM_TASK, **TORCHRUN}, gpus=0).source == "torchrun"
+
+
+def test_one_slurm_task_per_node_spawns_a_process_per_device():
+    world = resolve_world(environ={**SLURM_TASK, "TORCHSTAGE_NPROC": "3"}, gpus=0)
+    assert (world.rank, world.world_size, world.spawn, world.source) == (3, 6, 3, "slurm")
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -77,10 +77,10 @@ def resolve_world(nprocs: Optional[int] = None, environ: Mapping = None, *, rank
                      source="arguments", backend=backend)
     if "RANK" in environ and "WORLD_SIZE" in environ:
         return _from_torchrun(environ, backend)
-    slurm = _from_slurm(environ, gpus)
+    count, source = _local_count(nprocs, environ, gpus)
+    slurm = _from_slurm(environ, count, backend)
     if slurm is not None:
         return slurm
-    count, source = _local_count(nprocs, environ, gpus)
     if count <= 1:
         return World(source=source if nprocs is not None else "single", backend=backend)
     return World(rank=0, world_size=count, master_addr=master_addr or "127.0.0.1",
@@ -99,21 +99,24 @@ def _from_torchrun(environ, backend) -> World:
                  master_port=_port(environ.get("MASTER_PORT"), "MASTER_PORT"), source="torchrun", backend=backend)
 
 
-def _from_slurm(environ, gpus: int) -> Optional[World]:
-    """SLURM PLUG-IN POINT: a World for a SLURM job step, or None outside one.
+def _from_slurm(environ, local_devices: int, backend: str) -> Optional[World]:
+    """SLURM PLUG-IN POINT: the World of a SLURM job step task, or None outside a step.
 
-    ``torchstage.distributed.slurm`` (``slurm_step(environ)`` -> step or None,
-    ``slurm_world(step, local_devices)`` -> World with ``source='slurm'``) lives on its own branch;
-    until it is merged this returns None, so a SLURM allocation runs like a plain host.
+    ``local_devices`` is what one node offers: visible GPUs, or on CPU ``nprocs``/TORCHSTAGE_NPROC
+    (so one task per node spawns that many processes). Layout, address and port rules live in
+    :mod:`torchstage.distributed.slurm`.
     """
     try:
         from torchstage.distributed import slurm
-    except ImportError:
+    except ImportError:  # a build without SLURM support
         return None
     step = slurm.slurm_step(environ)
     if step is None:
         return None
-    return slurm.slurm_world(step, gpus)
+    layout = slurm.slurm_world(step, local_devices)
+    return World(rank=layout.rank, world_size=layout.world_size, local_rank=layout.local_rank,
+                 master_addr=slurm.master_addr(step, environ), master_port=slurm.master_port(step.job_id, environ),
+                 source="slurm", spawn=layout.spawn_local, backend=backend)
 
 
 def _local_count(nprocs, environ, gpus):
