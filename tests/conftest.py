@@ -1,9 +1,15 @@
-"""Shared test fixtures: small deterministic data, quiet logs."""
+"""Shared test fixtures: small deterministic data, quiet logs, one thread per process."""
 import logging
+import os
 
 import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
+
+# The suite runs many small models and multi-process runs on 2 cores: one intra-op thread per
+# process (children inherit it) avoids oversubscription that makes tiny steps 10x slower.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(1)
 
 
 def regression_data(n=64, features=4, seed=0):

@@ -8,13 +8,18 @@ from torchstage.callbacks.checkpoint import CheckpointCallback
 from torchstage.callbacks.console import ConsoleLogger
 from torchstage.callbacks.criterion import CriterionCallback
 from torchstage.callbacks.csv_logger import CSVLogger
+from torchstage.callbacks.debug import CheckRunCallback, LimitBatchesCallback
+from torchstage.callbacks.early_stopping import EarlyStoppingCallback
 from torchstage.callbacks.loop import LoopCallback
 from torchstage.callbacks.metric import (AccuracyCallback, AUCCallback, FunctionalMetricCallback, MetricCallback,
                                          PrecisionRecallF1Callback)
 from torchstage.callbacks.optimizer import OptimizerCallback
+from torchstage.callbacks.output_losses import Loss, OutputLossesCallback, Regularizer
 from torchstage.callbacks.progress import ProgressBar
 from torchstage.callbacks.scheduler import SchedulerCallback
 from torchstage.callbacks.tensorboard import TensorBoardLogger
+from torchstage.callbacks.timer import TimerCallback
+from torchstage.callbacks.validation import ValidEveryCallback
 from torchstage.checkpoint import CheckpointError, load_checkpoint, load_model_weights
 from torchstage.distributed.engine import Engine
 from torchstage.distributed.launch import distributed_cmd_run
@@ -30,6 +35,8 @@ __all__ = [
     "AccuracyCallback", "AUCCallback", "FunctionalMetricCallback", "MetricCallback", "PrecisionRecallF1Callback",
     "Callback", "CallbackOrder", "CallbackScope", "CancelBatch", "CancelEpoch", "CancelLoader", "CancelRun",
     "CancelStage", "CheckpointCallback", "CheckpointError", "ConsoleLogger", "CriterionCallback", "CSVLogger",
+    "CheckRunCallback", "EarlyStoppingCallback", "LimitBatchesCallback", "Loss", "OutputLossesCallback",
+    "Regularizer", "TimerCallback", "ValidEveryCallback",
     "Engine", "LoopCallback", "MetricsAveragingCallback", "OptimizerCallback", "ProgressBar", "Runner",
     "SchedulerCallback", "SupervisedRunner", "TensorBoardLogger", "distributed_cmd_run", "load_checkpoint", "load_model_weights",
     "set_seed",

@@ -1,4 +1,5 @@
 """Seeding and capture/restore of every random generator (python, numpy, torch, CUDA) as plain values."""
+import os
 import random
 
 import numpy as np
@@ -11,6 +12,7 @@ def set_seed(seed: int, deterministic: bool = False) -> None:
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
     if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS needs it for deterministic matmuls
         torch.use_deterministic_algorithms(True)
         torch.backends.cudnn.benchmark = False
 

@@ -1,6 +1,6 @@
 """Framework overhead: SupervisedRunner.train vs a hand-written loop on the same tiny workload, same process.
 
-Runs the two alternately (after a warm-up of each) and prints the median times and their ratio.
+Installed peers (Ignite, Accelerate, Lightning) run the same workload too. All run alternately (after a warm-up of each) and prints the median times and their ratio.
 Usage: python scripts/bench/overhead.py [--repeats 5] [--num-workers 1]
 """
 import argparse
@@ -13,6 +13,7 @@ import time
 import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import peers  # noqa: E402
 import workload  # noqa: E402
 
 from torchstage import SupervisedRunner  # noqa: E402
@@ -35,6 +36,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--num-workers", type=int, default=1)
+    parser.add_argument("--no-peers", action="store_true", help="skip installed peer frameworks")
     args = parser.parse_args()
     logging.getLogger("torchstage").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", message="Using a target size")
@@ -42,6 +44,10 @@ def main():
     loader = workload.make_loader(X, y, args.num_workers)
     loaders = {"train": loader, "valid": loader}
     contenders = {"hand-written": run_hand_written, "torchstage": run_torchstage}
+    if not args.no_peers:
+        contenders.update(peers.available())
+    logging.getLogger("lightning").setLevel(logging.ERROR)
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     times = {name: [] for name in contenders}
     with tempfile.TemporaryDirectory() as logdir:
         for repeat in range(args.repeats + 1):

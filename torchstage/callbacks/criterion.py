@@ -34,7 +34,8 @@ class CriterionCallback(Callback):
         if not self._checked:
             self._checked = True
             _warn_broadcast(self._criterion, outputs, targets, self.input_key, self.target_key)
-        runner.batch_metrics[self.metric_key] = self._criterion(outputs, targets)
+        with runner.autocast():
+            runner.batch_metrics[self.metric_key] = self._criterion(outputs, targets)
 
 
 def _warn_broadcast(criterion, outputs, targets, input_key, target_key) -> None:

@@ -4,6 +4,8 @@ from collections.abc import Mapping
 
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
+from torchstage.runner.split import SPLIT_OPTIONS, check_split, split_valid
+
 #: Options of ``datasets={...}`` passed to every DataLoader; all other keys name datasets.
 LOADER_OPTIONS = ("batch_size", "num_workers", "collate_fn", "drop_last", "pin_memory", "worker_init_fn",
                   "persistent_workers", "prefetch_factor", "shuffle")
@@ -36,10 +38,12 @@ def dataset_loader_names(datasets, prefix: str = "") -> list:
             if unknown:
                 raise ValueError(f"{prefix}datasets has unknown key(s) {unknown}: not a loader option "
                                  f"({', '.join(LOADER_OPTIONS)}) nor an argument of {fn.__name__}{inspect.signature(fn)}")
+        if "valid_ratio" in datasets:
+            check_split(datasets, ["train"], prefix)
         return ["train", "valid"]  # the factory's names are known only once it runs; checked again then
     names = []
     for key, value in datasets.items():
-        if key in LOADER_OPTIONS:
+        if key in LOADER_OPTIONS or key in SPLIT_OPTIONS:
             continue
         if not _is_dataset(value):
             raise ValueError(f"{prefix}datasets[{key!r}] = {value!r:.60} is neither a loader option "
@@ -47,11 +51,11 @@ def dataset_loader_names(datasets, prefix: str = "") -> list:
         names.append(key)
     if not names:
         raise ValueError(f"{prefix}datasets holds no dataset: add e.g. 'train': dataset, 'valid': dataset")
-    return names
+    return check_split(datasets, names, prefix)
 
 
 def _factory_kwargs(datasets) -> dict:
-    return {k: v for k, v in datasets.items() if k not in LOADER_OPTIONS and k != FACTORY}
+    return {k: v for k, v in datasets.items() if k not in LOADER_OPTIONS and k not in SPLIT_OPTIONS and k != FACTORY}
 
 
 def build_datasets(datasets: Mapping) -> dict:
@@ -60,8 +64,9 @@ def build_datasets(datasets: Mapping) -> dict:
         made = datasets[FACTORY](**_factory_kwargs(datasets))
         if not isinstance(made, Mapping) or not made or not all(_is_dataset(d) for d in made.values()):
             raise TypeError(f"datasets['{FACTORY}'] must return a dict name -> Dataset, got {made!r:.80}")
-        return dict(made)
-    return {k: v for k, v in datasets.items() if k not in LOADER_OPTIONS}
+        return split_valid(dict(made), datasets)
+    return split_valid({k: v for k, v in datasets.items() if k not in LOADER_OPTIONS and k not in SPLIT_OPTIONS},
+                       datasets)
 
 
 def build_loaders(datasets: Mapping, engine, seed: int = 0) -> dict:

@@ -16,6 +16,8 @@ def default_callbacks(runner, spec) -> dict:
         chain["scheduler"] = SchedulerCallback(mode=spec.scheduler_step)
     if spec.logdir is not None:
         chain.update(checkpoint=CheckpointCallback(), csv=CSVLogger(), tensorboard=TensorBoardLogger())
+    from torchstage.runner.features import feature_callbacks
+    chain.update(feature_callbacks(spec))  # valid_every, check, overfit, timeit
     chain["console"] = ConsoleLogger()
     if spec.verbose:
         chain["progress"] = ProgressBar()

@@ -1,4 +1,5 @@
 """The Runner: experiment -> stages -> epochs -> loaders -> batches, each level run by one helper."""
+import contextlib
 import logging
 
 import torch
@@ -19,6 +20,8 @@ class Runner:
 
     #: Metric names this runner's handle_batch writes; ``None`` means unknown until the first loader.
     produces = None
+    #: Autocast dtype of ``train(amp=...)`` (None: full precision) and the fp16 grad scaler, set by setup.
+    amp_dtype = scaler = None
 
     def __init__(self, model=None, engine=None):
         self.model, self.engine = model, engine
@@ -29,6 +32,27 @@ class Runner:
     def handle_batch(self, batch) -> None:
         """One step on ``batch``: write outputs to ``self.batch`` and tensors to ``self.batch_metrics``."""
         raise NotImplementedError(f"{type(self).__name__} must override handle_batch(batch)")
+
+    def autocast(self):
+        """Context for forward and loss under ``train(amp=...)``; a shared no-op context without amp."""
+        if self.amp_dtype is None:
+            return _NO_AUTOCAST
+        return torch.autocast(self.engine.device.type, dtype=self.amp_dtype)
+
+    def predict_batch(self, batch) -> dict:
+        """The model outputs for one batch, for :meth:`predict_loader`; runs ``handle_batch`` by default."""
+        self.handle_batch(batch)
+        return self.batch
+
+    def predict_loader(self, loader, to_cpu: bool = False):
+        """Yield :meth:`predict_batch` for each batch of ``loader`` (eval mode, no grad; on CPU if ``to_cpu``)."""
+        from torchstage.runner.inference import predict_loader
+        return predict_loader(self, loader, to_cpu=to_cpu)
+
+    def evaluate_loader(self, loader, callbacks=None, criterion=None) -> dict:
+        """The loader metrics of one pass over ``loader`` without training (loss with ``criterion`` or the runner's)."""
+        from torchstage.runner.inference import evaluate_loader
+        return evaluate_loader(self, loader, callbacks=callbacks, criterion=criterion)
 
     def get_default_callbacks(self, spec: TrainSpec) -> dict:
         """Name -> callback for the default chain; users replace one by passing the same name."""
@@ -137,5 +161,6 @@ class Runner:
         return {k: unwrap(m) for k, m in self.model.items()} if isinstance(self.model, dict) else unwrap(self.model)
 
 
+_NO_AUTOCAST = contextlib.nullcontext()
 _START = {level: f"on_{level}_start" for level in ("experiment", "stage", "epoch", "loader", "batch")}
 _END = {level: f"on_{level}_end" for level in _START}

@@ -6,8 +6,10 @@ import torch
 
 from torchstage.distributed.engine import Engine
 from torchstage.rng import set_seed
+from torchstage.runner.amp import setup_amp
 from torchstage.runner.chain import describe_chain, merge_chain
 from torchstage.runner.data import build_loaders
+from torchstage.runner.features import check_feature_chain, compile_models
 
 logger = logging.getLogger("torchstage")
 
@@ -31,11 +33,12 @@ def prepare(runner, spec, engine: Engine = None) -> None:
     set_seed(spec.seed + runner.engine.rank, spec.deterministic)
     checkpoint = _resume_checkpoint(spec, runner.engine)
     runner.model = spec.model
-    runner.scaler = None
+    setup_amp(runner, spec.amp)
     for stage in spec.stage_specs:
         if isinstance(stage.criterion, torch.nn.Module):
             stage.criterion.to(runner.engine.device)
     _place_models(runner)
+    compile_models(runner, spec.compile)
     runner.stage_loaders = [stage.loaders if stage.loaders is not None else build_loaders(stage.datasets, runner.engine)
                             for stage in spec.stage_specs]
     defaults = runner.get_default_callbacks(spec)
@@ -43,6 +46,7 @@ def prepare(runner, spec, engine: Engine = None) -> None:
                               for stage in spec.stage_specs]
     for stage, chain in zip(spec.stage_specs, runner.stage_callbacks):
         _check_valid_metric(runner, stage, chain)
+    check_feature_chain(spec, runner.stage_callbacks)
     runner.stage_index, runner.epoch_done, runner.train_batches_done = 0, True, 0
     runner.global_epoch_step = runner.global_batch_step = runner.global_sample_step = 0
     runner.epoch_metrics, runner.loader_metrics, runner.batch_metrics = {}, {}, {}

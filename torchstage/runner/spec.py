@@ -57,6 +57,15 @@ class TrainSpec:
     distributed: bool = False
     nprocs: Optional[int] = None
     strategy: str = "ddp"
+    amp: Any = None
+    accumulation_steps: int = 1
+    grad_clip_norm: Optional[float] = None
+    grad_clip_value: Optional[float] = None
+    compile: Any = False
+    check: bool = False
+    overfit: Any = False
+    timeit: bool = False
+    valid_every: int = 1
     stage_specs: list = field(default_factory=list, repr=False)
 
 
@@ -75,6 +84,8 @@ def make_spec(runner, kwargs: dict) -> TrainSpec:
         raise ValueError(f"scheduler_step must be 'epoch' or 'batch', got {spec.scheduler_step!r}")
     if spec.strategy not in ("ddp", "fsdp"):
         raise ValueError(f"strategy must be 'ddp' or 'fsdp', got {spec.strategy!r}")
+    from torchstage.runner.features import check_feature_args
+    check_feature_args(spec)
     spec.stage_specs = _resolve_stages(spec)
     for stage in spec.stage_specs:
         _check_stage(runner, stage)

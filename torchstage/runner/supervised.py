@@ -1,6 +1,7 @@
 """SupervisedRunner: ``model(batch[input_key]) -> batch[output_key]``, with criterion and optimizer callbacks."""
-from torchstage.callbacks.criterion import CriterionCallback
 from torchstage.callbacks.optimizer import OptimizerCallback
+from torchstage.callbacks.output_losses import OutputLossesCallback, as_terms
+from torchstage.runner.features import optimizer_options
 from torchstage.runner.runner import Runner
 
 
@@ -23,15 +24,30 @@ class SupervisedRunner(Runner):
 
     def get_default_callbacks(self, spec) -> dict:
         chain = super().get_default_callbacks(spec)
-        output_key = self.output_key if isinstance(self.output_key, str) else self.output_key[0]
-        chain["criterion"] = CriterionCallback(input_key=output_key, target_key=self.target_key,
-                                               metric_key=self.loss_key)
-        chain["optimizer"] = OptimizerCallback(metric_key=self.loss_key)
+        names = {}
+        for stage in spec.stage_specs:
+            if isinstance(stage.criterion, dict):
+                where = "criterion" if stage.name == "main" else f"stages[{stage.name!r}]['criterion']"
+                names.update(as_terms(stage.criterion, where))
+        chain["criterion"] = self.loss_callback(names=list(names))
+        chain["optimizer"] = OptimizerCallback(metric_key=self.loss_key, **optimizer_options(spec))
         return chain
+
+    def loss_callback(self, names=()) -> OutputLossesCallback:
+        """The callback computing ``loss`` (one term per name for a dict criterion), for train and evaluate."""
+        output_key = self.output_key if isinstance(self.output_key, str) else self.output_key[0]
+        return OutputLossesCallback(input_key=output_key, target_key=self.target_key, metric_key=self.loss_key,
+                                    names=names)
 
     def handle_batch(self, batch) -> None:
         batch = self.batch = self._as_dict(batch)
-        batch.update(self.forward(batch))
+        with self.autocast():
+            batch.update(self.forward(batch))
+
+    def predict_batch(self, batch) -> dict:
+        """The model's named outputs for one batch (without inputs and targets)."""
+        with self.autocast():
+            return self.forward(self._as_dict(batch))
 
     def forward(self, batch: dict, **kwargs) -> dict:
         """Run the model on ``batch``'s inputs and name its outputs."""

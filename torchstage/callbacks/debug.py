@@ -1,0 +1,95 @@
+"""Smoke and debug runs: a few batches per loader (``check=True``), the same batches every epoch (``overfit``)."""
+import io
+import itertools
+import logging
+import os
+
+import torch
+
+from torchstage.callbacks.base import Callback, CallbackOrder, CancelStage
+from torchstage.checkpoint import CheckpointError, load_checkpoint, serialize
+
+logger = logging.getLogger("torchstage")
+
+
+class LimitBatchesCallback(Callback):
+    """Every loader yields at most ``num_batches`` batches per epoch.
+
+    With ``same_batches=True`` (``train(overfit=...)``) the first ``num_batches`` batches of each loader
+    are taken once and yielded again every epoch, so a model that can learn at all drives their loss
+    toward zero. The loader is swapped for a short one at loader start: nothing else is iterated.
+    """
+
+    order = CallbackOrder.Internal
+    name = "limit_batches"
+
+    def __init__(self, num_batches: int, same_batches: bool = False):
+        if isinstance(num_batches, bool) or not isinstance(num_batches, int) or num_batches < 1:
+            raise ValueError(f"num_batches must be an integer >= 1, got {num_batches!r}")
+        self.num_batches, self.same_batches = num_batches, same_batches
+        self._cache = {}
+
+    def on_loader_start(self, runner):
+        if not self.same_batches:
+            runner.loader = _Limited(runner.loader, self.num_batches)
+            return
+        key = (runner.stage_key, runner.loader_key)
+        if key not in self._cache:
+            self._cache[key] = list(itertools.islice(runner.loader, self.num_batches))
+        runner.loader = self._cache[key]
+
+
+class _Limited:
+    """The first ``n`` batches of a fresh pass over ``loader``; has a length when the loader has one."""
+
+    def __init__(self, loader, n: int):
+        self.loader, self.n = loader, n
+        self.sampler = getattr(loader, "sampler", None)
+
+    def __iter__(self):
+        return itertools.islice(iter(self.loader), self.n)
+
+    def __len__(self):
+        return min(self.n, len(self.loader))
+
+
+class CheckRunCallback(Callback):
+    """``train(check=True)``: end each stage after ``num_epochs`` epochs, then verify a checkpoint round trip.
+
+    At the end of the run the runner's state is serialized and loaded back with ``weights_only=True``;
+    with a logdir, ``checkpoints/last.pth`` is read back and loaded into the model, and its weights must
+    equal the model's. A failure raises :class:`~torchstage.CheckpointError`.
+    """
+
+    order = CallbackOrder.External
+    name = "check"
+
+    def __init__(self, num_epochs: int = 2):
+        self.num_epochs = num_epochs
+
+    def on_epoch_end(self, runner):
+        if runner.epoch >= self.num_epochs and runner.epoch < runner.num_epochs:
+            raise CancelStage()
+
+    def on_experiment_end(self, runner):
+        state = torch.load(io.BytesIO(serialize(runner.state_dict())), weights_only=True)
+        _load_and_compare(runner, state, "the serialized runner state")
+        logdir = runner.spec.logdir
+        if logdir is not None:
+            runner.engine.barrier()  # the main rank has written last.pth
+            path = os.path.join(logdir, "checkpoints", "last.pth")
+            _load_and_compare(runner, load_checkpoint(path), path)
+        logger.info("check run passed: %d batch(es) trained, checkpoint reloaded into the model",
+                    runner.global_batch_step)
+
+
+def _load_and_compare(runner, checkpoint: dict, what: str) -> None:
+    models = runner.unwrapped_model
+    models = models if isinstance(models, dict) else {"model": models}
+    before = {name: {k: v.detach().clone() for k, v in m.state_dict().items()} for name, m in models.items()}
+    runner.load_state_dict(checkpoint, weights_only=True)
+    for name, model in models.items():
+        for key, value in model.state_dict().items():
+            if not torch.equal(value, before[name][key]):
+                raise CheckpointError(f"check run: {what} did not restore model {name!r}: {key!r} differs "
+                                      f"from the trained weights")

@@ -1,0 +1,27 @@
+"""``train(valid_every=N)``: run the non-train loaders only every N epochs (and at each stage's last epoch)."""
+from torchstage.callbacks.base import Callback, CallbackOrder
+
+
+class ValidEveryCallback(Callback):
+    """Skips every loader whose name does not start with ``train`` on epochs not divisible by ``every``.
+
+    Skipped loaders fire no event at all, so they log nothing and keep no metrics for that epoch; the
+    last epoch of a stage always validates, so a stage ends with fresh valid metrics.
+    """
+
+    order = CallbackOrder.Internal
+    name = "valid_every"
+
+    def __init__(self, every: int):
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"every must be an integer >= 1, got {every!r}")
+        self.every, self._all = every, None
+
+    def on_epoch_start(self, runner):
+        if runner.epoch % self.every and runner.epoch != runner.num_epochs:
+            self._all = runner.loaders
+            runner.loaders = {k: v for k, v in runner.loaders.items() if k.startswith("train")}
+
+    def on_epoch_end(self, runner):
+        if self._all is not None:
+            runner.loaders, self._all = self._all, None

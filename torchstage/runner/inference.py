@@ -1,0 +1,78 @@
+"""Inference with a runner: model outputs batch by batch, and the metrics of one pass without training."""
+import torch
+
+from torchstage.callbacks.averaging import MetricsAveragingCallback
+from torchstage.callbacks.base import Callback, CancelStage
+from torchstage.callbacks.loop import LoopCallback
+from torchstage.runner.chain import merge_chain
+
+
+def _models(runner) -> list:
+    return list(runner.model.values()) if isinstance(runner.model, dict) else [runner.model]
+
+
+def _ready(runner, what: str) -> None:
+    """Give a never-trained runner an engine and put its model(s) on the engine's device."""
+    if runner.model is None:
+        raise ValueError(f"{what} needs a model: pass {type(runner).__name__}(model=...) or call train() first")
+    if runner.engine is None:
+        from torchstage.distributed.engine import Engine
+        runner.engine = Engine()
+    if getattr(runner, "spec", None) is None:  # train() has not placed the models
+        for model in _models(runner):
+            model.to(runner.engine.device)
+
+
+def predict_loader(runner, loader, to_cpu: bool = False):
+    """Yield ``runner.predict_batch(batch)`` per batch in eval mode without grad; model modes restored at the end."""
+    _ready(runner, "predict_loader")
+    models = _models(runner)
+    modes = [model.training for model in models]
+    try:
+        for model in models:
+            model.eval()
+        for batch in loader:
+            with torch.no_grad():  # not held across the yield: the caller's grad mode stays its own
+                output = runner.predict_batch(runner.engine.to_device(batch))
+            yield _to_cpu(output) if to_cpu else output
+    finally:
+        for model, mode in zip(models, modes):
+            model.train(mode)
+
+
+def evaluate_loader(runner, loader, callbacks=None, criterion=None) -> dict:
+    """Run ``loader`` once as a ``valid`` loader through loop, loss (if a criterion), averaging and ``callbacks``.
+
+    Returns the loader metrics; the runner's own state (chain, counters, metrics) is left as it was.
+    """
+    _ready(runner, "evaluate_loader")
+    items = callbacks.items() if isinstance(callbacks, dict) else enumerate(callbacks or ())
+    for key, callback in items:
+        if not isinstance(callback, Callback):
+            raise TypeError(f"callbacks[{key!r}] must be a torchstage Callback, got {type(callback).__name__}")
+    saved = dict(vars(runner))
+    try:
+        runner.criterion = criterion if criterion is not None else getattr(runner, "criterion", None)
+        chain = {"loop": LoopCallback(), "averaging": MetricsAveragingCallback()}
+        make_loss = getattr(runner, "loss_callback", None)
+        if make_loss is not None and runner.criterion is not None:
+            chain["criterion"] = make_loss()
+        runner.set_callbacks(merge_chain(chain, callbacks))
+        runner.stage_key, runner.num_epochs, runner.epoch, runner.loaders = "evaluate", 1, 0, {"valid": loader}
+        runner.global_epoch_step = runner.global_batch_step = runner.global_sample_step = 0
+        runner.epoch_metrics = {}
+        runner._run_event("stage", runner._run_epochs, CancelStage)
+        return dict(runner.epoch_metrics.get("valid", {}))
+    finally:
+        runner.__dict__.clear()
+        runner.__dict__.update(saved)
+
+
+def _to_cpu(obj):
+    if isinstance(obj, torch.Tensor):
+        return obj.cpu()
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_cpu(v) for v in obj)
+    return obj
