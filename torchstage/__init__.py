@@ -25,6 +25,7 @@ from torchstage.checkpoint import CheckpointError, load_checkpoint, load_model_w
 from torchstage.config import ConfigError, load_config, train_from_config
 from torchstage.distributed.engine import Engine
 from torchstage.periods import Batch, Epoch
+from torchstage.distributed.launch import distributed_cmd_run
 from torchstage.rng import set_seed
 from torchstage.runner.runner import Runner
 from torchstage.runner.spec import train_signature
@@ -41,7 +42,7 @@ __all__ = [
     "CheckRunCallback", "EarlyStoppingCallback", "LimitBatchesCallback", "Loss", "OutputLossesCallback",
     "Regularizer", "TimerCallback", "ValidEveryCallback",
     "Engine", "LoopCallback", "MetricsAveragingCallback", "OptimizerCallback", "ProgressBar", "Runner",
-    "SchedulerCallback", "SupervisedRunner", "TensorBoardLogger", "load_checkpoint", "load_model_weights",
-    "set_seed", "Batch", "Epoch", "RunStopped", "StopCallback", "StopRequest", "request_stop",
+    "SchedulerCallback", "SupervisedRunner", "TensorBoardLogger", "distributed_cmd_run", "load_checkpoint",
+    "load_model_weights", "set_seed", "Batch", "Epoch", "RunStopped", "StopCallback", "StopRequest", "request_stop",
     "ConfigError", "load_config", "train_from_config",
 ]

@@ -13,7 +13,7 @@ class OptimizerCallback(Callback):
     Each loss is divided by the number of batches in its accumulation group, so the update equals one
     batch that many times larger (for mean-reduced losses and equal batch sizes). The last group of a
     loader may be shorter; with a loader of known length it is divided by its own size. Intermediate
-    backward passes run inside ``runner.engine.no_sync(model)`` when the engine has one (DDP: no
+    batches (forward and backward) run inside ``runner.engine.no_sync(model)`` when the engine has one (DDP: no
     gradient all-reduce until the last micro-batch). Clipping is by value (``grad_clip_value``) and/or
     by total norm (``grad_clip_norm``), on unscaled gradients under fp16 AMP (``runner.scaler``).
     Gradients are reset with ``zero_grad(set_to_none=True)``. One scaler shared by several optimizer
@@ -43,16 +43,24 @@ class OptimizerCallback(Callback):
             raise ValueError(f"stage {runner.stage_key!r} has no optimizer; pass optimizer=... to train()")
 
     def on_loader_start(self, runner):
-        self._pending, self._group = 0, self.accumulation_steps
+        self._pending, self._group, self._no_sync = 0, self.accumulation_steps, None
         if runner.is_train_loader:
             self._length = _length(runner.loader)
             self._optimizer_now.zero_grad(set_to_none=True)
 
-    def on_batch_end(self, runner):
+    def on_batch_start(self, runner):
         if not runner.is_train_loader:
             return
         if self._pending == 0 and self._length is not None:  # a group's first batch: how many it will hold
             self._group = min(self.accumulation_steps, self._length - runner.batch_step + 1)
+        if self._pending + 1 < self._group:
+            # DDP decides at forward time whether the backward syncs, so the context spans the batch.
+            self._no_sync = _no_sync(runner)
+            self._no_sync.__enter__()
+
+    def on_batch_end(self, runner):
+        if not runner.is_train_loader:
+            return
         try:
             loss = runner.batch_metrics[self.metric_key]
         except KeyError:
@@ -63,14 +71,24 @@ class OptimizerCallback(Callback):
         if runner.scaler is not None:
             loss = runner.scaler.scale(loss)
         self._pending += 1
-        if self._pending < self._group:
-            with _no_sync(runner):
-                loss.backward()
-        else:
+        try:
             loss.backward()
+        finally:
+            self._leave_no_sync()
+        if self._pending >= self._group:
             self._step(runner)
 
+    def _leave_no_sync(self):
+        if self._no_sync is not None:
+            self._no_sync.__exit__(None, None, None)
+            self._no_sync = None
+
+    def on_exception(self, runner):
+        if getattr(self, "_no_sync", None) is not None:
+            self._leave_no_sync()
+
     def on_loader_end(self, runner):
+        self._leave_no_sync()
         if not runner.is_train_loader:
             return
         if self._pending:  # a loader of unknown length (or cut short) left a partial group

@@ -1,4 +1,5 @@
 """The engine: where tensors live and who this process is, with collectives that are no-ops alone."""
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +41,14 @@ class Engine:
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
         """Put a model on the device; a distributed engine also wraps it (DDP/FSDP)."""
         return model.to(self.device)
+
+    def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Wrap a placed model for the run (DDP under several processes); identity on one process."""
+        return model
+
+    def no_sync(self, model):
+        """A context in which backward passes skip gradient sync (accumulation steps); a no-op alone."""
+        return contextlib.nullcontext()
 
     @staticmethod
     def unwrap(model: torch.nn.Module) -> torch.nn.Module:

@@ -69,7 +69,7 @@ def build_datasets(datasets: Mapping) -> dict:
                        datasets)
 
 
-def build_loaders(datasets: Mapping, engine) -> dict:
+def build_loaders(datasets: Mapping, engine, seed: int = 0) -> dict:
     """DataLoaders for ``datasets``: train loaders shuffle; under several processes each rank gets its shard."""
     from torchstage.distributed.data import make_sampler
     options = {k: v for k, v in datasets.items() if k in LOADER_OPTIONS}
@@ -78,7 +78,7 @@ def build_loaders(datasets: Mapping, engine) -> dict:
     for name, dataset in build_datasets(datasets).items():
         is_train = name.startswith("train")
         train_shuffle = is_train if shuffle is None else (shuffle and is_train)
-        sampler = make_sampler(dataset, engine, shuffle=train_shuffle, is_train=is_train)
+        sampler = make_sampler(dataset, engine, shuffle=train_shuffle, is_train=is_train, seed=seed)
         if sampler is None:
             loaders[name] = DataLoader(dataset, shuffle=train_shuffle and not isinstance(dataset, IterableDataset),
                                        **options)

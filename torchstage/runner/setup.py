@@ -17,8 +17,9 @@ logger = logging.getLogger("torchstage")
 
 def launch_or_run(runner, spec):
     """Run here, or (``distributed=True`` outside a world) hand over to the process launcher."""
-    if spec.distributed:
-        from torchstage.distributed.launch import train_distributed
+    from torchstage.distributed.launch import in_world
+    if spec.distributed or in_world():
+        from torchstage.runner.distributed import train_distributed
         return train_distributed(runner, spec)
     prepare(runner, spec)
     return runner.run()

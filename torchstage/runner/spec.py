@@ -56,6 +56,7 @@ class TrainSpec:
     scheduler_step: str = "epoch"
     distributed: bool = False
     nprocs: Optional[int] = None
+    strategy: str = "ddp"
     amp: Any = None
     accumulation_steps: int = 1
     grad_clip_norm: Optional[float] = None
@@ -84,6 +85,8 @@ def make_spec(runner, kwargs: dict) -> TrainSpec:
         raise TypeError(f"logdir must be a path (str or os.PathLike), got {type(spec.logdir).__name__}")
     if spec.scheduler_step not in ("epoch", "batch"):
         raise ValueError(f"scheduler_step must be 'epoch' or 'batch', got {spec.scheduler_step!r}")
+    if spec.strategy not in ("ddp", "fsdp"):
+        raise ValueError(f"strategy must be 'ddp' or 'fsdp', got {spec.strategy!r}")
     from torchstage.runner.features import check_feature_args
     check_feature_args(spec)
     _check_checkpointing(spec)

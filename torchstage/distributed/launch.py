@@ -1,0 +1,86 @@
+"""Entering a world: spawn local workers, or join the process group this process belongs to.
+
+Workers are started by running this program's command line again with the torchrun variables set
+(see :mod:`torchstage.distributed.launcher`); each worker then finds itself inside the world and trains.
+The launching process never trains: it waits for the workers and exits with their exit code.
+"""
+import contextlib
+import logging
+import os
+
+import torch
+
+from torchstage.distributed.ddp import DistributedEngine
+from torchstage.distributed.env import LAUNCHED_ENV, World, resolve_world
+from torchstage.distributed.launcher import Launcher, relaunch_command, watch_parent
+
+logger = logging.getLogger("torchstage")
+
+
+def in_world() -> bool:
+    """True when a torch.distributed process group is initialised in this process."""
+    import torch.distributed as dist
+    return dist.is_available() and dist.is_initialized()
+
+
+def launch_and_exit(world: World) -> None:
+    """Run ``world.spawn`` workers of this program and end this process with their exit code.
+
+    Raises ``SystemExit(0)`` when all succeed, else ``SystemExit(code of the first failing rank)``: code
+    after the launching call runs only in the workers, never here with an untrained model.
+    """
+    from torchstage.logging_setup import ensure_console_handler
+    ensure_console_handler()
+    command = relaunch_command()
+    logger.info("starting %d processes (%s, ranks %d-%d of %d): %s", world.spawn, world.backend, world.rank,
+                world.rank + world.spawn - 1, world.world_size, " ".join(command))
+    raise SystemExit(Launcher(command, world).run())
+
+
+@contextlib.contextmanager
+def joined(world: World, timeout=None):
+    """Initialise this rank's process group for the block; destroy it when the block succeeds.
+
+    A failing block leaves the group alone: the process is about to exit and the launcher stops the
+    other ranks, so nobody waits on a collective with a dead peer.
+    """
+    import torch.distributed as dist
+    if os.environ.get(LAUNCHED_ENV):
+        watch_parent()
+    if world.backend == "nccl":
+        torch.cuda.set_device(world.local_rank)
+    kwargs = {} if timeout is None else {"timeout": timeout}
+    dist.init_process_group(world.backend, init_method=f"tcp://{world.master_addr}:{world.master_port}",
+                            rank=world.rank, world_size=world.world_size, **kwargs)
+    yield
+    dist.destroy_process_group()
+
+
+def current_engine(strategy: str = "ddp") -> DistributedEngine:
+    """The engine of this rank in the initialised process group (device: its GPU under NCCL, else CPU)."""
+    import torch.distributed as dist
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    device = torch.device("cuda", local_rank) if dist.get_backend() == "nccl" else torch.device("cpu")
+    return DistributedEngine(device=device, rank=rank, world_size=world_size, local_rank=local_rank,
+                             strategy=strategy)
+
+
+def distributed_cmd_run(fn, *args, distributed: bool = True, nprocs: int = None, **kwargs):
+    """Run ``fn(*args, **kwargs)`` on every process of the world this program should form.
+
+    Inside a world (torchrun, a launched worker, a SLURM step): joins it and calls ``fn``. A plain
+    script with several devices (GPUs, or ``nprocs``/``TORCHSTAGE_NPROC`` on CPU): starts one worker
+    per device running this program again, waits, and exits with their code (``SystemExit``), so code
+    after this call never runs in the launching process. Otherwise (one device, or
+    ``distributed=False``) calls ``fn`` here. ``train(...)`` calls inside ``fn`` use the world.
+    """
+    if not distributed or in_world():
+        return fn(*args, **kwargs)
+    world = resolve_world(nprocs)
+    if world.spawn:
+        launch_and_exit(world)
+    if not world.is_distributed:
+        return fn(*args, **kwargs)
+    with joined(world):
+        return fn(*args, **kwargs)
