@@ -47,6 +47,18 @@ def write_atomic(path: str, data: bytes) -> None:
             os.remove(tmp)
 
 
+def link_atomic(source: str, path: str, data: bytes) -> None:
+    """Make ``path`` hold the same bytes as the already written ``source``: an atomic hard link, or a write."""
+    tmp = f"{path}.{os.getpid()}.link"
+    try:
+        os.link(source, tmp)
+        os.replace(tmp, path)
+    except OSError:
+        if os.path.lexists(tmp):
+            os.remove(tmp)
+        write_atomic(path, data)
+
+
 def serialize(checkpoint: dict) -> bytes:
     """The bytes ``torch.save`` would write for ``checkpoint``."""
     buffer = io.BytesIO()

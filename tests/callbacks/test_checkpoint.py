@@ -86,3 +86,15 @@ def test_resume_from_epoch_end_continues_to_same_weights(tmp_path):
     assert runner.global_epoch_step == 4
     for a, b in zip(resumed.state_dict().values(), uninterrupted.state_dict().values()):
         assert torch.equal(a, b)
+
+
+def test_same_checkpoint_under_several_names_is_written_once(tmp_path):
+    import os
+    train(tmp_path, num_epochs=1)
+    folder = tmp_path / "checkpoints"
+    last, best, epoch = (os.stat(folder / name) for name in ("last.pth", "best.pth", "epoch-0001.pth"))
+    assert last.st_ino == best.st_ino == epoch.st_ino  # hard links: one write, three names
+    # a later atomic replace of one name leaves the others intact
+    before = (folder / "best.pth").read_bytes()
+    (folder / "last.pth").unlink()
+    assert (folder / "best.pth").read_bytes() == before

@@ -76,3 +76,23 @@ def test_world_prints_one_field_per_line():
     text = str(resolve_world(environ=TORCHRUN, gpus=0))
     assert text.splitlines()[0].split() == ["rank", "1"]
     assert "source" in text and "torchrun" in text and "master_addr  10.0.0.1" in text
+
+
+def test_launched_into_world_only_for_torchrun_or_slurm_worlds_of_several():
+    from torchstage.distributed.env import launched_into_world
+    torchrun = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+    assert launched_into_world(torchrun)
+    assert not launched_into_world({**torchrun, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"})
+    assert not launched_into_world({})
+    assert not launched_into_world({"TORCHSTAGE_NPROC": "2"})  # a local launch needs distributed=True
+
+
+def test_distributed_must_be_none_or_bool():
+    import pytest
+    import torch
+    from torchstage import SupervisedRunner
+    model = torch.nn.Linear(1, 1)
+    with pytest.raises(TypeError, match=r"distributed must be None .* got 'yes'"):
+        SupervisedRunner().train(model=model, criterion=torch.nn.MSELoss(), distributed="yes",
+                                 optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                                 loaders={"train": [(torch.zeros(1, 1), torch.zeros(1, 1))], "valid": [1]})

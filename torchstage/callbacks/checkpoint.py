@@ -9,7 +9,7 @@ import math
 import os
 
 from torchstage.callbacks.base import Callback, CallbackOrder
-from torchstage.checkpoint import load_checkpoint, serialize, write_atomic
+from torchstage.checkpoint import link_atomic, load_checkpoint, serialize, write_atomic
 from torchstage.periods import Epoch, as_periods, batch_due, epoch_due
 
 
@@ -70,8 +70,11 @@ class CheckpointCallback(Callback):
         folder = self.folder(runner)
         targets = (["last.pth"] if last_due else []) + (["best.pth"] if is_best else []) + \
                   ([entry["file"]] if kept else [])
-        for name in targets:
-            write_atomic(os.path.join(folder, name), data)
+        for i, name in enumerate(targets):  # one write; the other names are hard links to it
+            if i == 0:
+                write_atomic(os.path.join(folder, name), data)
+            else:
+                link_atomic(os.path.join(folder, targets[0]), os.path.join(folder, name), data)
         for old in dropped:
             path = os.path.join(folder, old["file"])
             if os.path.exists(path):

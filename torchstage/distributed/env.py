@@ -55,6 +55,12 @@ def local_gpus() -> int:
         return 0
 
 
+def launched_into_world(environ: Mapping = None) -> bool:
+    """True when torchrun or a SLURM job step started this process as one of a world of several."""
+    world = resolve_world(environ=environ)
+    return world.source in ("torchrun", "slurm") and (world.is_distributed or world.spawn > 1)
+
+
 def resolve_world(nprocs: Optional[int] = None, environ: Mapping = None, *, rank: int = None,
                   world_size: int = None, local_rank: int = None, master_addr: str = None,
                   master_port: int = None, gpus: int = None) -> World:

@@ -16,9 +16,11 @@ logger = logging.getLogger("torchstage")
 
 
 def launch_or_run(runner, spec):
-    """Run here, or (``distributed=True`` outside a world) hand over to the process launcher."""
+    """Run here, or as one rank of a world: given (``distributed=True``), already joined, or started by
+    torchrun/srun as one of several processes (``distributed=None``, the default)."""
+    from torchstage.distributed.env import launched_into_world
     from torchstage.distributed.launch import in_world
-    if spec.distributed or in_world():
+    if spec.distributed or in_world() or (spec.distributed is None and launched_into_world()):
         from torchstage.runner.distributed import train_distributed
         return train_distributed(runner, spec)
     prepare(runner, spec)
@@ -84,15 +86,18 @@ def _resume_checkpoint(spec, engine):
     """The checkpoint to resume from, or None; refuses to overwrite an earlier run's checkpoints."""
     from torchstage.checkpoint import load_checkpoint
     last = os.path.join(spec.logdir, "checkpoints", "last.pth") if spec.logdir is not None else None
+    # The main rank looks before anyone can write, and every rank acts on what it saw: a slower rank
+    # must not find the last.pth that this very run has just written.
+    last_exists = engine.broadcast_object(last is not None and os.path.exists(last))
     if spec.resume is None:
-        if last is not None and os.path.exists(last) and not spec.overwrite:
+        if last_exists and not spec.overwrite:
             raise FileExistsError(f"logdir {str(spec.logdir)!r} already holds a run ({last}); pass resume='last' to "
                                   f"continue it, overwrite=True to replace it, or another logdir")
         return None
     if spec.resume == "last":
         if last is None:
             raise ValueError("resume='last' needs a logdir to find checkpoints/last.pth in")
-        if not os.path.exists(last):
+        if not last_exists:
             logger.info("resume='last': no checkpoint in %s yet, starting a new run", spec.logdir)
             return None
         return load_checkpoint(last)

@@ -54,7 +54,7 @@ class TrainSpec:
     resume: Optional[str] = None
     overwrite: bool = False
     scheduler_step: str = "epoch"
-    distributed: bool = False
+    distributed: Optional[bool] = None
     nprocs: Optional[int] = None
     strategy: str = "ddp"
     amp: Any = None
@@ -83,6 +83,9 @@ def make_spec(runner, kwargs: dict) -> TrainSpec:
     _check_type("seed", spec.seed, int)
     if spec.logdir is not None and not isinstance(spec.logdir, (str, os.PathLike)):
         raise TypeError(f"logdir must be a path (str or os.PathLike), got {type(spec.logdir).__name__}")
+    if spec.distributed not in (None, True, False):
+        raise TypeError(f"distributed must be None (join a torchrun/SLURM world if started in one), True "
+                        f"(also launch one process per device) or False (one process), got {spec.distributed!r}")
     if spec.scheduler_step not in ("epoch", "batch"):
         raise ValueError(f"scheduler_step must be 'epoch' or 'batch', got {spec.scheduler_step!r}")
     if spec.strategy not in ("ddp", "fsdp"):
