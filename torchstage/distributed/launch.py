@@ -50,10 +50,27 @@ def joined(world: World, timeout=None):
     if world.backend == "nccl":
         torch.cuda.set_device(world.local_rank)
     kwargs = {} if timeout is None else {"timeout": timeout}
-    dist.init_process_group(world.backend, init_method=f"tcp://{world.master_addr}:{world.master_port}",
-                            rank=world.rank, world_size=world.world_size, **kwargs)
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        kwargs["store"] = _attempt_store(world, timeout)
+    else:
+        kwargs["init_method"] = f"tcp://{world.master_addr}:{world.master_port}"
+    dist.init_process_group(world.backend, rank=world.rank, world_size=world.world_size, **kwargs)
     yield
     dist.destroy_process_group()
+
+
+def _attempt_store(world: World, timeout):
+    """The torchrun agent's store, namespaced by restart attempt.
+
+    After ``--max-restarts`` the agent's store still holds the previous attempt's gloo addresses; a
+    restarted rank would dial a dead peer ("connectFullMesh ... Connection refused") without a prefix.
+    """
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    store = dist.TCPStore(world.master_addr, world.master_port, world.world_size, is_master=False,
+                          timeout=timeout or timedelta(minutes=5))
+    return dist.PrefixStore(f"torchstage/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
 def current_engine(strategy: str = "ddp") -> DistributedEngine:
