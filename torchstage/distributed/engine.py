@@ -19,6 +19,8 @@ class Engine:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    channels_last: bool = False  # 4-D inputs and models in NHWC memory format (faster convolutions)
+    prefetch: bool = False  # copy the next batch to the GPU while the current one trains
 
     def __post_init__(self):
         self.device = torch.device(self.device) if self.device is not None else default_device()
@@ -34,12 +36,14 @@ class Engine:
     # ---- placement -------------------------------------------------------------------------
     def to_device(self, obj: Any) -> Any:
         """Move every tensor inside ``obj`` (tensors, dicts, lists, tuples) to this engine's device."""
-        if self.device.type == "cpu":
+        if self.device.type == "cpu" and not self.channels_last:
             return obj
-        return _move(obj, self.device, self.device.type == "cuda")
+        return _move(obj, self.device, self.device.type == "cuda", self.channels_last)
 
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
         """Put a model on the device; a distributed engine also wraps it (DDP/FSDP)."""
+        if self.channels_last:
+            return model.to(self.device, memory_format=torch.channels_last)
         return model.to(self.device)
 
     def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -107,12 +111,13 @@ class Engine:
             dist.barrier()
 
 
-def _move(obj, device, non_blocking):
+def _move(obj, device, non_blocking, channels_last=False):
     if isinstance(obj, torch.Tensor):
-        return obj.to(device, non_blocking=non_blocking)
+        obj = obj.to(device, non_blocking=non_blocking)
+        return obj.contiguous(memory_format=torch.channels_last) if channels_last and obj.dim() == 4 else obj
     if isinstance(obj, dict):
-        return {k: _move(v, device, non_blocking) for k, v in obj.items()}
+        return {k: _move(v, device, non_blocking, channels_last) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        moved = [_move(v, device, non_blocking) for v in obj]
+        moved = [_move(v, device, non_blocking, channels_last) for v in obj]
         return type(obj)(*moved) if hasattr(obj, "_fields") else type(obj)(moved)
     return obj

@@ -74,6 +74,9 @@ def build_loaders(datasets: Mapping, engine, seed: int = 0) -> dict:
     from torchstage.distributed.data import make_sampler
     options = {k: v for k, v in datasets.items() if k in LOADER_OPTIONS}
     shuffle = options.pop("shuffle", None)
+    if options.get("num_workers", 0) > 0:
+        options.setdefault("persistent_workers", True)  # no worker start-up cost every epoch
+    options.setdefault("pin_memory", engine.device.type == "cuda")  # asynchronous host-to-device copies
     loaders = {}
     for name, dataset in build_datasets(datasets).items():
         is_train = name.startswith("train")

@@ -6,6 +6,7 @@ import torch
 
 from torchstage.callbacks.base import (EVENTS, CancelBatch, CancelEpoch, CancelLoader, CancelRun,
                                        CancelStage)
+from torchstage.distributed.prefetch import prefetch_to_device
 from torchstage.runner.resume import loader_batches, remaining_loaders
 from torchstage.runner.spec import TrainSpec, make_spec
 from torchstage.stop import RunStopped
@@ -113,8 +114,10 @@ class Runner:
             self._run_event("loader", self._run_batches, CancelLoader)
 
     def _run_batches(self) -> None:
-        to_device = self.engine.to_device
-        for self.batch_step, batch in loader_batches(self):
+        to_device, batches = self.engine.to_device, loader_batches(self)
+        if self.engine.prefetch:
+            batches = prefetch_to_device(batches, self.engine)
+        for self.batch_step, batch in batches:
             self.batch = to_device(batch)
             self._run_event("batch", self._handle_batch, CancelBatch)
 

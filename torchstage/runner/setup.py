@@ -33,6 +33,7 @@ def prepare(runner, spec, engine: Engine = None) -> None:
     ensure_console_handler()
     runner.spec = spec
     runner.engine = engine or runner.engine or Engine()
+    runner.engine.channels_last, runner.engine.prefetch = bool(spec.channels_last), bool(spec.prefetch)
     set_seed(spec.seed + runner.engine.rank, spec.deterministic)
     checkpoint = _resume_checkpoint(spec, runner.engine)
     runner.model = spec.model

@@ -66,6 +66,8 @@ class TrainSpec:
     overfit: Any = False
     timeit: bool = False
     valid_every: int = 1
+    channels_last: bool = False
+    prefetch: bool = False
     checkpoint_period: Any = None
     topk: int = 1
     load_best_on_end: bool = False
