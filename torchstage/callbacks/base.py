@@ -62,7 +62,9 @@ class Callback:
         return ()
 
     def handles(self, event: str) -> bool:
-        """True if this callback overrides ``event``; the runner skips the rest at no cost."""
+        """True if this callback overrides ``event``; the runner skips the rest at no cost.
+
+        Override to opt out per instance (e.g. no per-batch work without a batch period)."""
         return getattr(type(self), event) is not getattr(Callback, event)
 
     def __repr__(self) -> str:

@@ -10,7 +10,7 @@ import os
 
 from torchstage.callbacks.base import Callback, CallbackOrder
 from torchstage.checkpoint import link_atomic, load_checkpoint, serialize, write_atomic
-from torchstage.periods import Epoch, as_periods, batch_due, epoch_due
+from torchstage.periods import Batch, Epoch, as_periods, batch_due, epoch_due
 
 
 class CheckpointCallback(Callback):
@@ -45,6 +45,11 @@ class CheckpointCallback(Callback):
     def on_stage_start(self, runner):
         if self.best is not None and self.best.get("stage") != runner.stage_key:
             self.best, self.kept = None, []
+
+    def handles(self, event: str) -> bool:
+        if event == "on_batch_end":  # only batch periods need a look after every batch
+            return any(isinstance(period, Batch) for period in self.periods)
+        return super().handles(event)
 
     def on_batch_end(self, runner):
         if batch_due(self.periods, runner):

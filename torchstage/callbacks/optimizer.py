@@ -48,6 +48,11 @@ class OptimizerCallback(Callback):
             self._length = _length(runner.loader)
             self._optimizer_now.zero_grad(set_to_none=True)
 
+    def handles(self, event: str) -> bool:
+        if event == "on_batch_start":  # only accumulation opens a no_sync context before the forward
+            return self.accumulation_steps > 1
+        return super().handles(event)
+
     def on_batch_start(self, runner):
         if not runner.is_train_loader:
             return

@@ -14,7 +14,8 @@ class StopCallback(Callback):
 
     Every checkpoint callback writes ``last.pth`` at that point, then ``train()`` raises
     :class:`~torchstage.RunStopped`. Under several processes the ranks agree every ``check_every`` train
-    batches and at each epoch end (one all-reduce of two integers), so all stop after the same batch.
+    batches and at each epoch end (one all-reduce of two integers on a CPU group: no GPU sync), so all
+    stop after the same batch; raise ``check_every`` to trade stop latency for that small per-step cost.
     It runs after every other callback, so each one sees the last batch complete.
     """
 

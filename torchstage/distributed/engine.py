@@ -34,9 +34,14 @@ class Engine:
         return self.world_size > 1
 
     # ---- placement -------------------------------------------------------------------------
+    @property
+    def moves_batches(self) -> bool:
+        """False when batches are used as the loader yields them (CPU, default memory format)."""
+        return self.device.type != "cpu" or self.channels_last
+
     def to_device(self, obj: Any) -> Any:
         """Move every tensor inside ``obj`` (tensors, dicts, lists, tuples) to this engine's device."""
-        if self.device.type == "cpu" and not self.channels_last:
+        if not self.moves_batches:
             return obj
         return _move(obj, self.device, self.device.type == "cuda", self.channels_last)
 

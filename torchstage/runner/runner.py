@@ -114,11 +114,12 @@ class Runner:
             self._run_event("loader", self._run_batches, CancelLoader)
 
     def _run_batches(self) -> None:
-        to_device, batches = self.engine.to_device, loader_batches(self)
-        if self.engine.prefetch:
-            batches = prefetch_to_device(batches, self.engine)
+        engine, batches = self.engine, loader_batches(self)
+        if engine.prefetch:
+            batches = prefetch_to_device(batches, engine)
+        to_device = engine.to_device if engine.moves_batches else None
         for self.batch_step, batch in batches:
-            self.batch = to_device(batch)
+            self.batch = to_device(batch) if to_device else batch
             self._run_event("batch", self._handle_batch, CancelBatch)
 
     def _handle_batch(self) -> None:

@@ -1,4 +1,6 @@
 """SupervisedRunner: ``model(batch[input_key]) -> batch[output_key]``, with criterion and optimizer callbacks."""
+import torch
+
 from torchstage.callbacks.optimizer import OptimizerCallback
 from torchstage.callbacks.output_losses import OutputLossesCallback, as_terms
 from torchstage.runner.features import optimizer_options
@@ -55,6 +57,8 @@ class SupervisedRunner(Runner):
             output = self.model(batch[self.input_key], **kwargs)
         else:
             output = self.model(**{key: batch[key] for key in self.input_key}, **kwargs)
+        if isinstance(output, torch.Tensor):
+            return {self.output_key if isinstance(self.output_key, str) else self.output_key[0]: output}
         if isinstance(output, dict):
             return output
         if isinstance(output, (tuple, list)):
@@ -66,6 +70,8 @@ class SupervisedRunner(Runner):
         return {self.output_key if isinstance(self.output_key, str) else self.output_key[0]: output}
 
     def _as_dict(self, batch) -> dict:
+        if type(batch) in (tuple, list) and len(batch) == 2 and isinstance(self.input_key, str):
+            return {self.input_key: batch[0], self.target_key: batch[1]}  # the common (x, y) batch
         if isinstance(batch, dict):
             return dict(batch)
         if isinstance(batch, (tuple, list)):

@@ -1,0 +1,73 @@
+"""Pure per-step framework cost: pre-collated batches in a list (no DataLoader), tiny model, no logdir.
+
+This isolates what the runner adds per batch (events, callbacks, metric accumulation) from data
+loading; prints microseconds per step for a hand-written loop and for torchstage, and the ratio.
+Times are CPU time of this process with one torch thread, so other load on the machine hardly
+moves them (``--wall`` for wall-clock time).
+Usage: python scripts/bench/step_overhead.py [--batches 2000] [--repeats 5]
+"""
+import argparse
+import logging
+import statistics
+import time
+
+import torch
+
+from torchstage import SupervisedRunner
+
+
+def make(seed=0):
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(10, 1)
+    return model, torch.nn.MSELoss(), torch.optim.Adam(model.parameters())
+
+
+def hand_written(batches):
+    model, criterion, optimizer = make()
+    total, count = torch.zeros((), dtype=torch.float64), 0
+    model.train()
+    for x, y in batches:
+        loss = criterion(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        total += loss.detach() * len(x)
+        count += len(x)
+    return float(total / count)
+
+
+def torchstage_run(batches):
+    model, criterion, optimizer = make()
+    runner = SupervisedRunner().train(model=model, criterion=criterion, optimizer=optimizer,
+                                      loaders={"train": batches}, valid_loader="train", num_epochs=1)
+    return runner.epoch_metrics["train"]["loss"]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", type=int, default=2000)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--wall", action="store_true", help="wall-clock instead of process CPU time")
+    args = parser.parse_args()
+    logging.getLogger("torchstage").setLevel(logging.WARNING)
+    torch.set_num_threads(1)
+    clock = time.perf_counter if args.wall else time.process_time
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.rand(32, 10, generator=g), torch.rand(32, 1, generator=g)) for _ in range(args.batches)]
+    contenders = {"hand-written": hand_written, "torchstage": torchstage_run}
+    times = {name: [] for name in contenders}
+    for repeat in range(args.repeats + 1):
+        for name, fn in contenders.items():
+            start = clock()
+            fn(batches)
+            if repeat:
+                times[name].append(clock() - start)
+    base = statistics.median(times["hand-written"])
+    for name, values in times.items():
+        med = statistics.median(values)
+        print(f"{name:>14}: {1e6 * med / args.batches:7.1f} us/step  ratio {med / base:.3f}")
+    print(f"torchstage adds {1e6 * (statistics.median(times['torchstage']) - base) / args.batches:.1f} us/step")
+
+
+if __name__ == "__main__":
+    main()
