@@ -18,10 +18,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _subcommands():
     """The ``add_parser(subparsers)`` function of every subcommand, in help order."""
-    from torchstage import checkpoint_cli
-    from torchstage.commands import env, plot, run
+    from torchstage.commands import checkpoint, env, plot, run
     from torchstage.slurm_script import add_slurm_parser
-    return [run.add_parser, env.add_parser, plot.add_parser, checkpoint_cli.add_parser, add_slurm_parser]
+    return [run.add_parser, env.add_parser, plot.add_parser, checkpoint.add_parser, add_slurm_parser]
 
 
 def main(argv=None) -> int:
