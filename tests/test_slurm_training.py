@@ -17,6 +17,7 @@ import re
 import runpy
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -39,18 +40,33 @@ def job_fields(job_id, env) -> dict:
     return dict(re.findall(r"(?:^|\s)(\w+)=(\S*)", out))
 
 
-def wait_for_job(job_id, env, timeout=TIMEOUT_S) -> dict:
-    """Poll until the job ends (requeues included); the last fields seen. Fails the test on timeout."""
-    deadline, last = time.monotonic() + timeout, {}
-    while time.monotonic() < deadline:
-        fields = job_fields(job_id, env)
-        if not fields:  # purged (MinJobAge) after we last saw it
-            return last
-        last = fields
-        if fields.get("JobState") in FINISHED:
-            return fields
-        time.sleep(0.5)
-    pytest.fail(f"SLURM job {job_id} did not finish in {timeout}s: {last}")
+class JobWatcher(threading.Thread):
+    """Polls `scontrol show job` every 0.5 s from submission on, so the end state is seen before
+    SLURM forgets the job (MinJobAge=5 s) even while the test is busy elsewhere."""
+
+    def __init__(self, job_id, env):
+        super().__init__(daemon=True)
+        self.job_id, self.env, self.fields, self.restarts_seen = job_id, env, {}, set()
+        self.start()
+
+    def run(self):
+        deadline = time.monotonic() + 2 * TIMEOUT_S
+        while time.monotonic() < deadline:
+            fields = job_fields(self.job_id, self.env)
+            if not fields and self.fields:  # purged after we last saw it
+                return
+            if fields:
+                self.fields = fields
+                self.restarts_seen.add(fields.get("Restarts"))
+                if fields.get("JobState") in FINISHED:
+                    return
+            time.sleep(0.5)
+
+    def result(self, timeout=TIMEOUT_S) -> dict:
+        self.join(timeout)
+        if self.is_alive():
+            pytest.fail(f"SLURM job {self.job_id} did not finish in {timeout}s: {self.fields}")
+        return self.fields
 
 
 def wait_for_file(path, timeout=TIMEOUT_S):
@@ -92,13 +108,14 @@ def runs(slurm_cluster, tmp_path_factory):  # noqa: F811
         job = subprocess.run(["sbatch", "--parsable", str(base / "preempted.sbatch")], env=env, capture_output=True,
                              text=True, check=True, timeout=60).stdout.strip().split(";")[0]
         jobs.append(job)
+        watcher = JobWatcher(job, env)
         out["single"] = runpy.run_path(TRAIN)["main"](str(base / "single"))  # this process: no SLURM here
         wait_for_file(base / "preempted" / "paused")
-        out["signalled_at"] = job_fields(job, env)
+        out["signalled_at"] = dict(watcher.fields)
         subprocess.run(["scancel", "-s", "USR1", job], env=env, check=True, timeout=30)
         out["w2"] = srun({**env, "TORCHSTAGE_NPROC": "1"}, base / "w2")
         out["w4"] = srun(env, base / "w4", "--ntasks-per-node=2")
-        out["preempted"] = wait_for_job(job, env)
+        out["preempted"] = watcher.result()
         ref_out, ref_err = reference.communicate(timeout=TIMEOUT_S)
         out["reference"] = subprocess.CompletedProcess(reference.args, reference.returncode, ref_out, ref_err)
     finally:
