@@ -3,7 +3,8 @@
 - `srun -N 2 python scripts/slurm_train.py` (one task per node, TORCHSTAGE_NPROC=1: world 2) and
   `srun -N 2 --ntasks-per-node=2 ...` (world 4) train to the single-process run's metrics, with one
   set of logs and checkpoints;
-- `torchstage slurm --submit --wait` runs a generated sbatch script that trains (the reference);
+- `torchstage slurm --config scripts/slurm_job.yml --submit --wait` runs a generated sbatch script that
+  trains (the reference);
 - the same script with --requeue, sent `scancel -s USR1` after train batch 40, writes last.pth,
   requeues itself, and the requeued run (SLURM_RESTART_COUNT=1) resumes and ends bitwise equal to
   the reference. Both sbatch jobs run one task per node (world 2): with more than two ranks a resumed
@@ -27,6 +28,7 @@ from tests.resume_helpers import ROOT, checkpoint_differences
 from tests.slurm_cluster import slurm_cluster  # noqa: F401 (session fixture)
 
 TRAIN = os.path.join(ROOT, "scripts", "slurm_train.py")
+JOB = os.path.join(ROOT, "scripts", "slurm_job.yml")
 PREEMPTED = os.path.join(ROOT, "tests", "slurm_scripts", "preempted_train.py")
 PAUSE_AT = 40  # global train batch (of 96) after which the preempted job gets SIGUSR1
 TIMEOUT_S = 240
@@ -77,11 +79,10 @@ def wait_for_file(path, timeout=TIMEOUT_S):
         time.sleep(0.1)
 
 
-def torchstage_slurm(path, output, *command, requeue=False, submit=False):
-    """`torchstage slurm --save PATH [--submit --wait]`: 2 nodes, one task (one process) per node."""
-    return [sys.executable, "-m", "torchstage", "slurm", "--nodes", "2", "--ntasks-per-node", "1",
-            "--output", str(output), "--setup", "export TORCHSTAGE_NPROC=1 OMP_NUM_THREADS=1",
-            "--requeue" if requeue else "--no-requeue", "--save", str(path)] + \
+def torchstage_slurm(path, output, *command, submit=False):
+    """`torchstage slurm --config scripts/slurm_job.yml`, with this test's output, command and one process per node."""
+    return [sys.executable, "-m", "torchstage", "slurm", "--config", JOB, "--output", str(output), "--setup",
+            "export TORCHSTAGE_NPROC=1 OMP_NUM_THREADS=1", "--save", str(path)] + \
         (["--submit", "--wait"] if submit else []) + ["--", sys.executable, *map(str, command)]
 
 
@@ -103,7 +104,7 @@ def runs(slurm_cluster, tmp_path_factory):  # noqa: F811
                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         jobs.append(reference.stdout.readline().strip())  # the job id, printed once sbatch has it
         subprocess.run(torchstage_slurm(base / "preempted.sbatch", base / "preempted.out", PREEMPTED,
-                                        base / "preempted", PAUSE_AT, requeue=True),
+                                        base / "preempted", PAUSE_AT),
                        env=env, check=True, capture_output=True, timeout=60)
         job = subprocess.run(["sbatch", "--parsable", str(base / "preempted.sbatch")], env=env, capture_output=True,
                              text=True, check=True, timeout=60).stdout.strip().split(";")[0]
@@ -155,7 +156,8 @@ def test_srun_trains_to_the_single_process_metrics(runs, name, world_size):
 def test_sbatch_wait_job_from_torchstage_slurm_trains(runs):
     proc, logdir = runs["reference"], runs["base"] / "reference"
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "#SBATCH --nodes=2" in (runs["base"] / "reference.sbatch").read_text()
+    script = (runs["base"] / "reference.sbatch").read_text()
+    assert "#SBATCH --nodes=2" in script and "#SBATCH --requeue" in script and "#SBATCH --signal=USR1@120" in script
     checkpoint = torch.load(logdir / "checkpoints" / "last.pth", weights_only=True)
     assert checkpoint["meta"]["world_size"] == 2 and checkpoint["loop"]["epoch"] == 3
     assert last_metrics(logdir)["valid"]["loss"] == pytest.approx(

@@ -44,3 +44,12 @@ def test_two_local_processes_train_like_one(tmp_path, monkeypatch):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert torch.load(tmp_path / "two" / "checkpoints" / "last.pth", weights_only=True)["meta"]["world_size"] == 2
     assert valid_loss(tmp_path / "two") == pytest.approx(single.epoch_metrics["valid"]["loss"], abs=1e-6)
+
+
+def test_job_config_generates_the_documented_sbatch_script():
+    proc = subprocess.run([sys.executable, "-m", "torchstage", "slurm", "--config",
+                           os.path.join(ROOT, "scripts", "slurm_job.yml")], env=child_env(), capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    with open(os.path.join(ROOT, "scripts", "slurm_job.sbatch")) as f:
+        assert proc.stdout == f.read()
