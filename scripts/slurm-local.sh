@@ -13,6 +13,7 @@ DIR="${TORCHSTAGE_SLURM_DIR:-$REPO/.slurm-local}"
 CTLD_PORT="${TORCHSTAGE_SLURM_CTLD_PORT:-6817}"   # slurmctld port
 NODE_PORT="${TORCHSTAGE_SLURM_NODE_PORT:-17001}"  # slurmd ports: NODE_PORT, NODE_PORT+1
 WAIT_S="${TORCHSTAGE_SLURM_WAIT_S:-30}"           # bound on waiting for idle nodes
+CRED_EXPIRE_S="${TORCHSTAGE_SLURM_CRED_EXPIRE_S:-5}"  # also the delay before a requeued job may start again (SLURM default 120)
 NODES=(node1 node2)
 CONF="$DIR/slurm.conf"
 MUNGE_SOCKET="$DIR/munge/munge.socket"
@@ -93,7 +94,7 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket=$MUNGE_SOCKET
+AuthInfo=socket=$MUNGE_SOCKET,cred_expire=$CRED_EXPIRE_S
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
@@ -101,6 +102,7 @@ SelectTypeParameters=CR_CPU
 SlurmdParameters=config_overrides
 ReturnToService=2
 EnforcePartLimits=ALL
+SchedulerParameters=bf_interval=1,sched_interval=1
 MinJobAge=5
 MpiDefault=none
 MailProg=/bin/true

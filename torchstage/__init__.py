@@ -16,6 +16,7 @@ from torchstage.callbacks.metric import (AccuracyCallback, AUCCallback, Function
 from torchstage.callbacks.optimizer import OptimizerCallback
 from torchstage.callbacks.output_losses import Loss, OutputLossesCallback, Regularizer
 from torchstage.callbacks.progress import ProgressBar
+from torchstage.callbacks.requeue import RequeueCallback
 from torchstage.callbacks.scheduler import SchedulerCallback
 from torchstage.callbacks.stop import StopCallback
 from torchstage.callbacks.tensorboard import TensorBoardLogger
@@ -44,5 +45,5 @@ __all__ = [
     "Engine", "LoopCallback", "MetricsAveragingCallback", "OptimizerCallback", "ProgressBar", "Runner",
     "SchedulerCallback", "SupervisedRunner", "TensorBoardLogger", "distributed_cmd_run", "load_checkpoint",
     "load_model_weights", "set_seed", "Batch", "Epoch", "RunStopped", "StopCallback", "StopRequest", "request_stop",
-    "ConfigError", "load_config", "train_from_config",
+    "ConfigError", "load_config", "train_from_config", "RequeueCallback",
 ]

@@ -20,6 +20,8 @@ from torchstage.distributed.env import LAUNCHED_ENV, World
 logger = logging.getLogger("torchstage")
 PARENT_ENV = "TORCHSTAGE_PARENT_PID"
 GRACE_SECONDS = 3.0
+#: Signals the launcher passes on to its workers and keeps running (SLURM's --signal warnings, scancel -s).
+FORWARDED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 TAIL_LINES = 60
 
 
@@ -69,6 +71,7 @@ class Launcher:
         """0 when every worker succeeds; else the first failing worker's code (128 + signal if killed)."""
         port = self.world.master_port or free_port()
         old = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+        old.update({sig: signal.signal(sig, self._forward) for sig in FORWARDED_SIGNALS})
         try:
             for local_rank in range(self.world.spawn):
                 self._start(local_rank, port)
@@ -134,6 +137,15 @@ class Launcher:
             _signal_group(proc, signal.SIGKILL)
             if proc.poll() is None:
                 proc.wait()
+
+    def _forward(self, signum, frame):
+        """Pass a signal on to each live worker (not its data-loader processes) and keep watching."""
+        for proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    os.kill(proc.pid, signum)
+                except ProcessLookupError:
+                    pass
 
     def _on_signal(self, signum, frame):
         self._stop_all()

@@ -5,14 +5,16 @@ from torchstage.callbacks.console import ConsoleLogger
 from torchstage.callbacks.csv_logger import CSVLogger
 from torchstage.callbacks.loop import LoopCallback
 from torchstage.callbacks.progress import ProgressBar
+from torchstage.callbacks.requeue import RequeueCallback
 from torchstage.callbacks.scheduler import SchedulerCallback
 from torchstage.callbacks.stop import StopCallback
 from torchstage.callbacks.tensorboard import TensorBoardLogger
+from torchstage.distributed.requeue import slurm_job_id
 
 
 def default_callbacks(runner, spec) -> dict:
     """Bookkeeping, metric averaging, scheduler (if any), checkpoints and logs (with a logdir), graceful stop,
-    progress."""
+    SLURM requeue (inside a SLURM job), progress."""
     chain = {"loop": LoopCallback(), "averaging": MetricsAveragingCallback()}
     if any(stage.scheduler is not None for stage in spec.stage_specs):
         chain["scheduler"] = SchedulerCallback(mode=spec.scheduler_step)
@@ -24,6 +26,8 @@ def default_callbacks(runner, spec) -> dict:
     chain.update(feature_callbacks(spec))  # valid_every, check, overfit, timeit
     chain["console"] = ConsoleLogger()
     chain["stop"] = StopCallback()
+    if spec.requeue is not False and slurm_job_id() is not None:
+        chain["requeue"] = RequeueCallback(required=spec.requeue is True)
     if spec.verbose:
         chain["progress"] = ProgressBar()
     return chain

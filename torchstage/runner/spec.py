@@ -71,6 +71,7 @@ class TrainSpec:
     checkpoint_period: Any = None
     topk: int = 1
     load_best_on_end: bool = False
+    requeue: Optional[bool] = None
     stage_specs: list = field(default_factory=list, repr=False)
 
 
@@ -95,6 +96,8 @@ def make_spec(runner, kwargs: dict) -> TrainSpec:
     from torchstage.runner.features import check_feature_args
     check_feature_args(spec)
     _check_checkpointing(spec)
+    from torchstage.distributed.requeue import check_requeue_arg
+    spec.resume = check_requeue_arg(spec.requeue, spec.resume)
     spec.stage_specs = _resolve_stages(spec)
     for stage in spec.stage_specs:
         _check_stage(runner, stage)
