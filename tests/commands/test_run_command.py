@@ -1,5 +1,4 @@
 """``torchstage run`` as a user runs it: a subprocess on YAML files, checked by weights, files and exit codes."""
-import importlib.util
 import os
 import subprocess
 import sys
@@ -187,8 +186,6 @@ def test_config_errors_in_process(tmp_path, monkeypatch, capsys, args, message):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.skipif(importlib.util.find_spec("torchstage.distributed.launch") is None,
-                    reason="needs torchstage.distributed.launch")
 def test_distributed_config_on_two_cpu_processes(tmp_path):
     (tmp_path / "base.yml").write_text(FOUNDATION)
     (tmp_path / "ddp.yml").write_text("distributed: true\nnprocs: 2\nnum_epochs: 2\nlogdir: ddp\nverbose: false\n")
@@ -199,8 +196,6 @@ def test_distributed_config_on_two_cpu_processes(tmp_path):
     assert (tmp_path / "ddp" / "config.yml").exists()
 
 
-@pytest.mark.skipif(importlib.util.find_spec("torchstage.distributed.launch") is None,
-                    reason="needs torchstage.distributed.launch")
 def test_distributed_config_under_torchrun(tmp_path):
     (tmp_path / "base.yml").write_text(FOUNDATION)
     (tmp_path / "ddp.yml").write_text("distributed: true\nnum_epochs: 1\nlogdir: ddp\nverbose: false\n")
