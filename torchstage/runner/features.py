@@ -35,6 +35,14 @@ def check_feature_args(spec) -> None:
             raise TypeError(f"{name} must be True or False, got {getattr(spec, name)!r}")
     if not isinstance(spec.overfit, bool):
         _check_int("overfit", spec.overfit, "True/False or the number of batches to repeat, >= 1")
+    if spec.valid_period is not None:
+        from torchstage.callbacks.periodic_validation import PeriodicValidationCallback
+        PeriodicValidationCallback(spec.valid_period)  # raises on a malformed period
+    if spec.log_period is not None:
+        from torchstage.callbacks.tensorboard import check_batch_period
+        check_batch_period(spec.log_period)
+        if spec.logdir is None:
+            raise ValueError(f"log_period={spec.log_period!r} writes TensorBoard scalars and needs a logdir")
 
 
 def _check_int(name, value, expected="an integer >= 1") -> None:
@@ -52,6 +60,9 @@ def feature_callbacks(spec) -> dict:
     chain = {}
     if spec.valid_every > 1:
         chain["valid_every"] = ValidEveryCallback(spec.valid_every)
+    if spec.valid_period is not None:
+        from torchstage.callbacks.periodic_validation import PeriodicValidationCallback
+        chain["periodic_validation"] = PeriodicValidationCallback(spec.valid_period)
     if spec.check:
         chain["check"] = CheckRunCallback(num_epochs=CHECK_EPOCHS)
         chain["limit_batches"] = LimitBatchesCallback(CHECK_BATCHES)

@@ -66,6 +66,8 @@ class TrainSpec:
     overfit: Any = False
     timeit: bool = False
     valid_every: int = 1
+    valid_period: Any = None
+    log_period: Any = None
     channels_last: bool = False
     prefetch: bool = False
     checkpoint_period: Any = None
