@@ -7,8 +7,10 @@ import time
 import pytest
 
 from tests.slurm_cluster import slurm_cluster  # noqa: F401
-from torchstage.slurm_script import (SbatchOptions, SlurmScriptError, add_slurm_parser, build_sbatch_script,
-                                     load_sbatch_options, options_from_dict, run_slurm_command)
+from torchstage.commands.slurm import add_parser as add_slurm_parser
+from torchstage.commands.slurm import run_slurm_command
+from torchstage.slurm_script import (SbatchOptions, SlurmScriptError, build_sbatch_script, load_sbatch_options,
+                                     options_from_dict)
 
 
 def parse(argv):

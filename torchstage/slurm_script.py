@@ -1,14 +1,9 @@
-"""sbatch scripts for torchstage runs: options (flags or a short YAML file) -> script text -> sbatch.
+"""sbatch scripts for torchstage runs: options (flags or a short YAML file) -> script text.
 
-``add_slurm_parser`` / ``run_slurm_command`` are the ``torchstage slurm`` subcommand; the rest is
-plain functions, usable from Python.
+Plain functions, usable from Python; the ``torchstage slurm`` command is :mod:`torchstage.commands.slurm`.
 """
-import argparse
-import os
 import re
 import shlex
-import subprocess
-import sys
 from dataclasses import dataclass, field, fields
 from typing import List, Optional, Union
 
@@ -118,72 +113,3 @@ def load_sbatch_options(path: str, **overrides) -> SbatchOptions:
     if isinstance(data, dict):
         data = {**data, **{k: v for k, v in overrides.items() if v is not None}}
     return options_from_dict(data, path)
-
-
-# ---- the `torchstage slurm` subcommand ----------------------------------------------------------
-_FLAGS = [("--job-name", str), ("--nodes", int), ("--ntasks-per-node", int), ("--gpus-per-node", int),
-          ("--cpus-per-task", int), ("--partition", str), ("--account", str), ("--time", str),
-          ("--output", str), ("--signal", str), ("--setup", str)]
-
-
-def add_slurm_parser(subparsers) -> argparse.ArgumentParser:
-    """Register ``slurm``: build an sbatch script from flags and/or --config, print, save or submit it."""
-    p = subparsers.add_parser(
-        "slurm", help="write or submit an sbatch script for a run",
-        description="Build an sbatch script (flags override --config). Example: "
-                    "torchstage slurm --nodes 2 --gpus-per-node 4 --time 1:00:00 -- python train.py")
-    p.add_argument("--config", metavar="FILE.yml", help="YAML file of options (keys as the flags, '_' or '-')")
-    for flag, typ in _FLAGS:
-        p.add_argument(flag, type=typ, default=None)
-    p.add_argument("--module", dest="modules", action="append", default=None, help="module to load (repeatable)")
-    p.add_argument("--requeue", action=argparse.BooleanOptionalAction, default=None)
-    p.add_argument("--save", metavar="PATH", help="write the script to PATH instead of printing it")
-    p.add_argument("--submit", action="store_true", help="submit with sbatch and print the job id")
-    p.add_argument("--wait", action="store_true", help="with --submit: wait for the job, exit with its code")
-    p.add_argument("command", nargs=argparse.REMAINDER, help="the command each task runs (after --)")
-    p.set_defaults(func=run_slurm_command)
-    return p
-
-
-def run_slurm_command(args: argparse.Namespace) -> int:
-    """Run ``torchstage slurm``; returns the exit code (2 for bad options, sbatch's code when submitting)."""
-    command = list(args.command or [])
-    if command[:1] == ["--"]:
-        command = command[1:]
-    given = {name.lstrip("-").replace("-", "_"): getattr(args, name.lstrip("-").replace("-", "_"))
-             for name, _ in _FLAGS}
-    given.update(modules=args.modules, requeue=args.requeue, command=command or None)
-    try:
-        if args.config:
-            opts = load_sbatch_options(args.config, **given)
-        else:
-            opts = options_from_dict({k: v for k, v in given.items() if v is not None}, "torchstage slurm")
-        script = build_sbatch_script(opts)
-    except SlurmScriptError as e:
-        print(f"torchstage slurm: error: {e}", file=sys.stderr)
-        return 2
-    if args.save:
-        with open(args.save, "w") as f:
-            f.write(script)
-        os.chmod(args.save, 0o755)
-        print(f"saved {args.save}", file=sys.stderr)
-    elif not args.submit:
-        sys.stdout.write(script)
-    return _submit(script, args.save, args.wait) if args.submit else 0
-
-
-def _submit(script: str, path: Optional[str], wait: bool) -> int:
-    """sbatch PATH (or the script on stdin); print the job id as soon as sbatch reports it."""
-    cmd = ["sbatch", "--parsable"] + (["--wait"] if wait else []) + ([path] if path else [])
-    try:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL if path else subprocess.PIPE,
-                                stdout=subprocess.PIPE, text=True)
-    except FileNotFoundError:
-        print("torchstage slurm: error: sbatch not found: --submit needs the SLURM client tools", file=sys.stderr)
-        return 2
-    if not path:
-        proc.stdin.write(script)
-        proc.stdin.close()
-    for line in proc.stdout:  # "JOBID" or "JOBID;CLUSTER"
-        print(line.strip().split(";")[0], flush=True)
-    return proc.wait()
