@@ -4,7 +4,7 @@ import logging
 
 import torch
 
-from torchstage.callbacks.base import (EVENTS, CancelBatch, CancelEpoch, CancelLoader, CancelRun,
+from torchstage.callbacks.base import (EVENTS, CallbackScope, CancelBatch, CancelEpoch, CancelLoader, CancelRun,
                                        CancelStage)
 from torchstage.distributed.prefetch import prefetch_to_device
 from torchstage.runner.resume import loader_batches, remaining_loaders
@@ -141,7 +141,7 @@ class Runner:
         """Install an ordered name -> callback chain and index its handlers per event."""
         self.callbacks = callbacks
         is_main = self.engine.is_main
-        active = [cb for cb in callbacks.values() if is_main or cb.scope == 0]
+        active = [cb for cb in callbacks.values() if is_main or cb.scope == CallbackScope.All]
         self._handlers = {event: [getattr(cb, event) for cb in active if cb.handles(event)]
                           for event in EVENTS}
 

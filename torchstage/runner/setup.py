@@ -43,13 +43,15 @@ def prepare(runner, spec, engine: Engine = None) -> None:
             stage.criterion.to(runner.engine.device)
     _place_models(runner)
     compile_models(runner, spec.compile)
-    runner.stage_loaders = [stage.loaders if stage.loaders is not None else build_loaders(stage.datasets, runner.engine)
+    runner.stage_loaders = [stage.loaders if stage.loaders is not None
+                            else build_loaders(stage.datasets, runner.engine, seed=spec.seed)
                             for stage in spec.stage_specs]
     for stage, loaders in zip(spec.stage_specs, runner.stage_loaders):
         check_valid_loader(stage, loaders)
     defaults = runner.get_default_callbacks(spec)
-    runner.stage_callbacks = [merge_chain(defaults, spec.callbacks, stage.callbacks if stage.callbacks is not spec.callbacks else None)
-                              for stage in spec.stage_specs]
+    runner.stage_callbacks = [  # defaults, then train-level, then the stage's own callbacks, by name
+        merge_chain(defaults, spec.callbacks, stage.callbacks if stage.callbacks is not spec.callbacks else None)
+        for stage in spec.stage_specs]
     for stage, chain in zip(spec.stage_specs, runner.stage_callbacks):
         _check_valid_metric(runner, stage, chain)
     check_feature_chain(spec, runner.stage_callbacks)
