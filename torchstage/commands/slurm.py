@@ -46,13 +46,13 @@ def run_slurm_command(args: argparse.Namespace) -> int:
             opts = options_from_dict({k: v for k, v in given.items() if v is not None}, "torchstage slurm")
         script = build_sbatch_script(opts)
     except SlurmScriptError as e:
-        print(f"torchstage slurm: error: {e}", file=sys.stderr)
+        sys.stderr.write(f"torchstage slurm: error: {e}\n")
         return 2
     if args.save:
         with open(args.save, "w") as f:
             f.write(script)
         os.chmod(args.save, 0o755)
-        print(f"saved {args.save}", file=sys.stderr)
+        sys.stderr.write(f"saved {args.save}\n")
     elif not args.submit:
         sys.stdout.write(script)
     return _submit(script, args.save, args.wait) if args.submit else 0
@@ -65,11 +65,12 @@ def _submit(script: str, path: Optional[str], wait: bool) -> int:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL if path else subprocess.PIPE,
                                 stdout=subprocess.PIPE, text=True)
     except FileNotFoundError:
-        print("torchstage slurm: error: sbatch not found: --submit needs the SLURM client tools", file=sys.stderr)
+        sys.stderr.write("torchstage slurm: error: sbatch not found: --submit needs the SLURM client tools\n")
         return 2
     if not path:
         proc.stdin.write(script)
         proc.stdin.close()
     for line in proc.stdout:  # "JOBID" or "JOBID;CLUSTER"
-        print(line.strip().split(";")[0], flush=True)
+        sys.stdout.write(line.strip().split(";")[0] + "\n")
+        sys.stdout.flush()
     return proc.wait()
