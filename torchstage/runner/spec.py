@@ -10,9 +10,6 @@ import torch
 
 from torchstage.callbacks.base import Callback
 
-STAGE_KEYS = ("num_epochs", "loaders", "datasets", "criterion", "optimizer", "scheduler", "callbacks",
-              "valid_loader", "valid_metric", "minimize_valid_metric")
-
 
 @dataclass
 class StageSpec:
@@ -29,6 +26,10 @@ class StageSpec:
     valid_loader: str = "valid"
     valid_metric: str = "loss"
     minimize_valid_metric: bool = True
+
+
+#: What a stage may set (each inherited from the top-level train() arguments when omitted).
+STAGE_KEYS = tuple(f.name for f in dataclasses.fields(StageSpec) if f.name != "name")
 
 
 @dataclass
