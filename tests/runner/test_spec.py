@@ -84,3 +84,17 @@ def test_factory_datasets_may_name_any_loaders_and_valid_loader_is_checked_once_
     assert list(runner.loaders) == ["fit", "holdout"]
     with pytest.raises(ValueError, match=r"valid_loader='valid' is not among the loaders \['fit', 'holdout'\]"):
         train(loaders=None, datasets={"batch_size": 8, "get_datasets_fn": make, "num_features": 4})
+
+
+def test_stages_sharing_datasets_build_them_once():
+    calls = []
+
+    def make(num_features):
+        calls.append(num_features)
+        X, y = regression_data(n=32, features=num_features)
+        return {"train": TensorDataset(X, y), "valid": TensorDataset(X, y)}
+
+    runner = train(loaders=None, callbacks=None, datasets={"batch_size": 8, "get_datasets_fn": make, "num_features": 4},
+                   stages={"first": {"num_epochs": 1}, "second": {"num_epochs": 1}})
+    assert calls == [4]
+    assert runner.stage_loaders[0] is runner.stage_loaders[1]

@@ -43,9 +43,7 @@ def prepare(runner, spec, engine: Engine = None) -> None:
             stage.criterion.to(runner.engine.device)
     _place_models(runner)
     compile_models(runner, spec.compile)
-    runner.stage_loaders = [stage.loaders if stage.loaders is not None
-                            else build_loaders(stage.datasets, runner.engine, seed=spec.seed)
-                            for stage in spec.stage_specs]
+    runner.stage_loaders = _stage_loaders(spec, runner.engine)
     for stage, loaders in zip(spec.stage_specs, runner.stage_loaders):
         check_valid_loader(stage, loaders)
     defaults = runner.get_default_callbacks(spec)
@@ -65,6 +63,15 @@ def prepare(runner, spec, engine: Engine = None) -> None:
         restore(runner, checkpoint)
     if runner.engine.is_main:
         logger.info("callbacks of stage %r:\n%s", runner.stage_key, describe_chain(runner.callbacks))
+
+
+def _stage_loaders(spec, engine) -> list:
+    """Each stage's loaders; stages sharing one ``datasets`` dict share its loaders (a factory runs once)."""
+    built = {}
+    for stage in spec.stage_specs:
+        if stage.loaders is None and id(stage.datasets) not in built:
+            built[id(stage.datasets)] = build_loaders(stage.datasets, engine, seed=spec.seed)
+    return [stage.loaders if stage.loaders is not None else built[id(stage.datasets)] for stage in spec.stage_specs]
 
 
 def _place_models(runner) -> None:
