@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from torchstage import Callback, RunStopped, SupervisedRunner, load_checkpoint, request_stop
-from torchstage.stop import SignalStop, clear_stop_request, stop_requested
+from torchstage.stop_request import SignalStop, clear_stop_request, stop_requested
 
 from tests.resume_helpers import checkpoint_differences, tiny_train_kwargs
 

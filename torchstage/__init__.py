@@ -4,7 +4,7 @@ __version__ = "0.1.0"
 from torchstage.callbacks.averaging import MetricsAveragingCallback
 from torchstage.callbacks.base import (Callback, CallbackOrder, CallbackScope, CancelBatch, CancelEpoch,
                                        CancelLoader, CancelRun, CancelStage)
-from torchstage.callbacks.checkpoint import CheckpointCallback
+from torchstage.callbacks.checkpoint_saver import CheckpointCallback
 from torchstage.callbacks.console import ConsoleLogger
 from torchstage.callbacks.criterion import CriterionCallback
 from torchstage.callbacks.csv_logger import CSVLogger
@@ -26,12 +26,12 @@ from torchstage.checkpoint import CheckpointError, load_checkpoint, load_model_w
 from torchstage.config import ConfigError, load_config, train_from_config
 from torchstage.distributed.engine import Engine
 from torchstage.periods import Batch, Epoch
-from torchstage.distributed.launch import distributed_cmd_run
+from torchstage.distributed.world import distributed_cmd_run
 from torchstage.rng import set_seed
 from torchstage.runner.runner import Runner
 from torchstage.runner.spec import train_signature
 from torchstage.runner.supervised import SupervisedRunner
-from torchstage.stop import RunStopped, StopRequest, request_stop
+from torchstage.stop_request import RunStopped, StopRequest, request_stop
 
 Runner.train.__signature__ = train_signature()
 del train_signature

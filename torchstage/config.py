@@ -15,7 +15,7 @@ import yaml
 
 from torchstage.instantiate import (TARGET, ConfigError, _matches, _scalar_kinds, check_arguments, import_target,
                                     instantiate, is_component, join)
-from torchstage.runner.data import LOADER_OPTIONS
+from torchstage.runner.dataset_loaders import LOADER_OPTIONS
 from torchstage.runner.spec import STAGE_KEYS, StageSpec, TrainSpec
 
 #: Top-level keys that are not ``train`` arguments.
@@ -313,7 +313,7 @@ def _build_datasets(node, path: str) -> dict:
     ``{_target_: fn, batch_size: .., **fn_kwargs}`` becomes ``get_datasets_fn=fn`` (called in each worker, it
     returns a dict of datasets); otherwise each non-option key is a dataset component built now.
     """
-    from torchstage.runner.data import FACTORY, _is_dataset
+    from torchstage.runner.dataset_loaders import FACTORY, _is_dataset
     if not isinstance(node, Mapping):
         raise ConfigError(path, f"expected a mapping like {{batch_size: 32, train: {{_target_: ...}}, valid: "
                                 f"{{_target_: ...}}}}, got {type(node).__name__} {node!r:.50}")

@@ -3,7 +3,7 @@ import torch
 from torch.utils.data import (BatchSampler, DataLoader, DistributedSampler, SequentialSampler, TensorDataset,
                               WeightedRandomSampler)
 
-from torchstage.distributed.data import ShardSampler
+from torchstage.distributed.samplers import StridedEvalSampler
 from torchstage.distributed.ddp import DistributedEngine
 from torchstage.distributed.loaders import ShardedSampler, distribute_loader, distribute_loaders
 
@@ -39,7 +39,7 @@ def test_options_are_kept_and_batch_size_is_per_process():
 def test_evaluation_shards_read_every_sample_once():
     loader = DataLoader(DATA, batch_size=10)
     shards = [distribute_loader(loader, e, is_train=False) for e in engines(3)]
-    assert all(isinstance(s.sampler, ShardSampler) for s in shards)
+    assert all(isinstance(s.sampler, StridedEvalSampler) for s in shards)
     assert sorted(i for s in shards for i in ids(s)) == list(range(101))
 
 

@@ -13,7 +13,7 @@ import signal
 import time
 
 from torchstage import Callback, StopCallback
-from torchstage.stop import stop_requested
+from torchstage.stop_request import stop_requested
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

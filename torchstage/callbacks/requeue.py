@@ -4,15 +4,15 @@ Built on the graceful stop (:mod:`torchstage.callbacks.stop`): the signal handle
 request; the stop callback makes every rank agree at a batch boundary and writes ``last.pth``. Once the
 loop has ended, this callback (the last in the chain) runs ``scontrol requeue $SLURM_JOB_ID`` on the main
 rank; SLURM then ends this run and starts the job again, which resumes from ``last.pth``
-(``SLURM_RESTART_COUNT`` > 0 means ``resume='last'``, see :mod:`torchstage.distributed.requeue`).
+(``SLURM_RESTART_COUNT`` > 0 means ``resume='last'``, see :mod:`torchstage.distributed.slurm_requeue`).
 """
 import logging
 import signal
 
 from torchstage.callbacks.base import Callback
 from torchstage.callbacks.stop import StopCallback
-from torchstage.distributed import requeue as slurm_requeue
-from torchstage.stop import SignalStop
+from torchstage.distributed import slurm_requeue
+from torchstage.stop_request import SignalStop
 
 logger = logging.getLogger("torchstage")
 

@@ -3,8 +3,8 @@ import logging
 import signal
 
 from torchstage.callbacks.base import Callback, CancelRun
-from torchstage.callbacks.checkpoint import CheckpointCallback
-from torchstage.stop import DEFAULT_SIGNALS, SignalStop, agree, clear_stop_request, control_group, stop_requested
+from torchstage.callbacks.checkpoint_saver import CheckpointCallback
+from torchstage.stop_request import DEFAULT_SIGNALS, SignalStop, agree, clear_stop_request, control_group, stop_requested
 
 logger = logging.getLogger("torchstage")
 

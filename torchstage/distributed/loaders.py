@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import (DataLoader, DistributedSampler, IterableDataset, RandomSampler, Sampler,
                               SequentialSampler)
 
-from torchstage.distributed.data import ShardSampler
+from torchstage.distributed.samplers import StridedEvalSampler
 
 logger = logging.getLogger("torchstage")
 
@@ -82,7 +82,7 @@ def distribute_loader(loader, engine, is_train: bool, seed: int = 0):
                        type(loader).__name__ if not isinstance(loader, DataLoader) else "IterableDataset",
                        engine.world_size)
         return loader
-    if isinstance(loader.sampler, (DistributedSampler, ShardSampler, ShardedSampler)):
+    if isinstance(loader.sampler, (DistributedSampler, StridedEvalSampler, ShardedSampler)):
         return loader
     options = dict(num_workers=loader.num_workers, collate_fn=loader.collate_fn, pin_memory=loader.pin_memory,
                    timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
@@ -103,7 +103,7 @@ def distribute_loader(loader, engine, is_train: bool, seed: int = 0):
     if plain and is_train:
         sampler = DistributedSampler(loader.dataset, world, rank, shuffle=type(sampler) is RandomSampler, seed=seed)
     elif plain:
-        sampler = ShardSampler(loader.dataset, world, rank)
+        sampler = StridedEvalSampler(loader.dataset, world, rank)
     else:
         sampler = ShardedSampler(sampler, world, rank, seed, pad=is_train)
     return DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=sampler, drop_last=loader.drop_last,

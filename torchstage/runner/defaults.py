@@ -1,6 +1,6 @@
 """The default callback chain of a run, by name, so a user callback of the same name replaces one."""
 from torchstage.callbacks.averaging import MetricsAveragingCallback
-from torchstage.callbacks.checkpoint import CheckpointCallback
+from torchstage.callbacks.checkpoint_saver import CheckpointCallback
 from torchstage.callbacks.console import ConsoleLogger
 from torchstage.callbacks.csv_logger import CSVLogger
 from torchstage.callbacks.loop import LoopCallback
@@ -9,7 +9,7 @@ from torchstage.callbacks.requeue import RequeueCallback
 from torchstage.callbacks.scheduler import SchedulerCallback
 from torchstage.callbacks.stop import StopCallback
 from torchstage.callbacks.tensorboard import TensorBoardLogger
-from torchstage.distributed.requeue import slurm_job_id
+from torchstage.distributed.slurm_requeue import slurm_job_id
 
 
 def default_callbacks(runner, spec) -> dict:

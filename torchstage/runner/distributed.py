@@ -1,9 +1,9 @@
 """``train(distributed=True)`` and ``train(...)`` inside a world: one rank's run, or the launch of all ranks."""
 from torchstage.distributed.ddp import STRATEGIES
 from torchstage.distributed.env import resolve_world
-from torchstage.distributed.launch import current_engine, in_world, joined, launch_and_exit
+from torchstage.distributed.world import current_engine, in_world, joined, launch_and_exit
 from torchstage.distributed.loaders import distribute_loaders
-from torchstage.runner.data import build_loaders
+from torchstage.runner.dataset_loaders import build_loaders
 
 
 def train_distributed(runner, spec):

@@ -9,7 +9,7 @@ from torchstage.callbacks.base import (EVENTS, CallbackScope, CancelBatch, Cance
 from torchstage.distributed.prefetch import prefetch_to_device
 from torchstage.runner.resume import loader_batches, remaining_loaders
 from torchstage.runner.spec import TrainSpec, make_spec
-from torchstage.stop import RunStopped
+from torchstage.stop_request import RunStopped
 
 logger = logging.getLogger("torchstage")
 

@@ -8,7 +8,7 @@ from torchstage.distributed.engine import Engine
 from torchstage.rng import set_seed
 from torchstage.runner.amp import setup_amp
 from torchstage.runner.chain import describe_chain, merge_chain
-from torchstage.runner.data import build_loaders
+from torchstage.runner.dataset_loaders import build_loaders
 from torchstage.runner.spec import check_valid_loader
 from torchstage.runner.features import check_feature_chain, compile_models
 
@@ -19,7 +19,7 @@ def launch_or_run(runner, spec):
     """Run here, or as one rank of a world: given (``distributed=True``), already joined, or started by
     torchrun/srun as one of several processes (``distributed=None``, the default)."""
     from torchstage.distributed.env import launched_into_world
-    from torchstage.distributed.launch import in_world
+    from torchstage.distributed.world import in_world
     if spec.distributed or in_world() or (spec.distributed is None and launched_into_world()):
         from torchstage.runner.distributed import train_distributed
         return train_distributed(runner, spec)

@@ -99,7 +99,7 @@ def make_spec(runner, kwargs: dict) -> TrainSpec:
     from torchstage.runner.features import check_feature_args
     check_feature_args(spec)
     _check_checkpointing(spec)
-    from torchstage.distributed.requeue import check_requeue_arg
+    from torchstage.distributed.slurm_requeue import check_requeue_arg
     spec.resume = check_requeue_arg(spec.requeue, spec.resume)
     spec.stage_specs = _resolve_stages(spec)
     for stage in spec.stage_specs:
@@ -143,7 +143,7 @@ def _check_stage(runner, stage: StageSpec) -> None:
     if stage.loaders is not None:
         names = _check_loaders(stage.loaders, prefix)
     else:
-        from torchstage.runner.data import dataset_loader_names
+        from torchstage.runner.dataset_loaders import dataset_loader_names
         names = dataset_loader_names(stage.datasets, prefix)
     if names is not None:  # None: a get_datasets_fn, checked once it has run (still before training)
         check_valid_loader(stage, names)

@@ -1,7 +1,7 @@
 """Entering a world: spawn local workers, or join the process group this process belongs to.
 
 Workers are started by running this program's command line again with the torchrun variables set
-(see :mod:`torchstage.distributed.launcher`); each worker then finds itself inside the world and trains.
+(see :mod:`torchstage.distributed.local_launcher`); each worker then finds itself inside the world and trains.
 The launching process never trains: it waits for the workers and exits with their exit code.
 """
 import contextlib
@@ -12,7 +12,7 @@ import torch
 
 from torchstage.distributed.ddp import DistributedEngine
 from torchstage.distributed.env import LAUNCHED_ENV, World, resolve_world
-from torchstage.distributed.launcher import Launcher, relaunch_command, watch_parent
+from torchstage.distributed.local_launcher import Launcher, relaunch_command, watch_parent
 
 logger = logging.getLogger("torchstage")
 

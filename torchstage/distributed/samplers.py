@@ -4,7 +4,7 @@ import math
 from torch.utils.data import DistributedSampler, IterableDataset, Sampler
 
 
-class ShardSampler(Sampler):
+class StridedEvalSampler(Sampler):
     """Rank ``r`` of ``n`` gets indices ``r, r+n, ...`` with no padding, so each sample counts exactly once."""
 
     def __init__(self, dataset, num_replicas: int, rank: int):
@@ -27,5 +27,5 @@ def make_sampler(dataset, engine, shuffle: bool, is_train: bool, seed: int = 0):
     if is_train:
         return DistributedSampler(dataset, num_replicas=engine.world_size, rank=engine.rank,
                                   shuffle=shuffle, seed=seed)
-    return ShardSampler(dataset, engine.world_size, engine.rank)
+    return StridedEvalSampler(dataset, engine.world_size, engine.rank)
 

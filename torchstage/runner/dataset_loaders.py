@@ -71,7 +71,7 @@ def build_datasets(datasets: Mapping) -> dict:
 
 def build_loaders(datasets: Mapping, engine, seed: int = 0) -> dict:
     """DataLoaders for ``datasets``: train loaders shuffle; under several processes each rank gets its shard."""
-    from torchstage.distributed.data import make_sampler
+    from torchstage.distributed.samplers import make_sampler
     options = {k: v for k, v in datasets.items() if k in LOADER_OPTIONS}
     shuffle = options.pop("shuffle", None)
     if options.get("num_workers", 0) > 0:
