@@ -32,3 +32,7 @@ def _quiet_torchstage_logs():
     log.setLevel(logging.WARNING)
     yield
     log.setLevel(level)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU; run by scripts/gpu_check.sh, skipped without CUDA")
