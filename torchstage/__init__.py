@@ -23,7 +23,9 @@ from torchstage.callbacks.tensorboard import TensorBoardLogger
 from torchstage.callbacks.timer import TimerCallback
 from torchstage.callbacks.validation import ValidEveryCallback
 from torchstage.checkpoint import CheckpointError, load_checkpoint, load_model_weights
-from torchstage.config import ConfigError, load_config, train_from_config
+from torchstage.instantiate import ConfigError
+from torchstage.config.train_call import train_from_config
+from torchstage.config.yaml_files import load_config
 from torchstage.distributed.engine import Engine
 from torchstage.periods import Batch, Epoch
 from torchstage.distributed.world import distributed_cmd_run

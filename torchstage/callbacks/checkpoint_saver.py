@@ -8,6 +8,7 @@ import json
 import math
 import os
 
+from torchstage.arguments import ArgumentError
 from torchstage.callbacks.base import Callback, CallbackOrder
 from torchstage.checkpoint import link_atomic, load_checkpoint, serialize, write_atomic
 from torchstage.periods import Batch, Epoch, as_periods, batch_due, epoch_due
@@ -28,7 +29,7 @@ class CheckpointCallback(Callback):
 
     def __init__(self, logdir: str = None, period=Epoch(1), topk: int = 1, load_best_on_end: bool = False):
         if isinstance(topk, bool) or not isinstance(topk, int) or topk < 0:
-            raise ValueError(f"topk must be an integer >= 0 (0 keeps no epoch-NNNN.pth), got {topk!r}")
+            raise ArgumentError("topk", f"must be an integer >= 0 (how many epoch-NNNN.pth to keep), got {topk!r}")
         self.logdir, self.periods = logdir, as_periods(period, "period")
         self.topk, self.load_best_on_end = topk, bool(load_best_on_end)
         self.best, self.history, self.kept = None, [], []

@@ -6,6 +6,7 @@ import os
 
 import torch
 
+from torchstage.arguments import ArgumentError, check_int
 from torchstage.callbacks.base import Callback, CallbackOrder, CancelStage
 from torchstage.checkpoint import CheckpointError, load_checkpoint, serialize
 
@@ -24,10 +25,16 @@ class LimitBatchesCallback(Callback):
     name = "limit_batches"
 
     def __init__(self, num_batches: int, same_batches: bool = False):
-        if isinstance(num_batches, bool) or not isinstance(num_batches, int) or num_batches < 1:
-            raise ValueError(f"num_batches must be an integer >= 1, got {num_batches!r}")
-        self.num_batches, self.same_batches = num_batches, same_batches
+        self.num_batches, self.same_batches = check_int("num_batches", num_batches), same_batches
         self._cache = {}
+
+    @classmethod
+    def for_overfit(cls, overfit) -> "LimitBatchesCallback":
+        """``train(overfit=True)`` (one batch) or ``overfit=n``: the same first batches every epoch."""
+        if overfit is not True and (isinstance(overfit, bool) or not isinstance(overfit, int) or overfit < 1):
+            raise ArgumentError("overfit", f"must be True/False or the number of batches to repeat, >= 1, "
+                                           f"got {overfit!r}")
+        return cls(1 if overfit is True else overfit, same_batches=True)
 
     def on_loader_start(self, runner):
         if not self.same_batches:

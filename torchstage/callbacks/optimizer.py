@@ -1,9 +1,9 @@
 """Backward and optimizer step on train loaders: gradient accumulation, clipping, AMP loss scaling."""
 import contextlib
-import numbers
 
 import torch
 
+from torchstage.arguments import check_int, check_positive
 from torchstage.callbacks.base import Callback, CallbackOrder
 
 
@@ -25,11 +25,9 @@ class OptimizerCallback(Callback):
 
     def __init__(self, metric_key: str = "loss", optimizer_key: str = None, accumulation_steps: int = 1,
                  grad_clip_norm: float = None, grad_clip_value: float = None):
-        if isinstance(accumulation_steps, bool) or not isinstance(accumulation_steps, int) or accumulation_steps < 1:
-            raise ValueError(f"accumulation_steps must be an integer >= 1, got {accumulation_steps!r}")
-        for name, value in (("grad_clip_norm", grad_clip_norm), ("grad_clip_value", grad_clip_value)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real) or value <= 0):
-                raise ValueError(f"{name} must be a number > 0 or None, got {value!r}")
+        check_int("accumulation_steps", accumulation_steps)
+        check_positive("grad_clip_norm", grad_clip_norm)
+        check_positive("grad_clip_value", grad_clip_value)
         self.metric_key, self.optimizer_key = metric_key, optimizer_key
         self.accumulation_steps = accumulation_steps
         self.grad_clip_norm, self.grad_clip_value = grad_clip_norm, grad_clip_value

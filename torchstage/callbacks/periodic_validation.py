@@ -2,6 +2,7 @@
 import copy
 import logging
 
+from torchstage.arguments import ArgumentError
 from torchstage.callbacks.base import Callback
 from torchstage.callbacks.console import format_metrics
 from torchstage.callbacks.metric import MetricCallback
@@ -22,10 +23,10 @@ class PeriodicValidationCallback(Callback):
     name = "periodic_validation"
 
     def __init__(self, period):
-        self.periods = as_periods(period, "valid_period")
+        self.periods = as_periods(period, "period")
         if not self.periods or not all(isinstance(p, Batch) for p in self.periods):
-            raise ValueError(f"valid_period must be Batch(n) (validation every n train batches), got {period!r}; "
-                             f"for every n epochs use valid_every=n")
+            raise ArgumentError("period", f"must be Batch(n) (validation every n train batches), got {period!r}; "
+                                          f"for every n epochs use valid_every=n")
 
     def on_stage_start(self, runner):
         runner.periodic_metrics, runner.periodic_step = {}, None

@@ -1,6 +1,7 @@
 """Learning-rate schedulers stepped per epoch (default) or per train batch; plateau ones get the valid metric."""
 from torch.optim.lr_scheduler import ReduceLROnPlateau
 
+from torchstage.arguments import ArgumentError
 from torchstage.callbacks.base import Callback, CallbackOrder
 
 
@@ -12,7 +13,7 @@ class SchedulerCallback(Callback):
 
     def __init__(self, mode: str = "epoch", scheduler_key: str = None):
         if mode not in ("epoch", "batch"):
-            raise ValueError(f"mode must be 'epoch' or 'batch', got {mode!r}")
+            raise ArgumentError("mode", f"must be 'epoch' or 'batch', got {mode!r}")
         self.mode, self.scheduler_key = mode, scheduler_key
 
     def _schedulers(self, runner):

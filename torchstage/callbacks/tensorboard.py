@@ -3,15 +3,16 @@ import os
 
 import torch
 
+from torchstage.arguments import ArgumentError
 from torchstage.callbacks.base import Callback, CallbackOrder, CallbackScope
 from torchstage.periods import Batch, as_periods, batch_due
 
 
-def check_batch_period(period) -> tuple:
-    """The periods of ``log_period``: only ``Batch(n)`` (epoch values are always logged)."""
-    periods = as_periods(period, "log_period")
+def _batch_periods(period) -> tuple:
+    """The periods of ``batch_period``: only ``Batch(n)`` (epoch values are always logged)."""
+    periods = as_periods(period, "batch_period")
     if not periods or not all(isinstance(p, Batch) for p in periods):
-        raise ValueError(f"log_period must be Batch(n) (train batch metrics every n batches), got {period!r}")
+        raise ArgumentError("batch_period", f"must be Batch(n) (train batch metrics every n batches), got {period!r}")
     return periods
 
 
@@ -29,7 +30,7 @@ class TensorBoardLogger(Callback):
 
     def __init__(self, logdir: str = None, batch_period=None, periodic_validation: bool = False):
         self.logdir, self.writers, self.periodic_validation = logdir, {}, periodic_validation
-        self.periods = check_batch_period(batch_period) if batch_period is not None else ()
+        self.periods = _batch_periods(batch_period) if batch_period is not None else ()
 
     def _writer(self, runner, loader: str):
         writer = self.writers.get(loader)

@@ -37,7 +37,9 @@ def add_parser(subparsers) -> None:
 
 
 def run_command(args) -> int:
-    from torchstage.config import ConfigError, dump_config, load_config, train_from_config, with_defaults
+    from torchstage.config.train_call import train_from_config, with_defaults
+    from torchstage.config.yaml_files import dump_config, load_config
+    from torchstage.instantiate import ConfigError
     try:
         config = load_config(args.config, args.overrides)
         if not args.dry_run:

@@ -7,6 +7,7 @@ import torch
 from torchstage.callbacks.base import (EVENTS, CallbackScope, CancelBatch, CancelEpoch, CancelLoader, CancelRun,
                                        CancelStage)
 from torchstage.distributed.prefetch import prefetch_to_device
+from torchstage.runner.defaults import default_callbacks
 from torchstage.runner.resume import loader_batches, remaining_loaders
 from torchstage.runner.spec import TrainSpec, make_spec
 from torchstage.stop_request import RunStopped
@@ -58,9 +59,14 @@ class Runner:
         return evaluate_loader(self, loader, callbacks=callbacks, criterion=criterion)
 
     def get_default_callbacks(self, spec: TrainSpec) -> dict:
-        """Name -> callback for the default chain; users replace one by passing the same name."""
-        from torchstage.runner.defaults import default_callbacks
+        """Name -> callback for the default chain (:mod:`torchstage.runner.defaults`); users replace one by name."""
         return default_callbacks(self, spec)
+
+    def step_callbacks(self, spec: TrainSpec, optimizer_options: dict) -> dict:
+        """Name -> callback of this runner's training step, added to the default chain; none by default (a
+        custom handle_batch steps its own optimizers). ``optimizer_options`` are ``train()``'s
+        ``accumulation_steps``/``grad_clip_norm``/``grad_clip_value``, for an :class:`OptimizerCallback`."""
+        return {}
 
     # ---- entry point ---------------------------------------------------------------------
     def train(self, **kwargs) -> "Runner":

@@ -7,10 +7,10 @@ import torch
 from torchstage.distributed.engine import Engine
 from torchstage.rng import set_seed
 from torchstage.runner.amp import setup_amp
-from torchstage.runner.chain import describe_chain, merge_chain
+from torchstage.runner.chain import describe_chain
 from torchstage.runner.dataset_loaders import build_loaders
 from torchstage.runner.spec import check_valid_loader
-from torchstage.runner.features import check_feature_chain, compile_models
+from torchstage.runner.features import compile_models
 
 logger = logging.getLogger("torchstage")
 
@@ -46,13 +46,9 @@ def prepare(runner, spec, engine: Engine = None) -> None:
     runner.stage_loaders = _stage_loaders(spec, runner.engine)
     for stage, loaders in zip(spec.stage_specs, runner.stage_loaders):
         check_valid_loader(stage, loaders)
-    defaults = runner.get_default_callbacks(spec)
-    runner.stage_callbacks = [  # defaults, then train-level, then the stage's own callbacks, by name
-        merge_chain(defaults, spec.callbacks, stage.callbacks if stage.callbacks is not spec.callbacks else None)
-        for stage in spec.stage_specs]
+    runner.stage_callbacks = spec.stage_chains
     for stage, chain in zip(spec.stage_specs, runner.stage_callbacks):
         _check_valid_metric(runner, stage, chain)
-    check_feature_chain(spec, runner.stage_callbacks)
     runner.stage_index, runner.epoch_done, runner.train_batches_done = 0, True, 0
     runner.global_epoch_step = runner.global_batch_step = runner.global_sample_step = 0
     runner.epoch_metrics, runner.loader_metrics, runner.batch_metrics = {}, {}, {}

@@ -9,6 +9,8 @@ from typing import Any, Optional
 import torch
 
 from torchstage.callbacks.base import Callback
+from torchstage.runner.defaults import stage_chains
+from torchstage.runner.features import check_switches
 
 
 @dataclass
@@ -75,12 +77,22 @@ class TrainSpec:
     topk: int = 1
     load_best_on_end: bool = False
     requeue: Optional[bool] = None
-    stage_specs: list = field(default_factory=list, repr=False)
+    stage_specs: list = field(default_factory=list, init=False, repr=False)
+    #: Each stage's callback chain (:func:`~torchstage.runner.defaults.stage_chains`), built by make_spec.
+    stage_chains: list = field(default_factory=list, init=False, repr=False)
+    #: The YAML of a config run, saved to ``logdir/config.yml`` by the default chain.
+    config_text: Optional[str] = field(default=None, init=False, repr=False)
 
 
-def make_spec(runner, kwargs: dict) -> TrainSpec:
-    """Validate ``train`` keyword arguments and resolve stages; raise ValueError/TypeError naming the argument."""
-    names = [f.name for f in dataclasses.fields(TrainSpec) if f.name != "stage_specs"]
+def train_arguments() -> list:
+    """The names ``train()`` accepts, in signature order."""
+    return [f.name for f in dataclasses.fields(TrainSpec) if f.init]
+
+
+def make_spec(runner, kwargs: dict, config_text: str = None) -> TrainSpec:
+    """Validate ``train`` keyword arguments, resolve stages and build their callback chains (which check the
+    arguments they are given); raise ValueError/TypeError naming the argument."""
+    names = train_arguments()
     unknown = sorted(set(kwargs) - set(names))
     if unknown:
         raise TypeError(f"train() got unknown argument(s) {unknown}; accepted: {', '.join(names)}")
@@ -92,18 +104,16 @@ def make_spec(runner, kwargs: dict) -> TrainSpec:
     if spec.distributed not in (None, True, False):
         raise TypeError(f"distributed must be None (join a torchrun/SLURM world if started in one), True "
                         f"(also launch one process per device) or False (one process), got {spec.distributed!r}")
-    if spec.scheduler_step not in ("epoch", "batch"):
-        raise ValueError(f"scheduler_step must be 'epoch' or 'batch', got {spec.scheduler_step!r}")
     if spec.strategy not in ("ddp", "fsdp"):
         raise ValueError(f"strategy must be 'ddp' or 'fsdp', got {spec.strategy!r}")
-    from torchstage.runner.features import check_feature_args
-    check_feature_args(spec)
-    _check_checkpointing(spec)
+    check_switches(spec)
     from torchstage.distributed.slurm_requeue import check_requeue_arg
     spec.resume = check_requeue_arg(spec.requeue, spec.resume)
     spec.stage_specs = _resolve_stages(spec)
     for stage in spec.stage_specs:
         _check_stage(runner, stage)
+    spec.config_text = config_text
+    spec.stage_chains = stage_chains(runner, spec)
     return spec
 
 
@@ -198,16 +208,6 @@ def _check_model(model) -> None:
             raise TypeError(f"model must be a torch.nn.Module or a dict of them, got {type(m).__name__}")
 
 
-def _check_checkpointing(spec: TrainSpec) -> None:
-    from torchstage.periods import Epoch, as_periods
-    spec.checkpoint_period = as_periods(Epoch(1) if spec.checkpoint_period is None else spec.checkpoint_period,
-                                        "checkpoint_period")
-    if isinstance(spec.topk, bool) or not isinstance(spec.topk, int) or spec.topk < 0:
-        raise ValueError(f"topk must be an integer >= 0 (how many epoch-NNNN.pth to keep), got {spec.topk!r}")
-    if spec.load_best_on_end and spec.logdir is None:
-        raise ValueError("load_best_on_end=True needs a logdir to write best.pth in; pass logdir=...")
-
-
 def _check_type(name, value, kind) -> None:
     if isinstance(value, bool) or not isinstance(value, kind):
         raise TypeError(f"{name} must be {kind.__name__}, got {value!r}")
@@ -217,6 +217,6 @@ def train_signature() -> inspect.Signature:
     """The keyword-only signature of ``Runner.train``, so ``help()`` and IDEs list every argument."""
     params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
     for f in dataclasses.fields(TrainSpec):
-        if f.name != "stage_specs":
+        if f.init:
             params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default))
     return inspect.Signature(params)

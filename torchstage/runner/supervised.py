@@ -3,7 +3,6 @@ import torch
 
 from torchstage.callbacks.optimizer import OptimizerCallback
 from torchstage.callbacks.output_losses import OutputLossesCallback, as_terms
-from torchstage.runner.features import optimizer_options
 from torchstage.runner.runner import Runner
 
 
@@ -24,16 +23,15 @@ class SupervisedRunner(Runner):
         self.input_key, self.output_key = input_key, output_key
         self.target_key, self.loss_key = target_key, loss_key
 
-    def get_default_callbacks(self, spec) -> dict:
-        chain = super().get_default_callbacks(spec)
+    def step_callbacks(self, spec, optimizer_options: dict) -> dict:
+        """The loss (one term per name of a dict criterion), then backward and optimizer step."""
         names = {}
         for stage in spec.stage_specs:
             if isinstance(stage.criterion, dict):
                 where = "criterion" if stage.name == "main" else f"stages[{stage.name!r}]['criterion']"
                 names.update(as_terms(stage.criterion, where))
-        chain["criterion"] = self.loss_callback(names=list(names))
-        chain["optimizer"] = OptimizerCallback(metric_key=self.loss_key, **optimizer_options(spec))
-        return chain
+        return {"criterion": self.loss_callback(names=list(names)),
+                "optimizer": OptimizerCallback(metric_key=self.loss_key, **optimizer_options)}
 
     def loss_callback(self, names=()) -> OutputLossesCallback:
         """The callback computing ``loss`` (one term per name for a dict criterion), for train and evaluate."""
