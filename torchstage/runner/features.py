@@ -11,6 +11,7 @@ from torchstage.callbacks.debug import CheckRunCallback, LimitBatchesCallback
 from torchstage.callbacks.optimizer import OptimizerCallback
 from torchstage.callbacks.timer import TimerCallback
 from torchstage.callbacks.validation import ValidEveryCallback
+from torchstage.named import map_named
 from torchstage.runner.amp import amp_dtype
 
 #: ``check=True``: batches per loader and epochs per stage of a smoke run.
@@ -97,7 +98,4 @@ def compile_models(runner, compile) -> None:
     if not compile:
         return
     kwargs = {} if compile is True else dict(compile)
-    if isinstance(runner.model, dict):
-        runner.model = {k: torch.compile(m, **kwargs) for k, m in runner.model.items()}
-    else:
-        runner.model = torch.compile(runner.model, **kwargs)
+    runner.model = map_named(lambda model: torch.compile(model, **kwargs), runner.model)
