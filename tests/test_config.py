@@ -7,7 +7,8 @@ import torch
 
 import torchstage
 from torchstage import config as cfg
-from torchstage.config import ConfigError, apply_override, build_train_call, check_config, load_config, merge
+from torchstage import ConfigError, load_config
+from torchstage.config import apply_override, build_train_call, check_config, merge
 from torchstage.runner.spec import TrainSpec
 
 LINEAR = {"_target_": "torch.nn.Linear", "in_features": 10, "out_features": 1}
