@@ -6,12 +6,11 @@ import pytest
 import torch
 
 import torchstage
+from torchstage import ConfigError, load_config
 from torchstage.config import schema
-from torchstage.config import train_call as cfg
 from torchstage.config.schema import check_config
 from torchstage.config.train_call import build_train_call
-from torchstage.config.yaml_files import apply_override, load_config, merge
-from torchstage.instantiate import ConfigError
+from torchstage.config.yaml_files import apply_override, merge
 from torchstage.runner.spec import TrainSpec
 
 LINEAR = {"_target_": "torch.nn.Linear", "in_features": 10, "out_features": 1}
@@ -26,7 +25,7 @@ def base(**extra):
 
 def error_of(config) -> str:
     with pytest.raises(ConfigError) as err:
-        cfg.train_from_config(config, dry_run=True)
+        torchstage.train_from_config(config, dry_run=True)
     return str(err.value)
 
 
@@ -203,7 +202,7 @@ def test_dict_of_models_needs_params_names():
 def test_datasets_target_becomes_a_factory_called_in_the_worker():
     config = base(datasets={"_target_": "torchstage.datasets.synthetic_regression_splits", "batch_size": 8,
                             "num_train": 40, "num_valid": 16})
-    runner = cfg.train_from_config(config, dry_run=True)
+    runner = torchstage.train_from_config(config, dry_run=True)
     assert runner.spec.datasets["get_datasets_fn"] is torchstage.datasets.synthetic_regression_splits
     assert {k: len(v) for k, v in runner.loaders.items()} == {"train": 5, "valid": 2}
     text = error_of(base(datasets={"_target_": "torchstage.datasets.synthetic_regression_splits", "batch_size": 8,
@@ -212,10 +211,10 @@ def test_datasets_target_becomes_a_factory_called_in_the_worker():
 
 
 def test_callbacks_as_list_or_mapping_and_null_removes_a_default():
-    runner = cfg.train_from_config(base(callbacks={"console": None, "csv2": {"_target_": "torchstage.CSVLogger"}}),
+    runner = torchstage.train_from_config(base(callbacks={"console": None, "csv2": {"_target_": "torchstage.CSVLogger"}}),
                                    dry_run=True)
     assert "console" not in runner.callbacks and isinstance(runner.callbacks["csv2"], torchstage.CSVLogger)
-    runner = cfg.train_from_config(base(callbacks=[{"_target_": "torchstage.CSVLogger", "logdir": "x"}]), dry_run=True)
+    runner = torchstage.train_from_config(base(callbacks=[{"_target_": "torchstage.CSVLogger", "logdir": "x"}]), dry_run=True)
     assert runner.callbacks["csv"].logdir == "x"
 
 
@@ -224,5 +223,5 @@ def test_callbacks_as_list_or_mapping_and_null_removes_a_default():
 def test_shipped_example_configs_build(files):
     folder = Path(torchstage.__file__).resolve().parent.parent / "scripts" / "configs"
     config = load_config([folder / name for name in files])
-    runner = cfg.train_from_config(config, dry_run=True)
+    runner = torchstage.train_from_config(config, dry_run=True)
     assert runner.spec.stage_specs[-1].optimizer is not None and runner.loaders["train"] is not None

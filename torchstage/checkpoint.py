@@ -18,6 +18,23 @@ class CheckpointError(RuntimeError):
     """A checkpoint could not be written or read; the message names the file and why."""
 
 
+def checkpoint_path(folder: str, which="last") -> str:
+    """The one place checkpoint file names are made: ``which`` is ``"last"``, ``"best"``, ``"metrics"``
+    (``metrics.json``) or an int global epoch (``epoch-NNNN.pth``, kept top-k); ``folder`` is a
+    checkpoint folder (see :func:`checkpoint_folder`)."""
+    if isinstance(which, int) and not isinstance(which, bool):
+        return os.path.join(folder, f"epoch-{which:04d}.pth")
+    names = {"last": "last.pth", "best": "best.pth", "metrics": "metrics.json"}
+    if which not in names:
+        raise ValueError(f"which must be 'last', 'best', 'metrics' or an epoch number, got {which!r}")
+    return os.path.join(folder, names[which])
+
+
+def checkpoint_folder(logdir: str) -> str:
+    """Where a run with ``logdir`` keeps its checkpoints unless its checkpoint callback names another folder."""
+    return os.path.join(os.fspath(logdir), "checkpoints")
+
+
 def write_atomic(path: str, data: bytes) -> None:
     """Write ``data`` to ``path`` so that a crash at any moment leaves the old file or the new one.
 
@@ -64,11 +81,6 @@ def serialize(checkpoint: dict) -> bytes:
     buffer = io.BytesIO()
     torch.save(checkpoint, buffer)
     return buffer.getvalue()
-
-
-def save_checkpoint(checkpoint: dict, path: str) -> None:
-    """Serialize ``checkpoint`` and write it atomically to ``path``."""
-    write_atomic(path, serialize(checkpoint))
 
 
 def load_checkpoint(path: str, map_location="cpu") -> dict:

@@ -10,7 +10,8 @@ import os
 
 from torchstage.arguments import ArgumentError
 from torchstage.callbacks.base import Callback, CallbackOrder
-from torchstage.checkpoint import link_atomic, load_checkpoint, serialize, write_atomic
+from torchstage.checkpoint import (checkpoint_folder, checkpoint_path, link_atomic, load_checkpoint, serialize,
+                                   write_atomic)
 from torchstage.periods import Batch, Epoch, as_periods, batch_due, epoch_due
 
 
@@ -36,7 +37,8 @@ class CheckpointCallback(Callback):
         self._saved_at = None
 
     def folder(self, runner) -> str:
-        return os.path.join(self.logdir or runner.spec.logdir, "checkpoints")
+        """This callback's checkpoint folder: ``<logdir>/checkpoints`` of its own logdir or the run's."""
+        return checkpoint_folder(self.logdir or runner.spec.logdir)
 
     def on_experiment_start(self, runner):
         if runner.engine.is_main:  # temporary files of a write that a crash interrupted
@@ -74,13 +76,14 @@ class CheckpointCallback(Callback):
         if not runner.engine.is_main:
             return
         folder = self.folder(runner)
-        targets = (["last.pth"] if last_due else []) + (["best.pth"] if is_best else []) + \
-                  ([entry["file"]] if kept else [])
-        for i, name in enumerate(targets):  # one write; the other names are hard links to it
+        targets = ([checkpoint_path(folder, "last")] if last_due else []) + \
+                  ([checkpoint_path(folder, "best")] if is_best else []) + \
+                  ([os.path.join(folder, entry["file"])] if kept else [])
+        for i, path in enumerate(targets):  # one write; the other names are hard links to it
             if i == 0:
-                write_atomic(os.path.join(folder, name), data)
+                write_atomic(path, data)
             else:
-                link_atomic(os.path.join(folder, targets[0]), os.path.join(folder, name), data)
+                link_atomic(targets[0], path, data)
         for old in dropped:
             path = os.path.join(folder, old["file"])
             if os.path.exists(path):
@@ -88,11 +91,11 @@ class CheckpointCallback(Callback):
         summary = {"valid_loader": runner.valid_loader, "valid_metric": runner.valid_metric,
                    "minimize_valid_metric": runner.minimize_valid_metric, "best": self.best, "last": entry,
                    "topk": self.kept, "history": self.history}
-        write_atomic(os.path.join(folder, "metrics.json"), json.dumps(summary, indent=2).encode())
+        write_atomic(checkpoint_path(folder, "metrics"), json.dumps(summary, indent=2).encode())
 
     def save_last(self, runner) -> str:
         """Write ``last.pth`` for the current position unless already written there; collective."""
-        path = os.path.join(self.folder(runner), "last.pth")
+        path = checkpoint_path(self.folder(runner), "last")
         position = self._position(runner)
         if self._saved_at == position:
             return path
@@ -103,16 +106,16 @@ class CheckpointCallback(Callback):
         return path
 
     def on_experiment_end(self, runner):
-        if not self.load_best_on_end or getattr(runner, "stop_request", None) is not None or self.best is None:
+        if not self.load_best_on_end or runner.stop_request is not None or self.best is None:
             return
         runner.engine.barrier()  # the main rank has written best.pth
-        runner.load_state_dict(load_checkpoint(os.path.join(self.folder(runner), "best.pth")), weights_only=True)
+        runner.load_state_dict(load_checkpoint(checkpoint_path(self.folder(runner), "best")), weights_only=True)
 
     def _update_topk(self, runner, entry):
         """Add ``entry`` to the kept top-k if it belongs there; return (kept it?, entries to delete)."""
         if self.topk == 0 or "value" not in entry:
             return False, []
-        entry["file"] = f"epoch-{entry['global_epoch']:04d}.pth"
+        entry["file"] = os.path.basename(checkpoint_path("", entry["global_epoch"]))
         ranked = self.kept + [{"file": entry["file"], "value": entry["value"], "stage": entry["stage"],
                                "global_epoch": entry["global_epoch"]}]
         ranked.sort(key=lambda e: e["value"], reverse=not runner.minimize_valid_metric)  # stable: earlier wins ties
@@ -143,3 +146,10 @@ class CheckpointCallback(Callback):
 
     def load_state_dict(self, state):
         self.best, self.history, self.kept = state["best"], state["history"], state.get("kept", [])
+
+
+def checkpoint_folders(chain: dict, logdir) -> list:
+    """The folders the checkpoint callbacks of ``chain`` write to (``logdir``'s own folder if none names one)."""
+    folders = [checkpoint_folder(cb.logdir or logdir) for cb in chain.values()
+               if isinstance(cb, CheckpointCallback) and (cb.logdir or logdir) is not None]
+    return list(dict.fromkeys(folders))

@@ -2,13 +2,13 @@
 import io
 import itertools
 import logging
-import os
-
 import torch
 
 from torchstage.arguments import ArgumentError, check_int
 from torchstage.callbacks.base import Callback, CallbackOrder, CancelStage
-from torchstage.checkpoint import CheckpointError, load_checkpoint, serialize
+from torchstage.callbacks.checkpoint_saver import checkpoint_folders
+from torchstage.checkpoint import CheckpointError, checkpoint_path, load_checkpoint, serialize
+from torchstage.named import named
 
 logger = logging.getLogger("torchstage")
 
@@ -64,8 +64,8 @@ class CheckRunCallback(Callback):
     """``train(check=True)``: end each stage after ``num_epochs`` epochs, then verify a checkpoint round trip.
 
     At the end of the run the runner's state is serialized and loaded back with ``weights_only=True``;
-    with a logdir, ``checkpoints/last.pth`` is read back and loaded into the model, and its weights must
-    equal the model's. A failure raises :class:`~torchstage.CheckpointError`.
+    with a checkpoint callback, the ``last.pth`` it wrote is read back and loaded into the model, and its
+    weights must equal the model's. A failure raises :class:`~torchstage.CheckpointError`.
     """
 
     order = CallbackOrder.External
@@ -81,18 +81,17 @@ class CheckRunCallback(Callback):
     def on_experiment_end(self, runner):
         state = torch.load(io.BytesIO(serialize(runner.state_dict())), weights_only=True)
         _load_and_compare(runner, state, "the serialized runner state")
-        logdir = runner.spec.logdir
-        if logdir is not None:
+        folders = checkpoint_folders(runner.callbacks, runner.spec.logdir)
+        if folders:
             runner.engine.barrier()  # the main rank has written last.pth
-            path = os.path.join(logdir, "checkpoints", "last.pth")
+            path = checkpoint_path(folders[0], "last")
             _load_and_compare(runner, load_checkpoint(path), path)
         logger.info("check run passed: %d batch(es) trained, checkpoint reloaded into the model",
                     runner.global_batch_step)
 
 
 def _load_and_compare(runner, checkpoint: dict, what: str) -> None:
-    models = runner.unwrapped_model
-    models = models if isinstance(models, dict) else {"model": models}
+    models = named(runner.unwrapped_model, "model")
     before = {name: {k: v.detach().clone() for k, v in m.state_dict().items()} for name, m in models.items()}
     runner.load_state_dict(checkpoint, weights_only=True)
     for name, model in models.items():

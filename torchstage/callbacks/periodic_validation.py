@@ -6,6 +6,7 @@ from torchstage.arguments import ArgumentError
 from torchstage.callbacks.base import Callback
 from torchstage.callbacks.console import format_metrics
 from torchstage.callbacks.metric import MetricCallback
+from torchstage.named import each
 from torchstage.periods import Batch, as_periods, batch_due
 
 logger = logging.getLogger("torchstage")
@@ -35,10 +36,9 @@ class PeriodicValidationCallback(Callback):
         if not batch_due(self.periods, runner):
             return
         metrics = {k: copy.deepcopy(cb) for k, cb in runner.callbacks.items() if isinstance(cb, MetricCallback)}
-        models = runner.model.values() if isinstance(runner.model, dict) else [runner.model]
         results = {name: runner.evaluate_loader(loader, callbacks=copy.deepcopy(metrics))
                    for name, loader in runner.loaders.items() if not name.startswith("train")}
-        for model in models:
+        for model in each(runner.model):
             model.train(True)  # evaluation left it in eval mode; the train loader goes on
         runner.periodic_metrics, runner.periodic_step = results, runner.global_batch_step
         if runner.engine.is_main:

@@ -3,6 +3,7 @@ from torch.optim.lr_scheduler import ReduceLROnPlateau
 
 from torchstage.arguments import ArgumentError
 from torchstage.callbacks.base import Callback, CallbackOrder
+from torchstage.named import each
 
 
 class SchedulerCallback(Callback):
@@ -17,10 +18,9 @@ class SchedulerCallback(Callback):
         self.mode, self.scheduler_key = mode, scheduler_key
 
     def _schedulers(self, runner):
-        scheduler = runner.scheduler
-        if isinstance(scheduler, dict):
-            return list(scheduler.values()) if self.scheduler_key is None else [scheduler[self.scheduler_key]]
-        return [] if scheduler is None else [scheduler]
+        if self.scheduler_key is not None and isinstance(runner.scheduler, dict):
+            return [runner.scheduler[self.scheduler_key]]
+        return each(runner.scheduler)
 
     def on_batch_end(self, runner):
         if self.mode == "batch" and runner.is_train_loader:

@@ -53,7 +53,7 @@ class TensorBoardLogger(Callback):
             writer = self._writer(runner, runner.loader_key)
             for key, value in zip(values, floats.tolist()):
                 writer.add_scalar(f"batch/{key}", value, step)
-        if getattr(runner, "periodic_step", None) == step and runner.is_train_loader:
+        if runner.periodic_step == step and runner.is_train_loader:
             for loader, metrics in runner.periodic_metrics.items():
                 for key, value in metrics.items():
                     self._writer(runner, loader).add_scalar(f"periodic/{key}", value, step)

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 import torch
 
 from torchstage.distributed.engine import Engine
+from torchstage.named import each
 
 STRATEGIES = ("ddp", "fsdp")
 
@@ -36,7 +37,7 @@ class DistributedEngine(Engine):
 
     def no_sync(self, model):
         """Skip gradient all-reduce for the backward passes inside this context (accumulation steps)."""
-        models = model.values() if isinstance(model, dict) else [model]
+        models = each(model)
         stack = contextlib.ExitStack()
         for m in models:
             if hasattr(m, "no_sync"):

@@ -3,6 +3,7 @@ from torchstage.distributed.ddp import STRATEGIES
 from torchstage.distributed.env import resolve_world
 from torchstage.distributed.world import current_engine, in_world, joined, launch_and_exit
 from torchstage.distributed.loaders import distribute_loaders
+from torchstage.named import map_named
 from torchstage.runner.dataset_loaders import build_loaders
 
 
@@ -47,8 +48,7 @@ def _train_rank(runner, spec):
         stage.loaders, stage.datasets = built[id(source)], None
     prepare(runner, spec, engine)
     model = runner.model
-    runner.model = ({k: engine.wrap_model(m) for k, m in model.items()} if isinstance(model, dict)
-                    else engine.wrap_model(model))
+    runner.model = map_named(engine.wrap_model, model)
     try:
         return runner.run()
     finally:

@@ -5,6 +5,7 @@ checked by that callback, built in :mod:`torchstage.runner.defaults`.
 """
 import torch
 
+from torchstage.named import map_named
 from torchstage.runner.amp import amp_dtype
 
 
@@ -24,7 +25,4 @@ def compile_models(runner, compile) -> None:
     if not compile:
         return
     kwargs = {} if compile is True else dict(compile)
-    if isinstance(runner.model, dict):
-        runner.model = {k: torch.compile(m, **kwargs) for k, m in runner.model.items()}
-    else:
-        runner.model = torch.compile(runner.model, **kwargs)
+    runner.model = map_named(lambda model: torch.compile(model, **kwargs), runner.model)

@@ -7,6 +7,7 @@ epoch are not run again, and the interrupted loader skips its done batches by in
 """
 from torchstage.checkpoint import CheckpointError
 from torchstage.resume_sampler import capture_loader_rng, resume_iterator
+from torchstage.runner.loop_state import ResumePoint
 
 _COUNTERS = ("global_epoch_step", "global_batch_step", "global_sample_step")
 
@@ -39,17 +40,17 @@ def restore(runner, checkpoint: dict) -> None:
                               "be resumed exactly")
     runner.epoch = loop["epoch"] - 1  # the loop runs this epoch again...
     runner.global_epoch_step -= 1  # ...and its start counts it again
-    runner.resume_point = {"loader": loader, "batch": loop["loader_batch"], "train_batches_done": loop["batch"],
-                           "loader_sample_step": loop["loader_sample_step"], "metrics": runner.epoch_metrics,
-                           "loader_rng": rng["loader_start"], "rng": rng}
+    runner.resume_point = ResumePoint(loader=loader, batch=loop["loader_batch"], train_batches_done=loop["batch"],
+                                      loader_sample_step=loop["loader_sample_step"], metrics=runner.epoch_metrics,
+                                      loader_rng=rng["loader_start"], rng=rng)
 
 
 def remaining_loaders(runner) -> list:
     """The current epoch's ``(name, loader)`` pairs, less those a resumed epoch had already finished."""
     items = list(runner.loaders.items())
-    point = getattr(runner, "resume_point", None)
+    point = runner.resume_point
     if point is not None:
-        items = items[[name for name, _ in items].index(point["loader"]):]
+        items = items[[name for name, _ in items].index(point.loader):]
     return items
 
 
@@ -59,15 +60,15 @@ def loader_batches(runner):
     Also records in ``runner.loader_start_rng`` the random state the pass starts from, which every
     checkpoint keeps so that a mid-epoch resume replays the same order.
     """
-    point = getattr(runner, "resume_point", None)
-    if point is None or point["loader"] != runner.loader_key:
+    point = runner.resume_point
+    if point is None or point.loader != runner.loader_key:
         runner.loader_start_rng = capture_loader_rng(runner.loader)
         return enumerate(runner.loader, 1)
     runner.resume_point = None
-    runner.loader_start_rng = point["loader_rng"]
-    runner.train_batches_done = point["train_batches_done"]
-    runner.loader_sample_step = point["loader_sample_step"]
-    done = {name: metrics for name, metrics in point["metrics"].items() if name != runner.loader_key}
+    runner.loader_start_rng = point.loader_rng
+    runner.train_batches_done = point.train_batches_done
+    runner.loader_sample_step = point.loader_sample_step
+    done = {name: metrics for name, metrics in point.metrics.items() if name != runner.loader_key}
     runner.epoch_metrics = {**done, runner.loader_key: runner.loader_metrics}
-    batches = resume_iterator(runner.loader, point["batch"], point["loader_rng"], point["rng"])
-    return enumerate(batches, point["batch"] + 1)
+    batches = resume_iterator(runner.loader, point.batch, point.loader_rng, point.rng)
+    return enumerate(batches, point.batch + 1)

@@ -8,27 +8,42 @@ from torchstage.callbacks.base import (EVENTS, CallbackScope, CancelBatch, Cance
                                        CancelStage)
 from torchstage.distributed.prefetch import prefetch_to_device
 from torchstage.runner.defaults import default_callbacks
+from torchstage.named import map_named
+from torchstage.runner.loop_state import LoopState, expose_loop_state
 from torchstage.runner.resume import loader_batches, remaining_loaders
 from torchstage.runner.spec import TrainSpec, make_spec
+from torchstage.runner.state import load_runner_state_dict, runner_state_dict
 from torchstage.stop_request import RunStopped
 
 logger = logging.getLogger("torchstage")
 
 
+@expose_loop_state
 class Runner:
     """Drives a run and fires every event through the callback chain.
 
     Subclass and override :meth:`handle_batch` for custom training steps (GANs, multi-model runs);
     :class:`~torchstage.SupervisedRunner` is the ready-made one for ``model(input) -> output`` tasks.
+    The loop's position and counters live in ``runner.loop`` (a :class:`~torchstage.runner.loop_state.LoopState`),
+    each field also readable and writable as an attribute (``runner.epoch``, ``runner.batch_step``...).
     """
 
     #: Metric names this runner's handle_batch writes; ``None`` means unknown until the first loader.
     produces = None
+    #: ``train()`` arguments this runner cannot run without (e.g. ``("criterion", "optimizer")``).
+    requires = ()
+    #: A method making the loss callback that ``evaluate_loader`` adds when there is a criterion (None: no loss).
+    loss_callback = None
     #: Autocast dtype of ``train(amp=...)`` (None: full precision) and the fp16 grad scaler, set by setup.
     amp_dtype = scaler = None
 
     def __init__(self, model=None, engine=None):
         self.model, self.engine = model, engine
+        self.loop = LoopState()
+        self.spec = self.criterion = self.optimizer = self.scheduler = None
+        self.valid_loader = self.valid_metric = self.minimize_valid_metric = None
+        self.stage_loaders, self.stage_callbacks = [], []
+        self.exception = self.requeued = None  #: what ended the run; whether SLURM requeued the job
         self.callbacks = {}
         self._handlers = {event: [] for event in EVENTS}
 
@@ -87,7 +102,7 @@ class Runner:
                 except Exception:
                     logger.exception("callback failed while handling an exception")
             raise
-        if getattr(self, "stop_request", None) is not None:
+        if self.stop_request is not None:
             raise RunStopped(self.stop_request)  # a graceful stop: checkpoint written, exit code set
         return self
 
@@ -153,28 +168,20 @@ class Runner:
 
     def state_dict(self) -> dict:
         """The whole run as a checkpoint dict (models, optimizers, loop position, RNG...)."""
-        from torchstage.runner.state import runner_state_dict
         return runner_state_dict(self)
 
     def load_state_dict(self, checkpoint: dict, weights_only: bool = False) -> None:
         """Restore a checkpoint: weights always; optimizers, loop position and RNG unless weights_only."""
-        from torchstage.runner.state import load_runner_state_dict
         load_runner_state_dict(self, checkpoint, weights_only=weights_only)
 
     def loop_position(self) -> dict:
         """Where the run stands: stage, completed epochs, batches done in this epoch, global counters."""
-        return {"stage": self.stage_key, "stage_index": self.stage_index, "epoch": self.epoch,
-                "epoch_done": self.epoch_done, "batch": self.train_batches_done,
-                "loader": getattr(self, "loader_key", None), "loader_batch": getattr(self, "batch_step", 0),
-                "loader_sample_step": getattr(self, "loader_sample_step", 0),
-                "global_epoch_step": self.global_epoch_step, "global_batch_step": self.global_batch_step,
-                "global_sample_step": self.global_sample_step}
+        return self.loop.position()
 
     @property
     def unwrapped_model(self):
         """The model (or dict of models) without DDP/compile wrappers."""
-        unwrap = self.engine.unwrap
-        return {k: unwrap(m) for k, m in self.model.items()} if isinstance(self.model, dict) else unwrap(self.model)
+        return map_named(self.engine.unwrap, self.model)
 
 
 _NO_AUTOCAST = contextlib.nullcontext()

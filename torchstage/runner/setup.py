@@ -4,13 +4,18 @@ import os
 
 import torch
 
+from torchstage.callbacks.checkpoint_saver import checkpoint_folders
+from torchstage.checkpoint import checkpoint_path, load_checkpoint
 from torchstage.distributed.engine import Engine
+from torchstage.named import map_named
 from torchstage.rng import set_seed
 from torchstage.runner.amp import setup_amp
 from torchstage.runner.chain import describe_chain
 from torchstage.runner.dataset_loaders import build_loaders
 from torchstage.runner.spec import check_valid_loader
 from torchstage.runner.features import compile_models
+from torchstage.runner.loop_state import LoopState
+from torchstage.runner.resume import restore
 
 logger = logging.getLogger("torchstage")
 
@@ -35,7 +40,6 @@ def prepare(runner, spec, engine: Engine = None) -> None:
     runner.engine = engine or runner.engine or Engine()
     runner.engine.channels_last, runner.engine.prefetch = bool(spec.channels_last), bool(spec.prefetch)
     set_seed(spec.seed + runner.engine.rank, spec.deterministic)
-    checkpoint = _resume_checkpoint(spec, runner.engine)
     runner.model = spec.model
     setup_amp(runner, spec.amp)
     for stage in spec.stage_specs:
@@ -49,13 +53,10 @@ def prepare(runner, spec, engine: Engine = None) -> None:
     runner.stage_callbacks = spec.stage_chains
     for stage, chain in zip(spec.stage_specs, runner.stage_callbacks):
         _check_valid_metric(runner, stage, chain)
-    runner.stage_index, runner.epoch_done, runner.train_batches_done = 0, True, 0
-    runner.global_epoch_step = runner.global_batch_step = runner.global_sample_step = 0
-    runner.epoch_metrics, runner.loader_metrics, runner.batch_metrics = {}, {}, {}
-    runner.resume_point = runner.stop_request = runner.loader_start_rng = None
+    runner.loop = LoopState()
     runner.enter_stage(0)
+    checkpoint = _resume_checkpoint(spec, runner.engine, runner.stage_callbacks)
     if checkpoint is not None:
-        from torchstage.runner.resume import restore
         restore(runner, checkpoint)
     if runner.engine.is_main:
         logger.info("callbacks of stage %r:\n%s", runner.stage_key, describe_chain(runner.callbacks))
@@ -71,11 +72,7 @@ def _stage_loaders(spec, engine) -> list:
 
 
 def _place_models(runner) -> None:
-    prepare_model = runner.engine.prepare_model
-    if isinstance(runner.model, dict):
-        runner.model = {k: prepare_model(m) for k, m in runner.model.items()}
-    else:
-        runner.model = prepare_model(runner.model)
+    runner.model = map_named(runner.engine.prepare_model, runner.model)
 
 
 def _check_valid_metric(runner, stage, chain) -> None:
@@ -88,10 +85,17 @@ def _check_valid_metric(runner, stage, chain) -> None:
                          f"produces {sorted(produced)}. Add a metric callback that writes it, or pick one of those")
 
 
-def _resume_checkpoint(spec, engine):
+def _last_checkpoint(spec, chains):
+    """Where this run's ``last.pth`` is: in the folder its checkpoint callback writes to (the latest stage
+    first whose folder holds one), else ``<logdir>/checkpoints``; None without either."""
+    folders = [folder for chain in reversed(chains) for folder in checkpoint_folders(chain, spec.logdir)]
+    lasts = [checkpoint_path(folder, "last") for folder in dict.fromkeys(folders)]
+    return next((path for path in lasts if os.path.exists(path)), lasts[0] if lasts else None)
+
+
+def _resume_checkpoint(spec, engine, chains):
     """The checkpoint to resume from, or None; refuses to overwrite an earlier run's checkpoints."""
-    from torchstage.checkpoint import load_checkpoint
-    last = os.path.join(spec.logdir, "checkpoints", "last.pth") if spec.logdir is not None else None
+    last = _last_checkpoint(spec, chains)
     # The main rank looks before anyone can write, and every rank acts on what it saw: a slower rank
     # must not find the last.pth that this very run has just written.
     last_exists = engine.broadcast_object(last is not None and os.path.exists(last))
@@ -102,7 +106,7 @@ def _resume_checkpoint(spec, engine):
         return None
     if spec.resume == "last":
         if last is None:
-            raise ValueError("resume='last' needs a logdir to find checkpoints/last.pth in")
+            raise ValueError("resume='last' needs a logdir (or a CheckpointCallback with one) to find last.pth in")
         if not last_exists:
             logger.info("resume='last': no checkpoint in %s yet, starting a new run", spec.logdir)
             return None

@@ -157,7 +157,7 @@ def _check_stage(runner, stage: StageSpec) -> None:
         names = dataset_loader_names(stage.datasets, prefix)
     if names is not None:  # None: a get_datasets_fn, checked once it has run (still before training)
         check_valid_loader(stage, names)
-    if getattr(runner, "requires", None):
+    if runner.requires:
         for name in runner.requires:
             if getattr(stage, name) is None:
                 raise ValueError(f"{prefix}{type(runner).__name__} needs {name}=...; got {name}=None")

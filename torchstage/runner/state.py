@@ -4,24 +4,18 @@ import time
 import torch
 
 from torchstage.checkpoint import FORMAT, CheckpointError, clean_state_dict
+from torchstage.named import named
 from torchstage.rng import get_rng_state, set_rng_state
 
 HPARAMS = ("num_epochs", "valid_loader", "valid_metric", "minimize_valid_metric", "seed", "deterministic",
            "logdir", "scheduler_step", "checkpoint_period", "topk", "load_best_on_end")
 
 
-def named(obj, default_name: str) -> dict:
-    """A dict of name -> object for a single object or a dict of them (None gives {})."""
-    if obj is None:
-        return {}
-    return dict(obj) if isinstance(obj, dict) else {default_name: obj}
-
-
 def runner_state_dict(runner) -> dict:
     """Every part of the run needed to resume it exactly; collective under several processes."""
     from torchstage import __version__
     spec = runner.spec
-    scaler = getattr(runner, "scaler", None)
+    scaler = runner.scaler
     return {
         "format": FORMAT,
         "models": {k: m.state_dict() for k, m in named(runner.unwrapped_model, "model").items()},
@@ -30,7 +24,7 @@ def runner_state_dict(runner) -> dict:
         "scaler": scaler.state_dict() if scaler is not None else {},
         "callbacks": _callback_states(runner),
         "loop": runner.loop_position(),
-        "rng": runner.engine.all_gather_object({**get_rng_state(), **_loader_start(runner)}),
+        "rng": runner.engine.all_gather_object({**get_rng_state(), **_loader_start(runner.loader_start_rng)}),
         "metrics": {loader: dict(values) for loader, values in runner.epoch_metrics.items()},
         "meta": {"torchstage": __version__, "torch": str(torch.__version__), "world_size": runner.engine.world_size,
                  "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "stage_names": [s.name for s in spec.stage_specs],
@@ -48,12 +42,12 @@ def load_runner_state_dict(runner, checkpoint: dict, weights_only: bool = False)
                 lambda o, s: o.load_state_dict(s))
     _load_named("scheduler", named(runner.scheduler, "scheduler"), checkpoint["schedulers"],
                 lambda o, s: o.load_state_dict(s))
-    scaler = getattr(runner, "scaler", None)
+    scaler = runner.scaler
     if scaler is not None and checkpoint.get("scaler"):
         scaler.load_state_dict(checkpoint["scaler"])
     for name, state in checkpoint.get("callbacks", {}).items():
         if name in runner.callbacks:
-            if getattr(runner.callbacks[name], "state_per_rank", False):
+            if runner.callbacks[name].state_per_rank:
                 state = state["per_rank"][runner.engine.rank] if "per_rank" in state else {}
             if state:
                 runner.callbacks[name].load_state_dict(state)
@@ -77,7 +71,7 @@ def _callback_states(runner) -> dict:
     states = {}
     for name, callback in runner.callbacks.items():
         state = callback.state_dict()
-        if getattr(callback, "state_per_rank", False):
+        if callback.state_per_rank:
             gathered = runner.engine.all_gather_object(state)
             state = {"per_rank": gathered} if any(gathered) else {}
         if state:
@@ -85,9 +79,8 @@ def _callback_states(runner) -> dict:
     return states
 
 
-def _loader_start(runner) -> dict:
+def _loader_start(state) -> dict:
     """The random state the current loader pass started from, so a mid-epoch resume replays its order."""
-    state = getattr(runner, "loader_start_rng", None)
     return {} if state is None else {"loader_start": state}
 
 
