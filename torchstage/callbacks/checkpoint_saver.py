@@ -9,7 +9,7 @@ import math
 import os
 
 from torchstage.callbacks.base import Callback, CallbackOrder
-from torchstage.checkpoint import link_atomic, load_checkpoint, serialize, write_atomic
+from torchstage.checkpoint import load_checkpoint, write_atomic
 from torchstage.periods import Batch, Epoch, as_periods, batch_due, epoch_due
 
 
@@ -67,19 +67,16 @@ class CheckpointCallback(Callback):
             self.best = entry
         kept, dropped = self._update_topk(runner, entry)
         last_due = epoch_due(self.periods, runner) or runner.epoch == runner.num_epochs
-        data = serialize(runner.state_dict()) if (last_due or is_best or kept) else None  # collective
+        folder = self.folder(runner)
+        targets = (["last.pth"] if last_due else []) + (["best.pth"] if is_best else []) + \
+                  ([entry["file"]] if kept else [])
+        if targets:  # one write; the other names link to it (collective)
+            runner.engine.strategy.save_checkpoint(runner.state_dict(), [os.path.join(folder, t) for t in targets],
+                                                   runner.engine)
         if last_due:
             self._saved_at = self._position(runner)
         if not runner.engine.is_main:
             return
-        folder = self.folder(runner)
-        targets = (["last.pth"] if last_due else []) + (["best.pth"] if is_best else []) + \
-                  ([entry["file"]] if kept else [])
-        for i, name in enumerate(targets):  # one write; the other names are hard links to it
-            if i == 0:
-                write_atomic(os.path.join(folder, name), data)
-            else:
-                link_atomic(os.path.join(folder, targets[0]), os.path.join(folder, name), data)
         for old in dropped:
             path = os.path.join(folder, old["file"])
             if os.path.exists(path):
@@ -95,10 +92,8 @@ class CheckpointCallback(Callback):
         position = self._position(runner)
         if self._saved_at == position:
             return path
-        data = serialize(runner.state_dict())
+        runner.engine.strategy.save_checkpoint(runner.state_dict(), [path], runner.engine)
         self._saved_at = position
-        if runner.engine.is_main:
-            write_atomic(path, data)
         return path
 
     def on_experiment_end(self, runner):

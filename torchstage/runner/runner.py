@@ -8,6 +8,7 @@ from torchstage.callbacks.base import (EVENTS, CallbackScope, CancelBatch, Cance
                                        CancelStage)
 from torchstage.distributed.prefetch import prefetch_to_device
 from torchstage.runner.resume import loader_batches, remaining_loaders
+from torchstage.runner.setup import train_in_world
 from torchstage.runner.spec import TrainSpec, make_spec
 from torchstage.stop_request import RunStopped
 
@@ -65,9 +66,7 @@ class Runner:
     # ---- entry point ---------------------------------------------------------------------
     def train(self, **kwargs) -> "Runner":
         """Check every argument, then run all stages; see :class:`~torchstage.runner.spec.TrainSpec`."""
-        spec = make_spec(self, kwargs)
-        from torchstage.runner.setup import launch_or_run
-        return launch_or_run(self, spec)
+        return train_in_world(self, make_spec(self, kwargs))
 
     def run(self) -> "Runner":
         """Run the prepared experiment; fires ``on_exception`` (then re-raises) if anything fails."""

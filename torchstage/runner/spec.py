@@ -9,6 +9,7 @@ from typing import Any, Optional
 import torch
 
 from torchstage.callbacks.base import Callback
+from torchstage.distributed.strategies.resolve import resolve_strategy
 
 
 @dataclass
@@ -57,7 +58,7 @@ class TrainSpec:
     scheduler_step: str = "epoch"
     distributed: Optional[bool] = None
     nprocs: Optional[int] = None
-    strategy: str = "ddp"
+    strategy: Any = "ddp"  # a name or a strategy object; a strategy object once checked
     amp: Any = None
     accumulation_steps: int = 1
     grad_clip_norm: Optional[float] = None
@@ -94,8 +95,7 @@ def make_spec(runner, kwargs: dict) -> TrainSpec:
                         f"(also launch one process per device) or False (one process), got {spec.distributed!r}")
     if spec.scheduler_step not in ("epoch", "batch"):
         raise ValueError(f"scheduler_step must be 'epoch' or 'batch', got {spec.scheduler_step!r}")
-    if spec.strategy not in ("ddp", "fsdp"):
-        raise ValueError(f"strategy must be 'ddp' or 'fsdp', got {spec.strategy!r}")
+    spec.strategy = resolve_strategy(spec.strategy)
     from torchstage.runner.features import check_feature_args
     check_feature_args(spec)
     _check_checkpointing(spec)
