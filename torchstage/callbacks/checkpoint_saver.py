@@ -10,8 +10,7 @@ import os
 
 from torchstage.arguments import ArgumentError
 from torchstage.callbacks.base import Callback, CallbackOrder
-from torchstage.checkpoint import (checkpoint_folder, checkpoint_path, link_atomic, load_checkpoint, serialize,
-                                   write_atomic)
+from torchstage.checkpoint import checkpoint_folder, checkpoint_path, load_checkpoint, write_atomic
 from torchstage.periods import Batch, Epoch, as_periods, batch_due, epoch_due
 
 
@@ -70,20 +69,16 @@ class CheckpointCallback(Callback):
             self.best = entry
         kept, dropped = self._update_topk(runner, entry)
         last_due = epoch_due(self.periods, runner) or runner.epoch == runner.num_epochs
-        data = serialize(runner.state_dict()) if (last_due or is_best or kept) else None  # collective
-        if last_due:
-            self._saved_at = self._position(runner)
-        if not runner.engine.is_main:
-            return
         folder = self.folder(runner)
         targets = ([checkpoint_path(folder, "last")] if last_due else []) + \
                   ([checkpoint_path(folder, "best")] if is_best else []) + \
                   ([os.path.join(folder, entry["file"])] if kept else [])
-        for i, path in enumerate(targets):  # one write; the other names are hard links to it
-            if i == 0:
-                write_atomic(path, data)
-            else:
-                link_atomic(targets[0], path, data)
+        if targets:  # one write; the other names link to it (collective)
+            runner.engine.strategy.save_checkpoint(runner.state_dict(), targets, runner.engine)
+        if last_due:
+            self._saved_at = self._position(runner)
+        if not runner.engine.is_main:
+            return
         for old in dropped:
             path = os.path.join(folder, old["file"])
             if os.path.exists(path):
@@ -99,10 +94,8 @@ class CheckpointCallback(Callback):
         position = self._position(runner)
         if self._saved_at == position:
             return path
-        data = serialize(runner.state_dict())
+        runner.engine.strategy.save_checkpoint(runner.state_dict(), [path], runner.engine)
         self._saved_at = position
-        if runner.engine.is_main:
-            write_atomic(path, data)
         return path
 
     def on_experiment_end(self, runner):

@@ -15,7 +15,8 @@ class OptimizerCallback(Callback):
     loader may be shorter; with a loader of known length it is divided by its own size. Intermediate
     batches (forward and backward) run inside ``runner.engine.no_sync(model)`` when the engine has one (DDP: no
     gradient all-reduce until the last micro-batch). Clipping is by value (``grad_clip_value``) and/or
-    by total norm (``grad_clip_norm``), on unscaled gradients under fp16 AMP (``runner.scaler``).
+    by total norm (``grad_clip_norm``), on unscaled gradients under fp16 AMP (``runner.scaler``), through the
+    engine's strategy (which knows where the gradients live).
     Gradients are reset with ``zero_grad(set_to_none=True)``. One scaler shared by several optimizer
     callbacks is updated after each of their steps; a multi-optimizer AMP run should step in handle_batch.
     """
@@ -101,24 +102,19 @@ class OptimizerCallback(Callback):
 
     def _finish_partial_group(self, runner):
         """Rescale to the group's real size and, under DDP, average the gradients ``no_sync`` skipped."""
-        scale = self._group / self._pending
-        world = runner.engine.world_size
-        for p in _params(self._optimizer_now):
-            if world > 1:
-                runner.engine.all_reduce_(p.grad)
-            if scale != 1 or world > 1:
-                p.grad.mul_(scale / world)
+        runner.engine.strategy.finish_partial_group(_params(self._optimizer_now), runner.engine,
+                                                    self._group / self._pending)
 
     def _step(self, runner):
         optimizer, scaler = self._optimizer_now, runner.scaler
         if self.grad_clip_norm is not None or self.grad_clip_value is not None:
             if scaler is not None:
                 scaler.unscale_(optimizer)
-            params = _params(optimizer)
+            params, strategy = _params(optimizer), runner.engine.strategy
             if self.grad_clip_value is not None:
-                torch.nn.utils.clip_grad_value_(params, self.grad_clip_value)
+                strategy.clip_grad_value_(params, self.grad_clip_value)
             if self.grad_clip_norm is not None:
-                torch.nn.utils.clip_grad_norm_(params, self.grad_clip_norm)
+                strategy.clip_grad_norm_(params, self.grad_clip_norm)
         if scaler is not None:
             scaler.step(optimizer)
             scaler.update()

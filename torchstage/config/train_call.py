@@ -13,7 +13,7 @@ from torchstage.config.schema import EXTRA_KEYS, check_config
 from torchstage.config.yaml_files import dump_config
 from torchstage.instantiate import ConfigError, instantiate, join
 from torchstage.rng import set_seed
-from torchstage.runner.setup import launch_or_run, prepare
+from torchstage.runner.setup import prepare, train_in_world
 from torchstage.runner.spec import STAGE_KEYS, TrainSpec, make_spec
 
 
@@ -82,7 +82,7 @@ def train_from_config(config: Mapping, dry_run: bool = False):
     if dry_run:
         prepare(runner, spec)
         return runner
-    return launch_or_run(runner, spec)
+    return train_in_world(runner, spec)
 
 
 def with_defaults(config: Mapping) -> dict:

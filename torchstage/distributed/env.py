@@ -11,7 +11,6 @@ from typing import Mapping, Optional
 NPROC_ENV = "TORCHSTAGE_NPROC"
 #: Set by the torchstage launcher in the processes it starts.
 LAUNCHED_ENV = "TORCHSTAGE_LAUNCHED"
-TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
 @dataclass(frozen=True)

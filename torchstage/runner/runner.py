@@ -11,6 +11,7 @@ from torchstage.runner.defaults import default_callbacks
 from torchstage.named import map_named
 from torchstage.runner.loop_state import LoopState, expose_loop_state
 from torchstage.runner.resume import loader_batches, remaining_loaders
+from torchstage.runner.setup import train_in_world
 from torchstage.runner.spec import TrainSpec, make_spec
 from torchstage.runner.state import load_runner_state_dict, runner_state_dict
 from torchstage.stop_request import RunStopped
@@ -86,9 +87,7 @@ class Runner:
     # ---- entry point ---------------------------------------------------------------------
     def train(self, **kwargs) -> "Runner":
         """Check every argument, then run all stages; see :class:`~torchstage.runner.spec.TrainSpec`."""
-        spec = make_spec(self, kwargs)
-        from torchstage.runner.setup import launch_or_run
-        return launch_or_run(self, spec)
+        return train_in_world(self, make_spec(self, kwargs))
 
     def run(self) -> "Runner":
         """Run the prepared experiment; fires ``on_exception`` (then re-raises) if anything fails."""

@@ -7,7 +7,9 @@ import torch
 from torchstage.callbacks.checkpoint_saver import checkpoint_folders
 from torchstage.checkpoint import checkpoint_path, load_checkpoint
 from torchstage.distributed.engine import Engine
-from torchstage.named import map_named
+from torchstage.distributed.loaders import distribute_loaders
+from torchstage.distributed.world import current_engine, in_world, run_in_world
+from torchstage.named import each, map_named, named
 from torchstage.rng import set_seed
 from torchstage.runner.amp import setup_amp
 from torchstage.runner.chain import describe_chain
@@ -20,16 +22,20 @@ from torchstage.runner.resume import restore
 logger = logging.getLogger("torchstage")
 
 
-def launch_or_run(runner, spec):
-    """Run here, or as one rank of a world: given (``distributed=True``), already joined, or started by
-    torchrun/srun as one of several processes (``distributed=None``, the default)."""
-    from torchstage.distributed.env import launched_into_world
-    from torchstage.distributed.world import in_world
-    if spec.distributed or in_world() or (spec.distributed is None and launched_into_world()):
-        from torchstage.runner.distributed import train_distributed
-        return train_distributed(runner, spec)
-    prepare(runner, spec)
-    return runner.run()
+def train_in_world(runner, spec):
+    """Train as this process's rank of its world (joined or launched first, see ``run_in_world``); the runner."""
+    return run_in_world(lambda: _train_here(runner, spec), spec.distributed, spec.nprocs)
+
+
+def _train_here(runner, spec):
+    """Prepare with this rank's engine, run with the models the strategy wrapped, leave the plain models behind."""
+    prepare(runner, spec, current_engine(spec.strategy) if in_world() else None)
+    model = runner.model
+    runner.model = _wrap_models(runner)
+    try:
+        return runner.run()
+    finally:
+        runner.model = model
 
 
 def prepare(runner, spec, engine: Engine = None) -> None:
@@ -38,6 +44,7 @@ def prepare(runner, spec, engine: Engine = None) -> None:
     ensure_console_handler()
     runner.spec = spec
     runner.engine = engine or runner.engine or Engine()
+    runner.engine.strategy = spec.strategy
     runner.engine.channels_last, runner.engine.prefetch = bool(spec.channels_last), bool(spec.prefetch)
     set_seed(spec.seed + runner.engine.rank, spec.deterministic)
     runner.model = spec.model
@@ -47,7 +54,7 @@ def prepare(runner, spec, engine: Engine = None) -> None:
             stage.criterion.to(runner.engine.device)
     _place_models(runner)
     compile_models(runner, spec.compile)
-    runner.stage_loaders = _stage_loaders(spec, runner.engine)
+    runner.stage_loaders = stage_loaders(spec, runner.engine)
     for stage, loaders in zip(spec.stage_specs, runner.stage_loaders):
         check_valid_loader(stage, loaders)
     runner.stage_callbacks = spec.stage_chains
@@ -62,17 +69,31 @@ def prepare(runner, spec, engine: Engine = None) -> None:
         logger.info("callbacks of stage %r:\n%s", runner.stage_key, describe_chain(runner.callbacks))
 
 
-def _stage_loaders(spec, engine) -> list:
-    """Each stage's loaders; stages sharing one ``datasets`` dict share its loaders (a factory runs once)."""
+def stage_loaders(spec, engine) -> list:
+    """Each stage's loaders for this engine: user loaders sharded across ranks, ``datasets`` built here.
+
+    Stages sharing one ``loaders`` or ``datasets`` dict share its loaders (a ``get_datasets_fn`` runs once).
+    """
     built = {}
     for stage in spec.stage_specs:
-        if stage.loaders is None and id(stage.datasets) not in built:
-            built[id(stage.datasets)] = build_loaders(stage.datasets, engine, seed=spec.seed)
-    return [stage.loaders if stage.loaders is not None else built[id(stage.datasets)] for stage in spec.stage_specs]
+        source = stage.loaders if stage.loaders is not None else stage.datasets
+        if id(source) not in built:
+            built[id(source)] = (distribute_loaders(stage.loaders, engine, spec.seed) if stage.loaders is not None
+                                 else build_loaders(stage.datasets, engine, seed=spec.seed))
+    return [built[id(stage.loaders if stage.loaders is not None else stage.datasets)] for stage in spec.stage_specs]
 
 
 def _place_models(runner) -> None:
-    runner.model = map_named(runner.engine.prepare_model, runner.model)
+    engine = runner.engine
+    runner.model = map_named(lambda m: engine.strategy.place(m, engine), runner.model)
+
+
+def _wrap_models(runner):
+    """The models as the strategy trains them (rebinding the run's optimizers if it replaces parameters)."""
+    models = named(runner.model, "model")
+    optimizers = {id(o): o for stage in runner.spec.stage_specs for o in each(stage.optimizer)}
+    wrapped = runner.engine.strategy.wrap_models(models, runner.engine, list(optimizers.values()), runner.amp_dtype)
+    return wrapped if isinstance(runner.model, dict) else wrapped["model"]
 
 
 def _check_valid_metric(runner, stage, chain) -> None:

@@ -9,6 +9,7 @@ from typing import Any, Optional
 import torch
 
 from torchstage.callbacks.base import Callback
+from torchstage.distributed.strategies.resolve import resolve_strategy
 from torchstage.runner.defaults import stage_chains
 from torchstage.runner.features import check_switches
 
@@ -59,7 +60,7 @@ class TrainSpec:
     scheduler_step: str = "epoch"
     distributed: Optional[bool] = None
     nprocs: Optional[int] = None
-    strategy: str = "ddp"
+    strategy: Any = "ddp"  # a name or a strategy object; a strategy object once checked
     amp: Any = None
     accumulation_steps: int = 1
     grad_clip_norm: Optional[float] = None
@@ -104,8 +105,7 @@ def make_spec(runner, kwargs: dict, config_text: str = None) -> TrainSpec:
     if spec.distributed not in (None, True, False):
         raise TypeError(f"distributed must be None (join a torchrun/SLURM world if started in one), True "
                         f"(also launch one process per device) or False (one process), got {spec.distributed!r}")
-    if spec.strategy not in ("ddp", "fsdp"):
-        raise ValueError(f"strategy must be 'ddp' or 'fsdp', got {spec.strategy!r}")
+    spec.strategy = resolve_strategy(spec.strategy)
     check_switches(spec)
     from torchstage.distributed.slurm_requeue import check_requeue_arg
     spec.resume = check_requeue_arg(spec.requeue, spec.resume)

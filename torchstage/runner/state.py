@@ -14,12 +14,14 @@ HPARAMS = ("num_epochs", "valid_loader", "valid_metric", "minimize_valid_metric"
 def runner_state_dict(runner) -> dict:
     """Every part of the run needed to resume it exactly; collective under several processes."""
     from torchstage import __version__
-    spec = runner.spec
+    spec, strategy = runner.spec, runner.engine.strategy
     scaler = runner.scaler
+    models = named(runner.unwrapped_model, "model")
     return {
         "format": FORMAT,
-        "models": {k: m.state_dict() for k, m in named(runner.unwrapped_model, "model").items()},
-        "optimizers": {k: o.state_dict() for k, o in named(runner.optimizer, "optimizer").items()},
+        "models": {k: strategy.model_state_dict(m) for k, m in models.items()},
+        "optimizers": {k: strategy.optimizer_state_dict(o, models)
+                       for k, o in named(runner.optimizer, "optimizer").items()},
         "schedulers": {k: s.state_dict() for k, s in named(runner.scheduler, "scheduler").items()},
         "scaler": scaler.state_dict() if scaler is not None else {},
         "callbacks": _callback_states(runner),
@@ -34,12 +36,13 @@ def runner_state_dict(runner) -> dict:
 
 def load_runner_state_dict(runner, checkpoint: dict, weights_only: bool = False) -> None:
     """Put a checkpoint's weights (and unless ``weights_only`` everything else) into the runner."""
-    models = named(runner.unwrapped_model, "model")
-    _load_named("model", models, checkpoint["models"], lambda m, s: m.load_state_dict(clean_state_dict(s)))
+    strategy, models = runner.engine.strategy, named(runner.unwrapped_model, "model")
+    _load_named("model", models, checkpoint["models"],
+                lambda m, s: strategy.load_model_state_dict(m, clean_state_dict(s)))
     if weights_only:
         return
     _load_named("optimizer", named(runner.optimizer, "optimizer"), checkpoint["optimizers"],
-                lambda o, s: o.load_state_dict(s))
+                lambda o, s: strategy.load_optimizer_state_dict(o, models, s))
     _load_named("scheduler", named(runner.scheduler, "scheduler"), checkpoint["schedulers"],
                 lambda o, s: o.load_state_dict(s))
     scaler = runner.scaler
