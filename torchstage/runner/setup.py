@@ -4,6 +4,7 @@ import os
 
 import torch
 
+from torchstage.checkpoint import load_checkpoint
 from torchstage.distributed.engine import Engine
 from torchstage.rng import set_seed
 from torchstage.runner.amp import setup_amp
@@ -57,7 +58,7 @@ def prepare(runner, spec, engine: Engine = None) -> None:
     if checkpoint is not None:
         from torchstage.runner.resume import restore
         restore(runner, checkpoint)
-    if runner.engine.is_main:
+    if runner.engine.is_main and spec.verbose:
         logger.info("callbacks of stage %r:\n%s", runner.stage_key, describe_chain(runner.callbacks))
 
 
@@ -90,7 +91,6 @@ def _check_valid_metric(runner, stage, chain) -> None:
 
 def _resume_checkpoint(spec, engine):
     """The checkpoint to resume from, or None; refuses to overwrite an earlier run's checkpoints."""
-    from torchstage.checkpoint import load_checkpoint
     last = os.path.join(spec.logdir, "checkpoints", "last.pth") if spec.logdir is not None else None
     # The main rank looks before anyone can write, and every rank acts on what it saw: a slower rank
     # must not find the last.pth that this very run has just written.
@@ -106,5 +106,15 @@ def _resume_checkpoint(spec, engine):
         if not last_exists:
             logger.info("resume='last': no checkpoint in %s yet, starting a new run", spec.logdir)
             return None
-        return load_checkpoint(last)
-    return load_checkpoint(os.fspath(spec.resume))
+        return _resumed(last, engine)
+    return _resumed(os.fspath(spec.resume), engine)
+
+
+def _resumed(path: str, engine) -> dict:
+    """Load the checkpoint to resume from and say, on the main rank, where the run goes on."""
+    checkpoint = load_checkpoint(path)
+    loop = checkpoint.get("loop", {})
+    if engine.is_main:
+        logger.info("resuming from %s at stage %r, epoch %s, batch %s%s", path, loop.get("stage"), loop.get("epoch"),
+                    loop.get("batch"), " (epoch complete)" if loop.get("epoch_done") else "")
+    return checkpoint
