@@ -225,3 +225,19 @@ def test_shipped_example_configs_build(files):
     config = load_config([folder / name for name in files])
     runner = torchstage.train_from_config(config, dry_run=True)
     assert runner.spec.stage_specs[-1].optimizer is not None and runner.loaders["train"] is not None
+
+
+# ---- numbers written as strings -----------------------------------------------------------------
+def test_quoted_numbers_become_numbers_where_the_target_expects_one(tmp_path):
+    (tmp_path / "c.yml").write_text('optimizer: {_target_: torch.optim.Adam, lr: "1e-3", weight_decay: "0"}\n'
+                                    'model: {_target_: torch.nn.Linear, in_features: "10", out_features: 1}\n')
+    config = merge(base(), load_config(tmp_path / "c.yml"))
+    runner, kwargs = build_train_call(config)
+    assert kwargs["optimizer"].defaults["lr"] == 1e-3 and kwargs["optimizer"].defaults["weight_decay"] == 0.0
+    assert kwargs["model"].in_features == 10 and isinstance(kwargs["model"].in_features, int)
+
+
+def test_a_word_where_a_number_is_expected_names_the_yaml_path():
+    message = error_of(base(optimizer={"_target_": "torch.optim.Adam", "lr": "fast"}))
+    assert message == "optimizer.lr: torch.optim.Adam expects float for 'lr', got str 'fast'"
+    assert error_of(base(num_epochs="3")) == "num_epochs: expected int, got str '3'"

@@ -1,6 +1,13 @@
 """The ``torchstage`` command: a small argparse router; each subcommand lives with the code it drives."""
 import argparse
+import os
 import sys
+
+from torchstage.checkpoint import CheckpointError
+
+_USER_ERRORS = (ValueError, TypeError, KeyError, FileExistsError, FileNotFoundError, NotADirectoryError, PermissionError,
+                CheckpointError)
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,8 +30,28 @@ def _subcommands():
 
 
 def main(argv=None) -> int:
+    """Run one command; a user error (a check of torchstage's refusing what it was given) is one line on
+    stderr and exit status 2, anything else keeps its traceback."""
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except Exception as exc:
+        if not is_user_error(exc):
+            raise
+        message = " ".join(str(exc).split())
+        sys.stderr.write(f"torchstage {args.command}: error: {message}\n")
+        return 2
+
+
+def is_user_error(exc: BaseException) -> bool:
+    """An error of what a user gave torchstage (arguments, config, logdir, checkpoint file), raised by
+    torchstage's own checks, not inside a model, a dataset or torch."""
+    if not isinstance(exc, _USER_ERRORS):
+        return False
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(_PACKAGE)
 
 
 if __name__ == "__main__":

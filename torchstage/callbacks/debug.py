@@ -74,6 +74,16 @@ class CheckRunCallback(Callback):
     def __init__(self, num_epochs: int = 2):
         self.num_epochs = num_epochs
 
+    def on_experiment_start(self, runner):
+        if runner.engine.is_main:
+            where = (f"; checkpoints and logs go to {runner.spec.logdir} (a scratch folder: the real run's "
+                     f"logdir stays untouched)" if runner.spec.logdir is not None else "")
+            logger.info("check run: at most %d epoch(s) per stage, a few batches per loader%s", self.num_epochs,
+                        where)
+
+    def on_stage_start(self, runner):
+        runner.num_epochs = min(runner.num_epochs, self.num_epochs)  # progress and logs show the real count
+
     def on_epoch_end(self, runner):
         if runner.epoch >= self.num_epochs and runner.epoch < runner.num_epochs:
             raise CancelStage()

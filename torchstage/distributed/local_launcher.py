@@ -169,6 +169,8 @@ def _relay(pipe, out, prefix: str, tail) -> None:
     for line in iter(pipe.readline, b""):
         if line.startswith(data):
             line = line[len(data):]
+        if not line.strip():
+            continue  # a blank line (a closed progress bar, a print()) would show as a bare "[rankN]: "
         if tail is not None:
             tail.append(line.decode(errors="replace"))
         if target is not None:

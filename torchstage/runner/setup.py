@@ -65,7 +65,7 @@ def prepare(runner, spec, engine: Engine = None) -> None:
     checkpoint = _resume_checkpoint(spec, runner.engine, runner.stage_callbacks)
     if checkpoint is not None:
         restore(runner, checkpoint)
-    if runner.engine.is_main:
+    if runner.engine.is_main and spec.verbose:
         logger.info("callbacks of stage %r:\n%s", runner.stage_key, describe_chain(runner.callbacks))
 
 
@@ -131,5 +131,15 @@ def _resume_checkpoint(spec, engine, chains):
         if not last_exists:
             logger.info("resume='last': no checkpoint in %s yet, starting a new run", spec.logdir)
             return None
-        return load_checkpoint(last)
-    return load_checkpoint(os.fspath(spec.resume))
+        return _resumed(last, engine)
+    return _resumed(os.fspath(spec.resume), engine)
+
+
+def _resumed(path: str, engine) -> dict:
+    """Load the checkpoint to resume from and say, on the main rank, where the run goes on."""
+    checkpoint = load_checkpoint(path)
+    loop = checkpoint.get("loop", {})
+    if engine.is_main:
+        logger.info("resuming from %s at stage %r, epoch %s, batch %s%s", path, loop.get("stage"), loop.get("epoch"),
+                    loop.get("batch"), " (epoch complete)" if loop.get("epoch_done") else "")
+    return checkpoint

@@ -1,5 +1,6 @@
 """The arguments of ``Runner.train`` as a checked spec: every user error is raised here, before training."""
 import dataclasses
+import difflib
 import inspect
 import os
 from collections.abc import Mapping
@@ -10,6 +11,7 @@ import torch
 
 from torchstage.callbacks.base import Callback
 from torchstage.distributed.strategies.resolve import resolve_strategy
+from torchstage.runner.component_checks import check_components, check_logdir, check_resume
 from torchstage.runner.defaults import stage_chains
 from torchstage.runner.features import check_switches
 
@@ -31,6 +33,8 @@ class StageSpec:
     minimize_valid_metric: bool = True
 
 
+#: ``check=True`` with a logdir writes to ``logdir/check``, so the real run on that logdir starts clean.
+CHECK_FOLDER = "check"
 #: What a stage may set (each inherited from the top-level train() arguments when omitted).
 STAGE_KEYS = tuple(f.name for f in dataclasses.fields(StageSpec) if f.name != "name")
 
@@ -96,22 +100,29 @@ def make_spec(runner, kwargs: dict, config_text: str = None) -> TrainSpec:
     names = train_arguments()
     unknown = sorted(set(kwargs) - set(names))
     if unknown:
-        raise TypeError(f"train() got unknown argument(s) {unknown}; accepted: {', '.join(names)}")
+        close = {name: difflib.get_close_matches(name, names, n=1) for name in unknown}
+        hint = "".join(f"; did you mean {c[0]!r} for {name!r}?" for name, c in close.items() if c)
+        raise TypeError(f"train() got unknown argument(s) {unknown}; accepted: {', '.join(names)}{hint}")
     spec = TrainSpec(**kwargs)
     _check_model(spec.model)
     _check_type("seed", spec.seed, int)
     if spec.logdir is not None and not isinstance(spec.logdir, (str, os.PathLike)):
         raise TypeError(f"logdir must be a path (str or os.PathLike), got {type(spec.logdir).__name__}")
+    check_logdir(spec.logdir)
     if spec.distributed not in (None, True, False):
         raise TypeError(f"distributed must be None (join a torchrun/SLURM world if started in one), True "
                         f"(also launch one process per device) or False (one process), got {spec.distributed!r}")
     spec.strategy = resolve_strategy(spec.strategy)
     check_switches(spec)
+    if spec.check and spec.logdir is not None:  # a smoke run writes to a scratch folder, never the real run's
+        spec.logdir, spec.overwrite = os.path.join(os.fspath(spec.logdir), CHECK_FOLDER), True
     from torchstage.distributed.slurm_requeue import check_requeue_arg
     spec.resume = check_requeue_arg(spec.requeue, spec.resume)
+    check_resume(spec.resume, spec.logdir)
     spec.stage_specs = _resolve_stages(spec)
     for stage in spec.stage_specs:
         _check_stage(runner, stage)
+        check_components(stage, spec.model, spec.scheduler_step)
     spec.config_text = config_text
     spec.stage_chains = stage_chains(runner, spec)
     return spec
