@@ -113,7 +113,7 @@ def exchange_through_mpi4py(rank: int, size: int) -> Optional[Tuple[str, int]]:
     if rank == 0:
         with socket.socket() as s:
             s.bind(("", 0))
-            mine = (socket.getfqdn(), s.getsockname()[1])
+            mine = (socket.gethostname(), s.getsockname()[1])  # getfqdn() may say 'localhost'
     return comm.bcast(mine, root=0)
 
 
