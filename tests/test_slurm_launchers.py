@@ -1,8 +1,8 @@
 """On the real local SLURM cluster: srun + torchrun per node forms one world, an sbatch script that forgot
 srun fails fast with the fix, and `torchstage slurm` scripts of both launcher forms train.
 
-The training script is the tutorial regression with distributed=None (tests/distributed/scripts/
-launched_train.py); each rank reports the world it trained in and its metrics.
+The training script is the tutorial regression with distributed=None (scripts/launch_anywhere.py); each
+rank reports the world it trained in and its metrics.
 """
 import json
 import os
@@ -16,7 +16,7 @@ from tests.distributed.multiproc import SCRIPTS
 from tests.slurm_cluster import slurm_cluster  # noqa: F401 (session fixture)
 from torchstage.distributed.slurm import master_port
 
-TRAIN = str(SCRIPTS / "launched_train.py")
+TRAIN = str(SCRIPTS.parents[2] / "scripts" / "launch_anywhere.py")
 pytestmark = pytest.mark.timeout(400)
 
 

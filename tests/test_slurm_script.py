@@ -188,3 +188,15 @@ def test_yaml_site_options(tmp_path):
                    "setup: [module purge, source env.sh]\ncommand: python train.py\n")
     text = build_sbatch_script(load_sbatch_options(str(cfg)))
     assert "#SBATCH --qos=long" in text and "module purge\nsource env.sh" in text and "--nproc-per-node=3" in text
+
+
+def test_docs_torchrun_job_example_builds_and_passes_bash_n(tmp_path):
+    import os
+    import subprocess
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts",
+                        "slurm_job_torchrun.yml")
+    text = build_sbatch_script(load_sbatch_options(path))
+    assert "#SBATCH --gres=gpu:4" in text and "#SBATCH --qos=normal" in text and "#SBATCH --exclusive" in text
+    assert "--nproc-per-node=4" in text and "source .venv/bin/activate\nexport OMP_NUM_THREADS=8" in text
+    (tmp_path / "job.sbatch").write_text(text)
+    assert subprocess.run(["bash", "-n", str(tmp_path / "job.sbatch")]).returncode == 0

@@ -12,7 +12,7 @@ import pytest
 
 from tests.distributed.multiproc import ROOT, SCRIPTS, script_env
 
-TRAIN = SCRIPTS / "launched_train.py"
+TRAIN = ROOT / "scripts" / "launch_anywhere.py"
 LAUNCHERS = {
     "openmpi": ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np"],
     "mpich": ["mpiexec.mpich", "-np"],

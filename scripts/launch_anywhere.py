@@ -1,9 +1,14 @@
-"""The tutorial regression with ``distributed=None``: joins whatever world a launcher (mpirun, mpiexec,
-srun, torchrun) started, and reports what each rank saw.
+"""The tutorial regression with ``distributed=None``: the same script under every launcher.
 
-Usage: python launched_train.py LOGDIR. Each rank writes LOGDIR/report-rank<R>.json with its rank, world
-size, the launcher that decided (``resolve_world().source``) and the last epoch's metrics. The batch per
-process is 32 / world size, unshuffled, so every world size trains the model one process trains.
+    python scripts/launch_anywhere.py LOGDIR                         # one process
+    mpirun -np 4 python scripts/launch_anywhere.py LOGDIR            # Open MPI (mpiexec: MPICH, PALS)
+    srun -N 2 --ntasks-per-node=2 python scripts/launch_anywhere.py LOGDIR
+    srun -N 2 --ntasks-per-node=1 torchrun --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d \\
+        --rdzv-endpoint FIRST_NODE:PORT scripts/launch_anywhere.py LOGDIR
+
+Each rank writes LOGDIR/report-rank<R>.json: its rank and world size as torch.distributed saw them, the
+launcher that decided (``resolve_world().source``) and the last epoch's metrics. The batch per process is
+32 / world size, unshuffled, so every world size trains the model one process trains.
 """
 import json
 import os
