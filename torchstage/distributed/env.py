@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass, field, fields
 from typing import Mapping, Optional
 
+from torchstage.distributed import slurm
 from torchstage.distributed.environments.base import check_place
 from torchstage.distributed.environments.lsf import LsfEnvironment
 from torchstage.distributed.environments.mpich import MpichEnvironment
@@ -133,7 +134,6 @@ def _from_launcher(nprocs, environ, gpus, backend) -> Optional[World]:
     elif winner.name == "slurm":
         mpi = next((env for env in MPI_ENVIRONMENTS if env.applies(environ)), None)
         if mpi is not None:
-            from torchstage.distributed import slurm
             step = slurm.slurm_step(environ)
             rank, size = int(environ[mpi.rank_var]), int(environ[mpi.size_var])
             if check_second_launcher(environ, mpi.name, rank, size, step) == "ignore-slurm":
@@ -149,7 +149,6 @@ def _from_launcher(nprocs, environ, gpus, backend) -> Optional[World]:
 
 def _slurm_step_or_none(environ):
     """The SLURM step around a torchrun worker, or None (its variables are not needed when torchrun decides)."""
-    from torchstage.distributed import slurm
     try:
         return slurm.slurm_step(environ)
     except ValueError:

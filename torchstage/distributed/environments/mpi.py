@@ -12,6 +12,8 @@ from typing import Mapping, Optional, Sequence, Tuple
 
 from torchstage.distributed.environments.base import (LauncherEnvironment, LaunchError, Place, check_place,
                                                       int_var, this_host_names)
+from torchstage.distributed.environments.torchrun import parse_port
+from torchstage.distributed.slurm import master_port
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +61,6 @@ class MpiEnvironment(LauncherEnvironment):
         return Place(rank, size, local_rank, node_rank, addr, port)
 
     def _rendezvous(self, environ, rank, size, hosts, all_local) -> Tuple[str, Optional[int]]:
-        from torchstage.distributed.environments.torchrun import parse_port
         addr = environ.get("MASTER_ADDR") or (hosts[0] if hosts else None) or ("127.0.0.1" if all_local else None)
         port = parse_port(environ.get("MASTER_PORT"), "MASTER_PORT")
         if port is None and size > 1:
@@ -83,7 +84,6 @@ class MpiEnvironment(LauncherEnvironment):
 
 def job_port(job_id: str) -> int:
     """A master port derived from a job id, collision-free between concurrent jobs as for SLURM."""
-    from torchstage.distributed.slurm import master_port
     digits = str(job_id).split(".")[0]
     number = int(digits) if digits.isdigit() else zlib.crc32(str(job_id).encode())
     return master_port(number, {})

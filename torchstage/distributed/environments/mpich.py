@@ -1,5 +1,5 @@
 """MPICH and Intel MPI hydra launchers (``mpiexec``, ``mpiexec.hydra``, ``mpiexec.mpich``)."""
-from torchstage.distributed.environments.mpi import MpiEnvironment, ancestor_pid
+from torchstage.distributed.environments.mpi import MpiEnvironment, ancestor_pid, read_hostfile
 
 
 class MpichEnvironment(MpiEnvironment):
@@ -17,7 +17,6 @@ class MpichEnvironment(MpiEnvironment):
     variables = (rank_var, size_var, local_rank_var, local_size_var, "PBS_NODEFILE", "MASTER_ADDR", "MASTER_PORT")
 
     def hosts(self, environ):
-        from torchstage.distributed.environments.mpi import read_hostfile
         return read_hostfile(environ["PBS_NODEFILE"], "PBS_NODEFILE") if environ.get("PBS_NODEFILE") else None
 
     def launch_id(self, environ, all_local):

@@ -1,5 +1,5 @@
 """Open MPI's ``mpirun``/``mpiexec`` (and launchers built on it, such as Spectrum MPI)."""
-from torchstage.distributed.environments.mpi import MpiEnvironment
+from torchstage.distributed.environments.mpi import MpiEnvironment, read_hostfile
 
 
 class OpenMpiEnvironment(MpiEnvironment):
@@ -14,5 +14,4 @@ class OpenMpiEnvironment(MpiEnvironment):
                  "MASTER_ADDR", "MASTER_PORT")
 
     def hosts(self, environ):
-        from torchstage.distributed.environments.mpi import read_hostfile
         return read_hostfile(environ["PBS_NODEFILE"], "PBS_NODEFILE") if environ.get("PBS_NODEFILE") else None
