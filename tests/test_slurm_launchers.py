@@ -78,3 +78,25 @@ def test_generated_script_of_each_launcher_form_trains(slurm_cluster, tmp_path, 
     assert result.returncode == 0, result.stderr + log[-3000:]
     assert subprocess.run(["bash", "-n", str(tmp_path / "job.sbatch")]).returncode == 0
     assert_one_world(tmp_path, world, "torchrun" if form == "torchrun" else "slurm", single)
+
+
+def test_mpirun_inside_an_sbatch_allocation_is_one_open_mpi_world(slurm_cluster, tmp_path):  # noqa: F811
+    """Open MPI starts its daemons as one srun task per node; the ranks carry that step's variables, and
+    the MPI world (4) decides, meeting on the allocation's first node at the job's port."""
+    import shutil
+    if not shutil.which("mpirun"):
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail("CI=true and mpirun is missing (.ci/run installs openmpi-bin)")
+        pytest.skip("mpirun is not installed")
+    out = tmp_path / "job.out"
+    script = f"mpirun --allow-run-as-root --oversubscribe -np 4 {sys.executable} -m torchstage env --json"
+    result = subprocess.run(["sbatch", "--wait", "-N", "2", "--ntasks-per-node=1", "-o", str(out), "--parsable",
+                             "--wrap", script], env=slurm_cluster, capture_output=True, text=True, timeout=120)
+    text = out.read_text()
+    assert result.returncode == 0, text[-3000:]
+    job_id = result.stdout.strip().split(";")[0]
+    infos = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+    assert sorted(i["rank"] for i in infos) == [0, 1, 2, 3] and {i["world_size"] for i in infos} == {4}
+    assert {i["source"] for i in infos} == {"openmpi"} and all(f"inside SLURM job {job_id}" in i["why"] for i in infos)
+    assert {(i["master_addr"], i["master_port"]) for i in infos} == {("127.0.0.1", master_port(int(job_id), {}))}
+    assert sorted(i["node_rank"] for i in infos) == [0, 0, 1, 1]

@@ -13,7 +13,8 @@ from typing import Mapping, Optional, Sequence, Tuple
 from torchstage.distributed.environments.base import (LauncherEnvironment, LaunchError, Place, check_place,
                                                       int_var, this_host_names)
 from torchstage.distributed.environments.torchrun import parse_port
-from torchstage.distributed.slurm import master_port
+from torchstage.distributed.slurm import expand_hostlist, master_port
+from torchstage.distributed.slurm import _scontrol_node_addr as scontrol_node_addr
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +32,14 @@ class MpiEnvironment(LauncherEnvironment):
         return all(environ.get(k, "") != "" for k in (self.rank_var, self.size_var))
 
     def hosts(self, environ: Mapping) -> Optional[Sequence[str]]:
-        """The job's hosts in rank order (rank 0 on the first), or None without a scheduler host list."""
+        """The job's hosts in rank order (rank 0 on the first), or None without a scheduler host list.
+
+        PBS_NODEFILE under PBS; SLURM_JOB_NODELIST for mpirun/mpiexec inside a SLURM allocation.
+        """
+        if environ.get("PBS_NODEFILE"):
+            return read_hostfile(environ["PBS_NODEFILE"], "PBS_NODEFILE")
+        if environ.get("SLURM_JOB_NODELIST"):
+            return expand_hostlist(environ["SLURM_JOB_NODELIST"])
         return None
 
     def launch_id(self, environ: Mapping, all_local: bool) -> Optional[str]:
@@ -79,7 +87,7 @@ class MpiEnvironment(LauncherEnvironment):
                     f"MASTER_ADDR=<first host> -x MASTER_PORT=29500), or install mpi4py built for this MPI "
                     f"(pip install 'torchstage[mpi]') so rank 0 shares its host and a free port")
             addr, port = addr or exchanged[0], port or exchanged[1]
-        return resolve(addr), port
+        return resolve(addr, slurm=bool(environ.get("SLURM_JOB_ID"))), port
 
 
 def job_port(job_id: str) -> int:
@@ -89,13 +97,21 @@ def job_port(job_id: str) -> int:
     return master_port(number, {})
 
 
-def resolve(host: str) -> str:
-    """``host``'s address where this host can resolve it (as for SLURM nodes), else the name itself."""
+def resolve(host: str, slurm: bool = False) -> str:
+    """``host``'s address where this host can resolve it (inside SLURM also through the node's NodeAddr),
+    else the name itself."""
     try:
         return socket.gethostbyname(host)
     except OSError:
-        logger.debug("%s does not resolve here; passing the name to the process group", host)
-        return host
+        pass
+    node_addr = scontrol_node_addr(host) if slurm else None
+    if node_addr:
+        try:
+            return socket.gethostbyname(node_addr)
+        except OSError:
+            pass
+    logger.debug("%s does not resolve here; passing the name to the process group", host)
+    return host
 
 
 def exchange_through_mpi4py(rank: int, size: int) -> Optional[Tuple[str, int]]:

@@ -1,5 +1,5 @@
 """MPICH and Intel MPI hydra launchers (``mpiexec``, ``mpiexec.hydra``, ``mpiexec.mpich``)."""
-from torchstage.distributed.environments.mpi import MpiEnvironment, ancestor_pid, read_hostfile
+from torchstage.distributed.environments.mpi import MpiEnvironment, ancestor_pid
 
 
 class MpichEnvironment(MpiEnvironment):
@@ -15,9 +15,6 @@ class MpichEnvironment(MpiEnvironment):
     local_rank_var, local_size_var = "MPI_LOCALRANKID", "MPI_LOCALNRANKS"
     job_vars = ("PBS_JOBID", "LSB_JOBID", "SLURM_JOB_ID")
     variables = (rank_var, size_var, local_rank_var, local_size_var, "PBS_NODEFILE", "MASTER_ADDR", "MASTER_PORT")
-
-    def hosts(self, environ):
-        return read_hostfile(environ["PBS_NODEFILE"], "PBS_NODEFILE") if environ.get("PBS_NODEFILE") else None
 
     def launch_id(self, environ, all_local):
         job = super().launch_id(environ, all_local)

@@ -1,5 +1,5 @@
 """Open MPI's ``mpirun``/``mpiexec`` (and launchers built on it, such as Spectrum MPI)."""
-from torchstage.distributed.environments.mpi import MpiEnvironment, read_hostfile
+from torchstage.distributed.environments.mpi import MpiEnvironment
 
 
 class OpenMpiEnvironment(MpiEnvironment):
@@ -12,6 +12,3 @@ class OpenMpiEnvironment(MpiEnvironment):
     job_vars = ("PBS_JOBID", "LSB_JOBID", "SLURM_JOB_ID", "OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE")
     variables = (rank_var, size_var, local_rank_var, local_size_var, "OMPI_MCA_ess_base_jobid", "PBS_NODEFILE",
                  "MASTER_ADDR", "MASTER_PORT")
-
-    def hosts(self, environ):
-        return read_hostfile(environ["PBS_NODEFILE"], "PBS_NODEFILE") if environ.get("PBS_NODEFILE") else None

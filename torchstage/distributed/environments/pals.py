@@ -1,5 +1,5 @@
 """PBS Pro jobs launched by HPE Cray PALS ``mpiexec`` (ALCF Polaris and Aurora, NERSC-like Cray systems)."""
-from torchstage.distributed.environments.mpi import MpiEnvironment, read_hostfile
+from torchstage.distributed.environments.mpi import MpiEnvironment
 
 
 class PalsEnvironment(MpiEnvironment):
@@ -13,6 +13,3 @@ class PalsEnvironment(MpiEnvironment):
     job_vars = ("PBS_JOBID", "PALS_APID")
     variables = (rank_var, size_var, local_rank_var, "PALS_NODEID", "PBS_JOBID", "PBS_NODEFILE", "MASTER_ADDR",
                  "MASTER_PORT")
-
-    def hosts(self, environ):
-        return read_hostfile(environ["PBS_NODEFILE"], "PBS_NODEFILE") if environ.get("PBS_NODEFILE") else None
