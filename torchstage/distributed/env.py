@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, fields
 from typing import Mapping, Optional
 
 from torchstage.distributed import slurm
-from torchstage.distributed.environments.base import check_place
+from torchstage.distributed.environments.base import check_place, int_var
 from torchstage.distributed.environments.lsf import LsfEnvironment
 from torchstage.distributed.environments.mpich import MpichEnvironment
 from torchstage.distributed.environments.openmpi import OpenMpiEnvironment
@@ -125,20 +125,20 @@ def _from_launcher(nprocs, environ, gpus, backend) -> Optional[World]:
     if winner is None:
         return None
     why = f"{winner.name}: {winner.why(environ)}"
-    if winner.name == "torchrun":
+    if isinstance(winner, TorchrunEnvironment):
         step = _slurm_step_or_none(environ)
         if step is not None and step.ntasks > 1:
             place = winner.place(environ, 0)
             check_second_launcher(environ, "torchrun", place.rank, place.world_size, step)
             why += f"; inside SLURM step {step.job_id}.{step.step_id} of {step.ntasks} tasks, torchrun's variables win"
-    elif winner.name == "slurm":
+    elif isinstance(winner, SlurmEnvironment):
         mpi = next((env for env in MPI_ENVIRONMENTS if env.applies(environ)), None)
         if mpi is not None:
             step = slurm.slurm_step(environ)
-            rank, size = int(environ[mpi.rank_var]), int(environ[mpi.size_var])
+            rank, size = int_var(environ, mpi.rank_var), int_var(environ, mpi.size_var)
             if check_second_launcher(environ, mpi.name, rank, size, step) == "ignore-slurm":
                 winner, why = mpi, f"{mpi.name}: {mpi.why(environ)}; started inside SLURM job {step.job_id}"
-    local_devices = gpus if winner.name != "slurm" else _local_count(nprocs, environ, gpus)[0]
+    local_devices = _local_count(nprocs, environ, gpus)[0] if isinstance(winner, SlurmEnvironment) else gpus
     place = winner.place(environ, local_devices)
     if backend == "nccl":
         check_visible_gpus(environ, place, gpus)
