@@ -19,6 +19,7 @@ setup(
     extras_require={
         "test": ["pytest>=7", "pytest-timeout", "scikit-learn", "matplotlib"],
         "plot": ["matplotlib"],
+        "mpi": ["mpi4py>=3.1"],  # rank 0's host and port for MPI launches without a scheduler host list
         "docs": ["sphinx>=7", "myst-parser"],
     },
     entry_points={"console_scripts": ["torchstage=torchstage.cli:main"]},

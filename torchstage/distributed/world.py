@@ -49,6 +49,7 @@ def joined(world: World, timeout=None):
     import torch.distributed as dist
     if os.environ.get(LAUNCHED_ENV):
         watch_parent()
+    os.environ.setdefault("LOCAL_RANK", str(world.local_rank))  # MPI launchers set none; current_engine reads it
     if world.backend == "nccl":
         torch.cuda.set_device(world.local_rank)
     kwargs = {} if timeout is None else {"timeout": timeout}
