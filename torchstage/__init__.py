@@ -36,6 +36,15 @@ from torchstage.stop_request import RunStopped, StopRequest, request_stop
 Runner.train.__signature__ = train_signature()
 del train_signature
 
+
+def __getattr__(name):
+    """Catalyst 20.12 names (``dl.CallbackNode``, ``utils.set_global_seed``...): torchstage's object, noted once."""
+    from torchstage.aliases import MODULE_ALIASES, note_alias
+    if name in MODULE_ALIASES:
+        note_alias(f"torchstage.{name}", f"torchstage.{MODULE_ALIASES[name]}")
+        return globals()[MODULE_ALIASES[name]]
+    raise AttributeError(f"module 'torchstage' has no attribute {name!r}")
+
 __all__ = [
     "AccuracyCallback", "AUCCallback", "FunctionalMetricCallback", "MetricCallback", "PrecisionRecallF1Callback",
     "Callback", "CallbackOrder", "CallbackScope", "CancelBatch", "CancelEpoch", "CancelLoader", "CancelRun",

@@ -6,7 +6,9 @@ import torch
 
 from torchstage.callbacks.base import (EVENTS, CallbackScope, CancelBatch, CancelEpoch, CancelLoader, CancelRun,
                                        CancelStage)
+from torchstage.distributed.engine import Engine
 from torchstage.distributed.prefetch import prefetch_to_device
+from torchstage.runner.catalyst import CatalystAttributes, adopt_catalyst_handle_batch, translate_train_kwargs
 from torchstage.runner.resume import loader_batches, remaining_loaders
 from torchstage.runner.spec import TrainSpec, make_spec
 from torchstage.stop_request import RunStopped
@@ -14,11 +16,13 @@ from torchstage.stop_request import RunStopped
 logger = logging.getLogger("torchstage")
 
 
-class Runner:
+class Runner(CatalystAttributes):
     """Drives a run and fires every event through the callback chain.
 
     Subclass and override :meth:`handle_batch` for custom training steps (GANs, multi-model runs);
     :class:`~torchstage.SupervisedRunner` is the ready-made one for ``model(input) -> output`` tasks.
+    Catalyst 20.12's ``_handle_batch(batch)`` override and attribute names also work (see
+    :mod:`torchstage.runner.catalyst`).
     """
 
     #: Metric names this runner's handle_batch writes; ``None`` means unknown until the first loader.
@@ -26,7 +30,17 @@ class Runner:
     #: Autocast dtype of ``train(amp=...)`` (None: full precision) and the fp16 grad scaler, set by setup.
     amp_dtype = scaler = None
 
-    def __init__(self, model=None, engine=None):
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        adopt_catalyst_handle_batch(cls)
+
+    def __init__(self, model=None, engine=None, device=None):
+        if isinstance(engine, (str, torch.device)):  # Catalyst 20.12's Runner(model, device)
+            engine, device = None, engine
+        if device is not None:
+            if engine is not None:
+                raise TypeError("give engine=... or device=..., not both")
+            engine = Engine(device=device)
         self.model, self.engine = model, engine
         self.callbacks = {}
         self._handlers = {event: [] for event in EVENTS}
@@ -65,7 +79,7 @@ class Runner:
     # ---- entry point ---------------------------------------------------------------------
     def train(self, **kwargs) -> "Runner":
         """Check every argument, then run all stages; see :class:`~torchstage.runner.spec.TrainSpec`."""
-        spec = make_spec(self, kwargs)
+        spec = make_spec(self, translate_train_kwargs(kwargs))
         from torchstage.runner.setup import launch_or_run
         return launch_or_run(self, spec)
 
@@ -120,9 +134,9 @@ class Runner:
         to_device = engine.to_device if engine.moves_batches else None
         for self.batch_step, batch in batches:
             self.batch = to_device(batch) if to_device else batch
-            self._run_event("batch", self._handle_batch, CancelBatch)
+            self._run_event("batch", self._batch_body, CancelBatch)
 
-    def _handle_batch(self) -> None:
+    def _batch_body(self) -> None:
         self.handle_batch(self.batch)
 
     # ---- stages and the chain --------------------------------------------------------------
