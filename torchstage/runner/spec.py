@@ -9,6 +9,7 @@ from typing import Any, Optional
 import torch
 
 from torchstage.callbacks.base import Callback
+from torchstage.runner.errors import RunnerException
 
 
 @dataclass
@@ -185,7 +186,7 @@ def _check_loaders(loaders, prefix: str) -> list:
         except TypeError:
             continue
         if size == 0:
-            raise ValueError(f"{prefix}loaders[{name!r}] is empty (len 0): it would yield no batch")
+            raise RunnerException(f"{prefix}loaders[{name!r}] is empty (len 0): it would yield no batch")
     return list(loaders)
 
 
