@@ -61,10 +61,25 @@ class Runner(CatalystAttributes):
         self.handle_batch(batch)
         return self.batch
 
-    def predict_loader(self, loader, to_cpu: bool = False):
-        """Yield :meth:`predict_batch` for each batch of ``loader`` (eval mode, no grad; on CPU if ``to_cpu``)."""
+    def predict_loader(self, loader, to_cpu: bool = False, *, model=None, resume=None):
+        """Yield :meth:`predict_batch` for each batch of ``loader`` (eval mode, no grad; on CPU if ``to_cpu``);
+        ``model=``/``resume=`` (a checkpoint path) set the model first."""
         from torchstage.runner.inference import predict_loader
+        if model is not None or resume is not None:
+            from torchstage.runner.export import use_model
+            use_model(self, model, resume, "predict_loader")
         return predict_loader(self, loader, to_cpu=to_cpu)
+
+    def trace(self, *, model=None, batch=None, loader=None, logdir=None, backend: str = "jit", **options):
+        """The model traced through :meth:`predict_batch` on ``batch`` (or ``loader``'s first): TorchScript, or
+        ``backend="export"`` for ``torch.export``; saved under ``logdir/trace/``. See :mod:`torchstage.runner.export`."""
+        from torchstage.runner.export import trace
+        return trace(self, model=model, batch=batch, loader=loader, logdir=logdir, backend=backend, **options)
+
+    def infer(self, *, loaders, model=None, callbacks=None, resume=None, **unsupported) -> "Runner":
+        """One pass of ``handle_batch`` and ``callbacks`` over inference ``loaders`` (eval mode, no grad)."""
+        from torchstage.runner.export import infer
+        return infer(self, model=model, loaders=loaders, callbacks=callbacks, resume=resume, **unsupported)
 
     def evaluate_loader(self, loader, callbacks=None, criterion=None) -> dict:
         """The loader metrics of one pass over ``loader`` without training (loss with ``criterion`` or the runner's)."""
