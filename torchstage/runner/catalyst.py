@@ -182,9 +182,9 @@ def _catalyst_handle_batch(self, batch) -> None:
         batch = as_dict(batch)
     self.input, self.output = batch, {}
     self._handle_batch(batch)
-    output = self.output
+    inputs, output = self.input, self.output  # the step may have replaced either
     if isinstance(output, dict) and output:
-        self.batch = {**batch, **output} if isinstance(batch, dict) else dict(output)
+        self.batch = {**inputs, **output} if isinstance(inputs, dict) else dict(output)
     else:
-        self.batch = batch
+        self.batch = inputs
 
