@@ -74,8 +74,9 @@ def callback_settings(owner: str, order, node, catalyst_scope: tuple, scope) -> 
     """Instance ``order``/``scope`` from ``Callback.__init__`` arguments; refuses Catalyst's stage scope."""
     from torchstage.callbacks.base import CallbackScope  # base imports this module
     if catalyst_scope:
+        why = _REFUSED[("CallbackScope", "stage")]
         raise TypeError(f"{owner}(): a third positional argument is Catalyst 20.12's scope "
-                        f"(CallbackScope.stage/experiment, got {catalyst_scope[0]!r}). {_REFUSED[('CallbackScope', 'stage')]}")
+                        f"(CallbackScope.stage/experiment, got {catalyst_scope[0]!r}). {why}")
     settings = {}
     if order is not None:
         if isinstance(order, bool) or not isinstance(order, int):

@@ -233,3 +233,12 @@ def test_runner_device_argument_builds_the_engine():
     runner = dl.SupervisedRunner(device="cpu")
     assert runner.engine.device == torch.device("cpu") and runner.device == torch.device("cpu")
     assert dl.Runner(None, "cpu").engine.device.type == "cpu"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="float16 autocast with a grad scaler needs CUDA")
+def test_fp16_true_on_cuda_trains_under_float16_with_a_grad_scaler():
+    dtypes = Dtypes()
+    runner, weights = trained_weights(fp16=True, callbacks=[dtypes])
+    assert runner.amp_dtype is torch.float16 and runner.scaler is not None
+    assert dtypes.seen == {torch.float16}
+    assert all(torch.isfinite(v).all() for v in weights.values())

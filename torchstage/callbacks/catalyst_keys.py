@@ -115,7 +115,7 @@ def catalyst_metric_args(metric, input_key, target_key, loaders, metric_fn, outp
 
 
 def catalyst_accuracy(topk, prefix: str, num_classes, accuracy_args, topk_args):
-    """Catalyst 20.12's ``AccuracyCallback(num_classes=, accuracy_args=[1, 3])``: keys ``accuracy01``, ``accuracy03``."""
+    """Catalyst 20.12's ``AccuracyCallback(num_classes=, accuracy_args=[1, 3])``: ``accuracy01``, ``accuracy03``."""
     from torchstage.metrics import AccuracyMetric, RenamedMetric  # imported here: only 20.12-style calls need it
     if tuple(topk) != (1,):
         raise TypeError("AccuracyCallback: give topk=... or Catalyst 20.12's accuracy_args/topk_args/num_classes, "

@@ -143,7 +143,8 @@ class CatalystAttributes:
     stage_name = _Alias("runner.stage_key", lambda r: r.stage_key)
     is_valid_loader = _Alias("runner.loader_key.startswith('valid')", lambda r: r.loader_key.startswith("valid"))
     is_infer_loader = _Alias("runner.loader_key.startswith('infer')", lambda r: r.loader_key.startswith("infer"))
-    valid_metrics = _Alias("runner.epoch_metrics[runner.valid_loader]", lambda r: r.epoch_metrics.get(r.valid_loader, {}))
+    valid_metrics = _Alias("runner.epoch_metrics[runner.valid_loader]",
+                           lambda r: r.epoch_metrics.get(r.valid_loader, {}))
     main_metric = _Alias("runner.valid_metric", lambda r: r.valid_metric)
     minimize_metric = _Alias("runner.minimize_valid_metric", lambda r: r.minimize_valid_metric)
     distributed_rank = _Alias("runner.engine.rank", lambda r: _engine(r).rank)

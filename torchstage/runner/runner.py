@@ -72,7 +72,7 @@ class Runner(CatalystAttributes):
 
     def trace(self, *, model=None, batch=None, loader=None, logdir=None, backend: str = "jit", **options):
         """The model traced through :meth:`predict_batch` on ``batch`` (or ``loader``'s first): TorchScript, or
-        ``backend="export"`` for ``torch.export``; saved under ``logdir/trace/``. See :mod:`torchstage.runner.export`."""
+        ``backend="export"`` for ``torch.export``; saved under ``logdir/trace/`` (see ``runner/export.py``)."""
         from torchstage.runner.export import trace
         return trace(self, model=model, batch=batch, loader=loader, logdir=logdir, backend=backend, **options)
 
