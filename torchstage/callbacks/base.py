@@ -1,7 +1,7 @@
 """The callback contract: event methods, the order phases, the rank scope and cancel exceptions."""
 from enum import EnumMeta, IntEnum
 
-from torchstage.aliases import enum_alias
+from torchstage.aliases import callback_settings, enum_alias
 
 EVENTS = (
     "on_experiment_start", "on_stage_start", "on_epoch_start", "on_loader_start", "on_batch_start",
@@ -57,7 +57,6 @@ class Callback:
 
         ``node`` is Catalyst 20.12's name for ``scope``; subclasses may also set class attributes instead.
         """
-        from torchstage.aliases import callback_settings
         settings = callback_settings(type(self).__name__, order, node, catalyst_scope, scope)
         self.__dict__.update(settings)
 
