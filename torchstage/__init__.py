@@ -1,6 +1,7 @@
 """torchstage: a callback-driven runner for PyTorch, from one process to a SLURM cluster."""
 __version__ = "0.1.0"
 
+from torchstage.callbacks.aggregation import MetricAggregationCallback
 from torchstage.callbacks.averaging import MetricsAveragingCallback
 from torchstage.callbacks.base import (Callback, CallbackOrder, CallbackScope, CancelBatch, CancelEpoch,
                                        CancelLoader, CancelRun, CancelStage)
@@ -8,11 +9,11 @@ from torchstage.callbacks.checkpoint_saver import CheckpointCallback
 from torchstage.callbacks.console import ConsoleLogger
 from torchstage.callbacks.criterion import CriterionCallback
 from torchstage.callbacks.csv_logger import CSVLogger
-from torchstage.callbacks.debug import CheckRunCallback, LimitBatchesCallback
+from torchstage.callbacks.debug import BatchOverfitCallback, CheckRunCallback, LimitBatchesCallback
 from torchstage.callbacks.early_stopping import EarlyStoppingCallback
 from torchstage.callbacks.loop import LoopCallback
 from torchstage.callbacks.metric import (AccuracyCallback, AUCCallback, FunctionalMetricCallback, MetricCallback,
-                                         PrecisionRecallF1Callback)
+                                         MultiLabelAccuracyCallback, PrecisionRecallF1Callback)
 from torchstage.callbacks.optimizer import OptimizerCallback
 from torchstage.callbacks.output_losses import Loss, OutputLossesCallback, Regularizer
 from torchstage.callbacks.progress import ProgressBar
@@ -32,6 +33,7 @@ from torchstage.distributed.strategies.single import SingleDevice
 from torchstage.periods import Batch, Epoch
 from torchstage.distributed.world import distributed_cmd_run
 from torchstage.rng import set_seed
+from torchstage.runner.errors import RunnerException
 from torchstage.runner.runner import Runner
 from torchstage.runner.spec import train_signature
 from torchstage.runner.supervised import SupervisedRunner
@@ -39,6 +41,15 @@ from torchstage.stop_request import RunStopped, StopRequest, request_stop
 
 Runner.train.__signature__ = train_signature()
 del train_signature
+
+
+def __getattr__(name):
+    """Catalyst 20.12 names (``dl.CallbackNode``, ``utils.set_global_seed``...): torchstage's object, noted once."""
+    from torchstage.aliases import MODULE_ALIASES, note_alias
+    if name in MODULE_ALIASES:
+        note_alias(f"torchstage.{name}", f"torchstage.{MODULE_ALIASES[name]}")
+        return globals()[MODULE_ALIASES[name]]
+    raise AttributeError(f"module 'torchstage' has no attribute {name!r}")
 
 __all__ = [
     "AccuracyCallback", "AUCCallback", "FunctionalMetricCallback", "MetricCallback", "PrecisionRecallF1Callback",
@@ -50,4 +61,5 @@ __all__ = [
     "SchedulerCallback", "SupervisedRunner", "TensorBoardLogger", "distributed_cmd_run", "load_checkpoint",
     "load_model_weights", "set_seed", "Batch", "Epoch", "RunStopped", "StopCallback", "StopRequest", "request_stop",
     "SingleDevice", "ConfigError", "load_config", "train_from_config", "RequeueCallback",
+    "BatchOverfitCallback", "MetricAggregationCallback", "MultiLabelAccuracyCallback", "RunnerException",
 ]

@@ -8,6 +8,7 @@ import json
 import math
 import os
 
+from torchstage.aliases import note_alias
 from torchstage.arguments import ArgumentError
 from torchstage.callbacks.base import Callback, CallbackOrder
 from torchstage.checkpoint import checkpoint_folder, checkpoint_path, load_checkpoint, write_atomic
@@ -27,7 +28,11 @@ class CheckpointCallback(Callback):
     order = CallbackOrder.Checkpoint
     name = "checkpoint"
 
-    def __init__(self, logdir: str = None, period=Epoch(1), topk: int = 1, load_best_on_end: bool = False):
+    def __init__(self, logdir: str = None, period=Epoch(1), topk: int = 1, load_best_on_end: bool = False, *,
+                 save_n_best: int = None):
+        if save_n_best is not None:  # Catalyst 20.12's name
+            note_alias("CheckpointCallback(save_n_best=...)", "CheckpointCallback(topk=...) or train(topk=...)")
+            topk = save_n_best
         if isinstance(topk, bool) or not isinstance(topk, int) or topk < 0:
             raise ArgumentError("topk", f"must be an integer >= 0 (how many epoch-NNNN.pth to keep), got {topk!r}")
         self.logdir, self.periods = logdir, as_periods(period, "period")

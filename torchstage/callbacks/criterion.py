@@ -2,19 +2,30 @@
 import warnings
 
 from torchstage.callbacks.base import Callback, CallbackOrder
+from torchstage.callbacks.catalyst_keys import metric_name, resolve_keys
 from torchstage.callbacks.loss_checks import check_loss_inputs, explain_failure
 
 
 class CriterionCallback(Callback):
-    """Computes the loss on every batch; it stays a tensor until the optimizer callback backpropagates it."""
+    """Computes the loss on every batch; it stays a tensor until the optimizer callback backpropagates it.
+
+    ``criterion(batch[input_key], batch[target_key])`` (defaults ``"logits"``, ``"targets"``) lands in
+    ``batch_metrics[metric_key]`` (default ``"loss"``). Catalyst 20.12's spelling also works:
+    ``input_key=<target>, output_key=<model output>, prefix=<metric name>, multiplier=<scale>``.
+    """
 
     order = CallbackOrder.Metric
     name = "criterion"
 
-    def __init__(self, input_key: str = "logits", target_key: str = "targets", metric_key: str = "loss",
-                 criterion_key: str = None):
-        self.input_key, self.target_key = input_key, target_key
-        self.metric_key, self.criterion_key = metric_key, criterion_key
+    def __init__(self, input_key: str = None, target_key: str = None, metric_key: str = None,
+                 criterion_key: str = None, *, output_key: str = None, prefix: str = None, multiplier: float = 1.0):
+        owner = type(self).__name__
+        self.input_key, self.target_key = resolve_keys(owner, input_key, target_key, output_key,
+                                                       catalyst=prefix is not None)
+        self.metric_key, self.criterion_key = metric_name(owner, metric_key, prefix), criterion_key
+        if isinstance(multiplier, bool) or not isinstance(multiplier, (int, float)):
+            raise TypeError(f"{owner}: multiplier must be a number, got {multiplier!r}")
+        self.multiplier = multiplier
 
     @property
     def produces(self):
@@ -50,4 +61,5 @@ class CriterionCallback(Callback):
 
     def _loss_now(self, runner, outputs, targets):
         with runner.autocast():
-            runner.batch_metrics[self.metric_key] = self._criterion(outputs, targets)
+            loss = self._criterion(outputs, targets)
+        runner.batch_metrics[self.metric_key] = loss if self.multiplier == 1 else loss * self.multiplier

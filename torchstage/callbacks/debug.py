@@ -4,8 +4,9 @@ import itertools
 import logging
 import torch
 
+from torchstage.aliases import note_alias
 from torchstage.arguments import ArgumentError, check_int
-from torchstage.callbacks.base import Callback, CallbackOrder, CancelStage
+from torchstage.callbacks.base import Callback, CallbackOrder, CancelLoader, CancelStage
 from torchstage.callbacks.checkpoint_saver import checkpoint_folders
 from torchstage.checkpoint import CheckpointError, checkpoint_path, load_checkpoint, serialize
 from torchstage.named import named
@@ -46,6 +47,29 @@ class LimitBatchesCallback(Callback):
         runner.loader = self._cache[key]
 
 
+class BatchOverfitCallback(LimitBatchesCallback):
+    """Per-loader overfitting, as Catalyst 20.12's: ``BatchOverfitCallback(train=10, valid=0.5)``.
+
+    An int is a number of batches, a float a share of the loader's batches; loaders not named take one.
+    Like ``train(overfit=n)``, each loader yields its first batches, the same ones every epoch (Catalyst
+    cycled them for the loader's full length).
+    """
+
+    def __init__(self, **loader_batches):
+        for loader, n in loader_batches.items():
+            ok = (isinstance(n, int) and not isinstance(n, bool) and n >= 1) or (isinstance(n, float) and 0 < n <= 1)
+            if not ok:
+                raise ValueError(f"BatchOverfitCallback({loader}={n!r}): expected a number of batches >= 1 or a "
+                                 f"share of the loader in (0, 1]")
+        super().__init__(1, same_batches=True)
+        self.loader_batches = loader_batches
+
+    def on_loader_start(self, runner):
+        n = self.loader_batches.get(runner.loader_key, 1)
+        self.num_batches = max(1, int(len(runner.loader) * n)) if isinstance(n, float) else n
+        super().on_loader_start(runner)
+
+
 class _Limited:
     """The first ``n`` batches of a fresh pass over ``loader``; has a length when the loader has one."""
 
@@ -63,6 +87,8 @@ class _Limited:
 class CheckRunCallback(Callback):
     """``train(check=True)``: end each stage after ``num_epochs`` epochs, then verify a checkpoint round trip.
 
+    ``num_batch_steps`` (default 3, as Catalyst 20.12) ends each loader after that many batches
+    (``train(check=True)`` adds a 2-batch limit of its own); ``num_epoch_steps`` is 20.12's ``num_epochs``.
     At the end of the run the runner's state is serialized and loaded back with ``weights_only=True``;
     with a checkpoint callback, the ``last.pth`` it wrote is read back and loaded into the model, and its
     weights must equal the model's. A failure raises :class:`~torchstage.CheckpointError`.
@@ -71,8 +97,22 @@ class CheckRunCallback(Callback):
     order = CallbackOrder.External
     name = "check"
 
-    def __init__(self, num_epochs: int = 2):
-        self.num_epochs = num_epochs
+    def __init__(self, num_epochs: int = None, num_batch_steps: int = 3, *, num_epoch_steps: int = None):
+        if num_epoch_steps is not None:
+            if num_epochs is not None:
+                raise TypeError("CheckRunCallback: give num_epochs=... or Catalyst 20.12's num_epoch_steps=..., "
+                                "not both")
+            note_alias("CheckRunCallback(num_epoch_steps=...)", "CheckRunCallback(num_epochs=...)")
+            num_epochs = num_epoch_steps
+        num_epochs = 2 if num_epochs is None else num_epochs
+        for name, value in (("num_epochs", num_epochs), ("num_batch_steps", num_batch_steps)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"CheckRunCallback: {name} must be an integer >= 1, got {value!r}")
+        self.num_epochs, self.num_batch_steps = num_epochs, num_batch_steps
+
+    def on_batch_end(self, runner):
+        if self.num_batch_steps is not None and runner.batch_step >= self.num_batch_steps:
+            raise CancelLoader()
 
     def on_experiment_start(self, runner):
         if runner.engine.is_main:

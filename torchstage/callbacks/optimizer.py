@@ -5,6 +5,7 @@ import torch
 
 from torchstage.arguments import check_int, check_positive
 from torchstage.callbacks.base import Callback, CallbackOrder
+from torchstage.callbacks.catalyst_keys import grad_clip_from_params, refuse_catalyst_optimizer_args
 
 
 class OptimizerCallback(Callback):
@@ -25,7 +26,13 @@ class OptimizerCallback(Callback):
     name = "optimizer"
 
     def __init__(self, metric_key: str = "loss", optimizer_key: str = None, accumulation_steps: int = 1,
-                 grad_clip_norm: float = None, grad_clip_value: float = None):
+                 grad_clip_norm: float = None, grad_clip_value: float = None, *, grad_clip_params: dict = None,
+                 loss_key: str = None, decouple_weight_decay: bool = False, use_fast_zero_grad: bool = False,
+                 use_amp: bool = None, use_apex: bool = None):
+        # Catalyst 20.12's arguments (grad_clip_params, loss_key...): translated or refused in catalyst_keys.
+        grad_clip_norm, grad_clip_value = grad_clip_from_params(grad_clip_params, grad_clip_norm, grad_clip_value)
+        refuse_catalyst_optimizer_args(decouple_weight_decay, use_amp, use_apex)
+        metric_key = metric_key if loss_key is None else loss_key
         check_int("accumulation_steps", accumulation_steps)
         check_positive("grad_clip_norm", grad_clip_norm)
         check_positive("grad_clip_value", grad_clip_value)

@@ -68,6 +68,8 @@ LOOP_FIELDS = tuple(f.name for f in fields(LoopState))
 def expose_loop_state(cls):
     """Class decorator: each :class:`LoopState` field becomes a read/write attribute of ``cls`` (via ``self.loop``)."""
     for name in LOOP_FIELDS:
+        if hasattr(cls, name):  # a base class already routes it (e.g. epoch_metrics' flat Catalyst keys)
+            continue
         get = attrgetter(f"loop.{name}")
         setattr(cls, name, property(get, _setter(name), doc=f"``runner.loop.{name}``"))
     return cls

@@ -6,9 +6,11 @@ import torch
 
 from torchstage.callbacks.base import (EVENTS, CallbackScope, CancelBatch, CancelEpoch, CancelLoader, CancelRun,
                                        CancelStage)
+from torchstage.distributed.engine import Engine
 from torchstage.distributed.prefetch import prefetch_to_device
 from torchstage.runner.defaults import default_callbacks
 from torchstage.named import map_named
+from torchstage.runner.catalyst import CatalystAttributes, adopt_catalyst_handle_batch, translate_train_kwargs
 from torchstage.runner.loop_state import LoopState, expose_loop_state
 from torchstage.runner.resume import loader_batches, remaining_loaders
 from torchstage.runner.setup import train_in_world
@@ -20,13 +22,15 @@ logger = logging.getLogger("torchstage")
 
 
 @expose_loop_state
-class Runner:
+class Runner(CatalystAttributes):
     """Drives a run and fires every event through the callback chain.
 
     Subclass and override :meth:`handle_batch` for custom training steps (GANs, multi-model runs);
     :class:`~torchstage.SupervisedRunner` is the ready-made one for ``model(input) -> output`` tasks.
     The loop's position and counters live in ``runner.loop`` (a :class:`~torchstage.runner.loop_state.LoopState`),
     each field also readable and writable as an attribute (``runner.epoch``, ``runner.batch_step``...).
+    Catalyst 20.12's ``_handle_batch(batch)`` override and attribute names also work (see
+    :mod:`torchstage.runner.catalyst`).
     """
 
     #: Metric names this runner's handle_batch writes; ``None`` means unknown until the first loader.
@@ -38,7 +42,17 @@ class Runner:
     #: Autocast dtype of ``train(amp=...)`` (None: full precision) and the fp16 grad scaler, set by setup.
     amp_dtype = scaler = None
 
-    def __init__(self, model=None, engine=None):
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        adopt_catalyst_handle_batch(cls)
+
+    def __init__(self, model=None, engine=None, device=None):
+        if isinstance(engine, (str, torch.device)):  # Catalyst 20.12's Runner(model, device)
+            engine, device = None, engine
+        if device is not None:
+            if engine is not None:
+                raise TypeError("give engine=... or device=..., not both")
+            engine = Engine(device=device)
         self.model, self.engine = model, engine
         self.loop = LoopState()
         self.spec = self.criterion = self.optimizer = self.scheduler = None
@@ -64,10 +78,25 @@ class Runner:
         self.handle_batch(batch)
         return self.batch
 
-    def predict_loader(self, loader, to_cpu: bool = False):
-        """Yield :meth:`predict_batch` for each batch of ``loader`` (eval mode, no grad; on CPU if ``to_cpu``)."""
+    def predict_loader(self, loader, to_cpu: bool = False, *, model=None, resume=None):
+        """Yield :meth:`predict_batch` for each batch of ``loader`` (eval mode, no grad; on CPU if ``to_cpu``);
+        ``model=``/``resume=`` (a checkpoint path) set the model first."""
         from torchstage.runner.inference import predict_loader
+        if model is not None or resume is not None:
+            from torchstage.runner.export import use_model
+            use_model(self, model, resume, "predict_loader")
         return predict_loader(self, loader, to_cpu=to_cpu)
+
+    def trace(self, *, model=None, batch=None, loader=None, logdir=None, backend: str = "jit", **options):
+        """The model traced through :meth:`predict_batch` on ``batch`` (or ``loader``'s first): TorchScript, or
+        ``backend="export"`` for ``torch.export``; saved under ``logdir/trace/`` (see ``runner/export.py``)."""
+        from torchstage.runner.export import trace
+        return trace(self, model=model, batch=batch, loader=loader, logdir=logdir, backend=backend, **options)
+
+    def infer(self, *, loaders, model=None, callbacks=None, resume=None, **unsupported) -> "Runner":
+        """One pass of ``handle_batch`` and ``callbacks`` over inference ``loaders`` (eval mode, no grad)."""
+        from torchstage.runner.export import infer
+        return infer(self, model=model, loaders=loaders, callbacks=callbacks, resume=resume, **unsupported)
 
     def evaluate_loader(self, loader, callbacks=None, criterion=None) -> dict:
         """The loader metrics of one pass over ``loader`` without training (loss with ``criterion`` or the runner's)."""
@@ -87,7 +116,7 @@ class Runner:
     # ---- entry point ---------------------------------------------------------------------
     def train(self, **kwargs) -> "Runner":
         """Check every argument, then run all stages; see :class:`~torchstage.runner.spec.TrainSpec`."""
-        return train_in_world(self, make_spec(self, kwargs))
+        return train_in_world(self, make_spec(self, translate_train_kwargs(kwargs)))
 
     def run(self) -> "Runner":
         """Run the prepared experiment; fires ``on_exception`` (then re-raises) if anything fails."""
@@ -140,9 +169,9 @@ class Runner:
         to_device = engine.to_device if engine.moves_batches else None
         for self.batch_step, batch in batches:
             self.batch = to_device(batch) if to_device else batch
-            self._run_event("batch", self._handle_batch, CancelBatch)
+            self._run_event("batch", self._batch_body, CancelBatch)
 
-    def _handle_batch(self) -> None:
+    def _batch_body(self) -> None:
         self.handle_batch(self.batch)
 
     # ---- stages and the chain --------------------------------------------------------------

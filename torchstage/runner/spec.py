@@ -14,6 +14,7 @@ from torchstage.distributed.strategies.resolve import resolve_strategy
 from torchstage.runner.component_checks import check_components, check_logdir, check_resume
 from torchstage.runner.defaults import stage_chains
 from torchstage.runner.features import check_switches
+from torchstage.runner.errors import RunnerException
 
 
 @dataclass
@@ -206,7 +207,7 @@ def _check_loaders(loaders, prefix: str) -> list:
         except TypeError:
             continue
         if size == 0:
-            raise ValueError(f"{prefix}loaders[{name!r}] is empty (len 0): it would yield no batch")
+            raise RunnerException(f"{prefix}loaders[{name!r}] is empty (len 0): it would yield no batch")
     return list(loaders)
 
 

@@ -3,6 +3,7 @@ import torch
 
 from torchstage.callbacks.optimizer import OptimizerCallback
 from torchstage.callbacks.output_losses import OutputLossesCallback, as_terms
+from torchstage.runner.catalyst import catalyst_target_key
 from torchstage.runner.runner import Runner
 
 
@@ -18,8 +19,10 @@ class SupervisedRunner(Runner):
     produces = ()
 
     def __init__(self, model=None, engine=None, input_key="features", output_key="logits",
-                 target_key="targets", loss_key="loss"):
-        super().__init__(model=model, engine=engine)
+                 target_key="targets", loss_key="loss", device=None, input_target_key=None):
+        super().__init__(model=model, engine=engine, device=device)
+        if input_target_key is not None:  # Catalyst 20.12's name
+            target_key = catalyst_target_key(target_key, input_target_key)
         self.input_key, self.output_key = input_key, output_key
         self.target_key, self.loss_key = target_key, loss_key
 
