@@ -21,8 +21,8 @@ def default_callbacks(runner, spec) -> dict:
     if spec.logdir is not None:
         chain.update(checkpoint=CheckpointCallback(period=spec.checkpoint_period, topk=spec.topk,
                                                    load_best_on_end=spec.load_best_on_end),
-                     csv=CSVLogger(), tensorboard=TensorBoardLogger(
-                         batch_period=spec.log_period, periodic_validation=spec.valid_period is not None))
+                     csv=CSVLogger(log_period=spec.log_period or ()),
+                     tensorboard=TensorBoardLogger(log_period=spec.log_period or ()))
     from torchstage.runner.features import feature_callbacks
     chain.update(feature_callbacks(spec))  # valid_every, check, overfit, timeit
     chain["console"] = ConsoleLogger()

@@ -39,7 +39,7 @@ def check_feature_args(spec) -> None:
         from torchstage.callbacks.periodic_validation import PeriodicValidationCallback
         PeriodicValidationCallback(spec.valid_period)  # raises on a malformed period
     if spec.log_period is not None:
-        from torchstage.callbacks.tensorboard import check_batch_period
+        from torchstage.callbacks.logger_base import check_batch_period
         check_batch_period(spec.log_period)
         if spec.logdir is None:
             raise ValueError(f"log_period={spec.log_period!r} writes TensorBoard scalars and needs a logdir")
