@@ -19,6 +19,7 @@ setup(
     extras_require={
         "test": ["pytest>=7", "pytest-timeout", "scikit-learn", "matplotlib"],
         "plot": ["matplotlib"],
+        "mlflow": ["mlflow>=2.10", "matplotlib"],
         "docs": ["sphinx>=7", "myst-parser"],
     },
     entry_points={"console_scripts": ["torchstage=torchstage.cli:main"]},

@@ -10,7 +10,9 @@ from torchstage.callbacks.criterion import CriterionCallback
 from torchstage.callbacks.csv_logger import CSVLogger
 from torchstage.callbacks.debug import CheckRunCallback, LimitBatchesCallback
 from torchstage.callbacks.early_stopping import EarlyStoppingCallback
+from torchstage.callbacks.logger_base import LoggerCallback
 from torchstage.callbacks.loop import LoopCallback
+from torchstage.callbacks.mlflow_logger import MLflowLogger
 from torchstage.callbacks.metric import (AccuracyCallback, AUCCallback, FunctionalMetricCallback, MetricCallback,
                                          PrecisionRecallF1Callback)
 from torchstage.callbacks.optimizer import OptimizerCallback
@@ -45,5 +47,5 @@ __all__ = [
     "Engine", "LoopCallback", "MetricsAveragingCallback", "OptimizerCallback", "ProgressBar", "Runner",
     "SchedulerCallback", "SupervisedRunner", "TensorBoardLogger", "distributed_cmd_run", "load_checkpoint",
     "load_model_weights", "set_seed", "Batch", "Epoch", "RunStopped", "StopCallback", "StopRequest", "request_stop",
-    "ConfigError", "load_config", "train_from_config", "RequeueCallback",
+    "ConfigError", "load_config", "train_from_config", "RequeueCallback", "LoggerCallback", "MLflowLogger",
 ]

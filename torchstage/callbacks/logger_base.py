@@ -140,7 +140,7 @@ def run_hparams(runner) -> dict:
     return hparams
 
 
-_SKIPPED = ("stage_specs", "loaders", "datasets")
+_SKIPPED = ("stage_specs", "loaders", "datasets", "resume", "overwrite", "verbose")  # not hyperparameters
 
 
 def _plain(value):

@@ -50,13 +50,6 @@ class TensorBoardLogger(LoggerCallback):
         if scope != BATCH:
             writer.flush()
 
-    def log_artifact(self, path, runner, kind="file"):
-        if kind == "plot" and path.endswith(".png"):
-            import matplotlib.image  # PNG decoding; matplotlib is installed whenever a plot was drawn
-            image = matplotlib.image.imread(path)
-            self._writer(runner, ".").add_image(os.path.basename(path), image[..., :3], runner.global_epoch_step,
-                                                 dataformats="HWC")
-
     def close(self, runner, status):
         session_end = getattr(self, "_session_end", None)
         if session_end is not None and status == "FINISHED":
