@@ -1,13 +1,14 @@
 """Training-feature arguments of ``train()``: their checks, their callbacks, and ``torch.compile``.
 
 ``amp``, ``accumulation_steps``, ``grad_clip_norm``, ``grad_clip_value``, ``compile``, ``check``,
-``overfit``, ``timeit`` and ``valid_every`` are checked here before anything runs.
+``overfit``, ``timeit``, ``monitor`` and ``valid_every`` are checked here before anything runs.
 """
 import numbers
 
 import torch
 
 from torchstage.callbacks.debug import CheckRunCallback, LimitBatchesCallback
+from torchstage.callbacks.monitor import ThroughputMonitor
 from torchstage.callbacks.optimizer import OptimizerCallback
 from torchstage.callbacks.timer import TimerCallback
 from torchstage.callbacks.validation import ValidEveryCallback
@@ -30,7 +31,7 @@ def check_feature_args(spec) -> None:
     if not isinstance(spec.compile, (bool, dict)):
         raise TypeError(f"compile must be True/False or a dict of torch.compile arguments "
                         f"(e.g. {{'mode': 'reduce-overhead'}}), got {spec.compile!r}")
-    for name in ("check", "timeit"):
+    for name in ("check", "timeit", "monitor"):
         if not isinstance(getattr(spec, name), bool):
             raise TypeError(f"{name} must be True or False, got {getattr(spec, name)!r}")
     if not isinstance(spec.overfit, bool):
@@ -56,7 +57,8 @@ def optimizer_options(spec) -> dict:
 
 
 def feature_callbacks(spec) -> dict:
-    """Name -> callback for ``valid_every``, ``check``, ``overfit`` and ``timeit`` (empty when all are off)."""
+    """Name -> callback for ``valid_every``, ``check``, ``overfit``, ``timeit`` and ``monitor`` (empty when all
+    are off)."""
     chain = {}
     if spec.valid_every > 1:
         chain["valid_every"] = ValidEveryCallback(spec.valid_every)
@@ -70,6 +72,8 @@ def feature_callbacks(spec) -> dict:
         chain["limit_batches"] = LimitBatchesCallback(1 if spec.overfit is True else spec.overfit, same_batches=True)
     if spec.timeit:
         chain["timer"] = TimerCallback()
+    if spec.monitor:
+        chain["monitor"] = ThroughputMonitor()
     return chain
 
 
