@@ -13,10 +13,12 @@ from torchstage.callbacks.early_stopping import EarlyStoppingCallback
 from torchstage.callbacks.logger_base import LoggerCallback
 from torchstage.callbacks.loop import LoopCallback
 from torchstage.callbacks.mlflow_logger import MLflowLogger
+from torchstage.callbacks.monitor import ThroughputMonitor
 from torchstage.callbacks.metric import (AccuracyCallback, AUCCallback, FunctionalMetricCallback, MetricCallback,
                                          PrecisionRecallF1Callback)
 from torchstage.callbacks.optimizer import OptimizerCallback
 from torchstage.callbacks.output_losses import Loss, OutputLossesCallback, Regularizer
+from torchstage.callbacks.profiler import ProfilerCallback
 from torchstage.callbacks.progress import ProgressBar
 from torchstage.callbacks.requeue import RequeueCallback
 from torchstage.callbacks.scheduler import SchedulerCallback
@@ -48,4 +50,5 @@ __all__ = [
     "SchedulerCallback", "SupervisedRunner", "TensorBoardLogger", "distributed_cmd_run", "load_checkpoint",
     "load_model_weights", "set_seed", "Batch", "Epoch", "RunStopped", "StopCallback", "StopRequest", "request_stop",
     "ConfigError", "load_config", "train_from_config", "RequeueCallback", "LoggerCallback", "MLflowLogger",
+    "ProfilerCallback", "ThroughputMonitor",
 ]
