@@ -55,9 +55,10 @@ def test_params_metrics_tags_and_artifacts(tmp_path):
     tb = read_tensorboard_scalars(tmp_path / "tensorboard" / "train")["batch/loss"]
     assert [s for s, _ in batches] == [s for s, _ in tb] and len(batches) > 2 and batches[0][0] == 2
     assert [v for _, v in batches] == pytest.approx([v for _, v in tb], rel=1e-6)
-    artifacts = {a.path for folder in ("checkpoint", "plot", "logs")
+    artifacts = {a.path for folder in ("checkpoint", "plot", "logs", "summary")
                  for a in client.list_artifacts(run_.info.run_id, folder)}
-    assert {"checkpoint/best.pth", "plot/curves.png", "logs/metrics.json", "logs/train.csv"} <= artifacts
+    assert {"checkpoint/best.pth", "plot/curves.png", "logs/metrics.json", "logs/train.csv",
+            "summary/model_summary.txt"} <= artifacts
     local = client.download_artifacts(run_.info.run_id, "checkpoint/best.pth", str(tmp_path / "down"))
     assert torch.load(local, weights_only=True)["format"] == "torchstage/1"
 

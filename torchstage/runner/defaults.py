@@ -4,6 +4,7 @@ from torchstage.callbacks.checkpoint_saver import CheckpointCallback
 from torchstage.callbacks.console import ConsoleLogger
 from torchstage.callbacks.csv_logger import CSVLogger
 from torchstage.callbacks.loop import LoopCallback
+from torchstage.callbacks.model_summary import ModelSummary
 from torchstage.callbacks.progress import ProgressBar
 from torchstage.callbacks.requeue import RequeueCallback
 from torchstage.callbacks.scheduler import SchedulerCallback
@@ -14,7 +15,7 @@ from torchstage.distributed.slurm_requeue import slurm_job_id
 
 def default_callbacks(runner, spec) -> dict:
     """Bookkeeping, metric averaging, scheduler (if any), checkpoints and logs (with a logdir), graceful stop,
-    SLURM requeue (inside a SLURM job), progress."""
+    SLURM requeue (inside a SLURM job), model summary and progress."""
     chain = {"loop": LoopCallback(), "averaging": MetricsAveragingCallback()}
     if any(stage.scheduler is not None for stage in spec.stage_specs):
         chain["scheduler"] = SchedulerCallback(mode=spec.scheduler_step)
@@ -29,6 +30,8 @@ def default_callbacks(runner, spec) -> dict:
     chain["stop"] = StopCallback()
     if spec.requeue is not False and slurm_job_id() is not None:
         chain["requeue"] = RequeueCallback(required=spec.requeue is True)
+    if spec.verbose or spec.logdir is not None:
+        chain["model_summary"] = ModelSummary(verbose=spec.verbose)
     if spec.verbose:
         chain["progress"] = ProgressBar()
     return chain
