@@ -39,6 +39,7 @@ class ThroughputMonitor(Callback):
             torch.cuda.reset_peak_memory_stats(runner.engine.device)
         self._counting = False
         self._wait, self._batches, self._samples = 0.0, 0, 0
+        runner.engine.barrier()  # one per loader: clocks start together, not while a rank is still setting up
         self._start = self._last = time.perf_counter()
 
     def on_batch_start(self, runner):
