@@ -1,5 +1,6 @@
 """TensorBoard through tensorboardX: scalars in ``logdir/tensorboard/<loader>/``, hparams in ``logdir/tensorboard/``."""
 import os
+import time
 
 from torchstage.callbacks.logger_base import BATCH, EPOCH, LoggerCallback
 
@@ -23,7 +24,9 @@ class TensorBoardLogger(LoggerCallback):
         if writer is None:
             from tensorboardX import SummaryWriter  # imported when a run first logs
             folder = os.path.join(self.logdir or runner.spec.logdir, "tensorboard", loader)
-            writer = self.writers[loader] = SummaryWriter(os.path.normpath(folder))
+            # tensorboardX names files by the second: a run resumed within it would overwrite the old file
+            writer = self.writers[loader] = SummaryWriter(os.path.normpath(folder),
+                                                          filename_suffix=f".{os.getpid()}.{time.time_ns()}")
         return writer
 
     def log_hparams(self, hparams, runner):
