@@ -8,8 +8,7 @@ import torch
 from tests.callbacks.test_loggers import read_tensorboard_scalars
 from tests.conftest import regression_loaders
 from tests.distributed.multiproc import run
-from torchstage import Batch, SupervisedRunner
-from torchstage import MLflowLogger
+from torchstage import Batch, Callback, MLflowLogger, SupervisedRunner
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "mlflow_run.py")
 
@@ -85,3 +84,28 @@ def test_two_processes_killed_and_resumed_make_one_run(tmp_path):
         assert history(client, resumed.info.run_id, f"{loader}/loss") == epoch_values(logdir, loader)
     steps = [s for s, _ in history(client, resumed.info.run_id, "train/batch/loss")]
     assert steps == list(range(2, 4 * 6 + 1, 2))  # 48 samples / (2 ranks x 4) = 6 batches per epoch, each once
+
+
+class FailAtBatch(Callback):
+    order = 500
+
+    def on_batch_end(self, runner):
+        if runner.global_batch_step == 2:
+            raise RuntimeError("node lost")
+
+
+def test_a_slurm_job_restarted_before_its_first_checkpoint_continues_its_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    model = torch.nn.Linear(4, 1)
+    kwargs = dict(model=model, criterion=torch.nn.MSELoss(), optimizer=torch.optim.SGD(model.parameters(), lr=0.05),
+                  loaders=regression_loaders(), num_epochs=2, logdir=str(tmp_path), requeue=False)
+    with pytest.raises(RuntimeError, match="node lost"):
+        SupervisedRunner().train(**kwargs, callbacks={"mlflow": MLflowLogger(), "fail": FailAtBatch()})
+    client = client_for(tmp_path)
+    failed = only_run(client, "torchstage")
+    assert failed.info.status == "FAILED" and failed.data.tags["slurm_job_id"] == "4242"
+    assert not (tmp_path / "checkpoints" / "last.pth").exists()
+    SupervisedRunner().train(**kwargs, resume="last", callbacks={"mlflow": MLflowLogger()})
+    finished = only_run(client, "torchstage")
+    assert finished.info.run_id == failed.info.run_id and finished.info.status == "FINISHED"
+    assert history(client, finished.info.run_id, "valid/loss") == epoch_values(tmp_path, "valid")

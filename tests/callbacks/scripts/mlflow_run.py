@@ -10,8 +10,7 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from torchstage import Batch, Callback, SupervisedRunner
-from torchstage import MLflowLogger
+from torchstage import Batch, Callback, MLflowLogger, SupervisedRunner
 
 
 class KillAtEpochEnd(Callback):
