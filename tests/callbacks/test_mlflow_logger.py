@@ -65,6 +65,11 @@ def test_params_metrics_tags_and_artifacts(tmp_path):
 def test_bad_arguments_raise_naming_them():
     with pytest.raises(ValueError, match=r"log_checkpoint must be 'best', 'last' or None, got 'all'"):
         MLflowLogger(log_checkpoint="all")
+    model = torch.nn.Linear(4, 1)
+    with pytest.raises(ValueError, match=r"MLflowLogger needs a logdir .* pass logdir=\.\.\. to train\(\)"):
+        SupervisedRunner().train(model=model, criterion=torch.nn.MSELoss(), loaders=regression_loaders(),
+                                 optimizer=torch.optim.SGD(model.parameters(), lr=0.05),
+                                 callbacks={"mlflow": MLflowLogger()})
 
 
 def test_two_processes_killed_and_resumed_make_one_run(tmp_path):

@@ -44,6 +44,9 @@ class MLflowLogger(LoggerCallback):
         self.run_id = self.client = None
 
     def _open(self, runner):
+        if runner.spec.logdir is None:
+            raise ValueError("MLflowLogger needs a logdir (its default store, checkpoints and curves live there); "
+                             "pass logdir=... to train()")
         from mlflow import MlflowClient  # optional extra, imported when a run starts
         logdir = os.path.abspath(runner.spec.logdir)
         uri = self.tracking_uri or f"sqlite:///{os.path.join(logdir, 'mlflow.db')}"
