@@ -117,3 +117,23 @@ def test_tensorboard_and_csv_get_the_hparams_and_the_config(tmp_path):
     assert plugin["_hparams_/session_end_info"].session_end_info.status == 1  # STATUS_SUCCESS
     saved = json.load(open(tmp_path / "logs" / "hparams.json"))
     assert saved["config.optimizer._target_"] == "torch.optim.SGD" and saved["world_size"] == 1
+
+
+def test_a_graceful_stop_closes_loggers_as_stopped(tmp_path):
+    from torchstage import RunStopped, request_stop
+
+    class StopAt(Callback):
+        order = 500
+
+        def on_batch_end(self, runner):
+            if runner.is_train_loader and runner.global_batch_step == 13:
+                request_stop("time limit")
+
+    recorder = Recorder()
+    with pytest.raises(RunStopped):
+        train(tmp_path, {"stop_at": StopAt(), "rec": recorder}, num_epochs=3)
+    assert recorder.closed == ["STOPPED"]
+    resumed = Recorder()
+    train(tmp_path, {"rec": resumed}, num_epochs=3, resume="last")
+    assert resumed.closed == ["FINISHED"] and len(resumed.hparams) == 1
+    assert [step for scope, loader, step, _ in resumed.metrics if scope == EPOCH and loader == "valid"] == [2, 3]
