@@ -8,11 +8,14 @@ the profiler, periodic validation) report through :func:`log_metrics` and :func:
 reach every logger of the run. A logger's :meth:`state_dict` (e.g. a tracking run id) is kept in
 checkpoints, so a resumed or requeued run continues the same tracking run.
 """
+import dataclasses
 import os
 
 import torch
+import yaml
 
 from torchstage.callbacks.base import Callback, CallbackOrder, CallbackScope
+from torchstage.callbacks.config_saver import ConfigSaver
 from torchstage.periods import Batch, as_periods, batch_due
 
 #: ``scope`` of :meth:`LoggerCallback.log_metrics`: loader metrics of an epoch (step: the global epoch).
@@ -118,8 +121,6 @@ def batch_scalars(runner) -> dict:
 def run_hparams(runner) -> dict:
     """The resolved ``train()`` arguments as plain values (objects by class name), the world's shape, and the
     flattened YAML config (``config.<path>``) of a ``torchstage run``."""
-    import dataclasses
-    from torchstage.callbacks.config_saver import ConfigSaver
     spec, hparams = runner.spec, {}
     for field in dataclasses.fields(spec):
         value = getattr(spec, field.name)
@@ -135,7 +136,6 @@ def run_hparams(runner) -> dict:
     hparams.update(world_size=runner.engine.world_size, device=runner.engine.device.type)
     for callback in runner.callbacks.values():
         if isinstance(callback, ConfigSaver):
-            import yaml
             hparams.update(_flatten(yaml.safe_load(callback.text) or {}, "config."))
     return hparams
 

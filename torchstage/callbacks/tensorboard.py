@@ -30,6 +30,7 @@ class TensorBoardLogger(LoggerCallback):
         return writer
 
     def log_hparams(self, hparams, runner):
+        # tensorboardX is imported when a run first logs, not with torchstage
         from tensorboardX.proto.api_pb2 import MetricInfo, MetricName
         from tensorboardX.proto.plugin_hparams_pb2 import HParamsPluginData
         from tensorboardX.summary import hparams as hparams_summary
