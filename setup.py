@@ -20,6 +20,7 @@ setup(
         "test": ["pytest>=7", "pytest-timeout", "scikit-learn", "matplotlib"],
         "plot": ["matplotlib"],
         "mpi": ["mpi4py>=3.1"],  # rank 0's host and port for MPI launches without a scheduler host list
+        "mlflow": ["mlflow>=2.10", "matplotlib"],
         "docs": ["sphinx>=7", "myst-parser"],
     },
     entry_points={"console_scripts": ["torchstage=torchstage.cli:main"]},

@@ -15,7 +15,7 @@ from torchstage.arguments import ArgumentError, named_as
      {"scheduler_step": "step"}, "scheduler_step must be 'epoch' or 'batch', got 'step'"),
     (lambda: CheckpointCallback(period="daily"), "period must be Batch(n), Epoch(n)",
      {"checkpoint_period": "daily"}, "checkpoint_period must be Batch(n), Epoch(n)"),
-    (lambda: TensorBoardLogger(batch_period=Epoch(1)), "batch_period must be Batch(n)",
+    (lambda: TensorBoardLogger(log_period=Epoch(1)), "log_period must be Batch(n)",
      {"log_period": Epoch(1)}, "log_period must be Batch(n)"),
     (lambda: LimitBatchesCallback(0), "num_batches must be an integer >= 1, got 0",
      {"overfit": 0}, "overfit must be True/False or the number of batches to repeat, >= 1, got 0"),

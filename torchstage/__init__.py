@@ -11,11 +11,15 @@ from torchstage.callbacks.criterion import CriterionCallback
 from torchstage.callbacks.csv_logger import CSVLogger
 from torchstage.callbacks.debug import BatchOverfitCallback, CheckRunCallback, LimitBatchesCallback
 from torchstage.callbacks.early_stopping import EarlyStoppingCallback
+from torchstage.callbacks.logger_base import LoggerCallback
 from torchstage.callbacks.loop import LoopCallback
+from torchstage.callbacks.mlflow_logger import MLflowLogger
+from torchstage.callbacks.monitor import ThroughputMonitor
 from torchstage.callbacks.metric import (AccuracyCallback, AUCCallback, FunctionalMetricCallback, MetricCallback,
                                          MultiLabelAccuracyCallback, PrecisionRecallF1Callback)
 from torchstage.callbacks.optimizer import OptimizerCallback
 from torchstage.callbacks.output_losses import Loss, OutputLossesCallback, Regularizer
+from torchstage.callbacks.profiler import ProfilerCallback
 from torchstage.callbacks.progress import ProgressBar
 from torchstage.callbacks.requeue import RequeueCallback
 from torchstage.callbacks.scheduler import SchedulerCallback
@@ -62,4 +66,5 @@ __all__ = [
     "load_model_weights", "set_seed", "Batch", "Epoch", "RunStopped", "StopCallback", "StopRequest", "request_stop",
     "SingleDevice", "ConfigError", "load_config", "train_from_config", "RequeueCallback",
     "BatchOverfitCallback", "MetricAggregationCallback", "MultiLabelAccuracyCallback", "RunnerException",
+    "LoggerCallback", "MLflowLogger", "ProfilerCallback", "ThroughputMonitor",
 ]

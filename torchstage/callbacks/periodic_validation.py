@@ -5,6 +5,7 @@ import logging
 from torchstage.arguments import ArgumentError
 from torchstage.callbacks.base import Callback
 from torchstage.callbacks.console import format_metrics
+from torchstage.callbacks.logger_base import PERIODIC, log_metrics
 from torchstage.callbacks.metric import MetricCallback
 from torchstage.named import each
 from torchstage.periods import Batch, as_periods, batch_due
@@ -16,8 +17,8 @@ class PeriodicValidationCallback(Callback):
     """Every ``period`` (``Batch(n)``) train batches, one pass over each non-train loader, without training.
 
     The loss and copies of the run's metric callbacks are computed through ``runner.evaluate_loader``;
-    results go to ``runner.periodic_metrics[loader]`` (logged on the console and, by the TensorBoard
-    logger, as ``periodic/<metric>`` at the global batch step). End-of-epoch validation is unchanged.
+    results go to ``runner.periodic_metrics[loader]``, the console, and every logger (scope PERIODIC, at the
+    global batch step; TensorBoard's ``periodic/<metric>``). End-of-epoch validation is unchanged.
     """
 
     order = 90  # after the optimizer step and scheduler, before checkpoints and loggers
@@ -30,7 +31,7 @@ class PeriodicValidationCallback(Callback):
                                           f"for every n epochs use valid_every=n")
 
     def on_stage_start(self, runner):
-        runner.periodic_metrics, runner.periodic_step = {}, None
+        runner.periodic_metrics = {}
 
     def on_batch_end(self, runner):
         if not batch_due(self.periods, runner):
@@ -40,7 +41,9 @@ class PeriodicValidationCallback(Callback):
                    for name, loader in runner.loaders.items() if not name.startswith("train")}
         for model in each(runner.model):
             model.train(True)  # evaluation left it in eval mode; the train loader goes on
-        runner.periodic_metrics, runner.periodic_step = results, runner.global_batch_step
+        runner.periodic_metrics = results
+        for loader, values in results.items():
+            log_metrics(runner, values, runner.global_batch_step, loader, PERIODIC)
         if runner.engine.is_main:
             parts = " | ".join(f"{name}: {format_metrics(values)}" for name, values in results.items())
             logger.info("[%s] epoch %d batch %d (global batch %d) | %s", runner.stage_key, runner.epoch,

@@ -15,6 +15,8 @@ from torchstage.callbacks.debug import CheckRunCallback, LimitBatchesCallback
 from torchstage.callbacks.loop import LoopCallback
 from torchstage.callbacks.optimizer import OptimizerCallback
 from torchstage.callbacks.periodic_validation import PeriodicValidationCallback
+from torchstage.callbacks.model_summary import ModelSummary
+from torchstage.callbacks.monitor import ThroughputMonitor
 from torchstage.callbacks.progress import ProgressBar
 from torchstage.callbacks.requeue import RequeueCallback
 from torchstage.callbacks.scheduler import SchedulerCallback
@@ -43,16 +45,15 @@ def stage_chains(runner, spec) -> list:
 
 def default_callbacks(runner, spec) -> dict:
     """Bookkeeping, the runner's step, metric averaging, scheduler (if any), checkpoints and logs (with a
-    logdir), the feature switches (valid_every, valid_period, check, overfit, timeit), console, graceful
-    stop, SLURM requeue (inside a SLURM job), progress (verbose), the config copy (config runs)."""
+    logdir), the feature switches (valid_every, valid_period, check, overfit, timeit, monitor), console,
+    graceful stop, SLURM requeue (inside a SLURM job), model summary, progress (verbose), the config copy."""
     with named_as(mode="scheduler_step"):
         scheduler = SchedulerCallback(mode=spec.scheduler_step)
     with named_as(period="checkpoint_period"):
         checkpoint = CheckpointCallback(period=Epoch(1) if spec.checkpoint_period is None else spec.checkpoint_period,
                                         topk=spec.topk,
                                         load_best_on_end=spec.load_best_on_end)
-    with named_as(batch_period="log_period"):
-        tensorboard = TensorBoardLogger(batch_period=spec.log_period, periodic_validation=spec.valid_period is not None)
+    csv, tensorboard = CSVLogger(log_period=spec.log_period or ()), TensorBoardLogger(log_period=spec.log_period or ())
     with named_as(every="valid_every"):
         valid_every = ValidEveryCallback(spec.valid_every)
     _check_needs_logdir(spec)
@@ -60,7 +61,7 @@ def default_callbacks(runner, spec) -> dict:
     if any(stage.scheduler is not None for stage in spec.stage_specs):
         chain["scheduler"] = scheduler
     if spec.logdir is not None:
-        chain.update(checkpoint=checkpoint, csv=CSVLogger(), tensorboard=tensorboard)
+        chain.update(checkpoint=checkpoint, csv=csv, tensorboard=tensorboard)
     if valid_every.every > 1:
         chain["valid_every"] = valid_every
     if spec.valid_period is not None:
@@ -73,10 +74,14 @@ def default_callbacks(runner, spec) -> dict:
         chain["limit_batches"] = LimitBatchesCallback.for_overfit(spec.overfit)
     if spec.timeit:
         chain["timer"] = TimerCallback()
+    if spec.monitor:
+        chain["monitor"] = ThroughputMonitor()
     chain["console"] = ConsoleLogger()
     chain["stop"] = StopCallback()
     if spec.requeue is not False and slurm_job_id() is not None:
         chain["requeue"] = RequeueCallback(required=spec.requeue is True)
+    if spec.verbose or spec.logdir is not None:
+        chain["model_summary"] = ModelSummary(verbose=spec.verbose)
     if spec.verbose:
         chain["progress"] = ProgressBar()
     chain.update(runner.step_callbacks(spec, {name: getattr(spec, name) for name in OPTIMIZER_ARGS}))

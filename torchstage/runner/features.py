@@ -15,7 +15,7 @@ def check_switches(spec) -> None:
     if not isinstance(spec.compile, (bool, dict)):
         raise TypeError(f"compile must be True/False or a dict of torch.compile arguments "
                         f"(e.g. {{'mode': 'reduce-overhead'}}), got {spec.compile!r}")
-    for name in ("check", "timeit"):
+    for name in ("check", "timeit", "monitor"):
         if not isinstance(getattr(spec, name), bool):
             raise TypeError(f"{name} must be True or False, got {getattr(spec, name)!r}")
 

@@ -74,6 +74,7 @@ class TrainSpec:
     check: bool = False
     overfit: Any = False
     timeit: bool = False
+    monitor: bool = False
     valid_every: int = 1
     valid_period: Any = None
     log_period: Any = None
