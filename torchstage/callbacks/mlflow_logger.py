@@ -57,7 +57,7 @@ class MLflowLogger(LoggerCallback):
         else:
             location = None if self.tracking_uri else f"file://{os.path.join(logdir, 'mlflow-artifacts')}"
             experiment_id = self.client.create_experiment(self.experiment_name, artifact_location=location)
-        tags = {"world_size": str(runner.engine.world_size), "strategy": str(runner.spec.strategy),
+        tags = {"world_size": str(runner.engine.world_size), "strategy": _strategy_name(runner.spec.strategy),
                 "host": socket.gethostname(), "logdir": logdir, "torchstage.version": _version(), **self.tags}
         job = os.environ.get("SLURM_JOB_ID")
         if job:
@@ -140,3 +140,8 @@ class MLflowLogger(LoggerCallback):
 def _version() -> str:
     from torchstage import __version__  # the package root imports this module's package
     return __version__
+
+
+def _strategy_name(strategy) -> str:
+    """The name ``train(strategy=...)`` takes for it (``"ddp"``), else its class name."""
+    return getattr(strategy, "name", None) or type(strategy).__name__
