@@ -21,6 +21,7 @@ from torchstage.callbacks.scheduler import SchedulerCallback
 from torchstage.callbacks.stop import StopCallback
 from torchstage.callbacks.tensorboard import TensorBoardLogger
 from torchstage.callbacks.timer import TimerCallback
+from torchstage.callbacks.torchmetrics_callback import TorchMetricsCallback
 from torchstage.callbacks.validation import ValidEveryCallback
 from torchstage.checkpoint import CheckpointError, load_checkpoint, load_model_weights
 from torchstage.config import ConfigError, load_config, train_from_config
@@ -45,5 +46,5 @@ __all__ = [
     "Engine", "LoopCallback", "MetricsAveragingCallback", "OptimizerCallback", "ProgressBar", "Runner",
     "SchedulerCallback", "SupervisedRunner", "TensorBoardLogger", "distributed_cmd_run", "load_checkpoint",
     "load_model_weights", "set_seed", "Batch", "Epoch", "RunStopped", "StopCallback", "StopRequest", "request_stop",
-    "ConfigError", "load_config", "train_from_config", "RequeueCallback",
+    "ConfigError", "load_config", "train_from_config", "RequeueCallback", "TorchMetricsCallback",
 ]
