@@ -19,10 +19,12 @@ from torchstage.callbacks.progress import ProgressBar
 from torchstage.callbacks.requeue import RequeueCallback
 from torchstage.callbacks.scheduler import SchedulerCallback
 from torchstage.callbacks.stop import StopCallback
+from torchstage.callbacks.swa import SWACallback
 from torchstage.callbacks.tensorboard import TensorBoardLogger
 from torchstage.callbacks.timer import TimerCallback
 from torchstage.callbacks.torchmetrics_callback import TorchMetricsCallback
 from torchstage.callbacks.validation import ValidEveryCallback
+from torchstage.callbacks.weight_averaging import EMACallback, WeightAveragingCallback
 from torchstage.checkpoint import CheckpointError, load_checkpoint, load_model_weights
 from torchstage.config import ConfigError, load_config, train_from_config
 from torchstage.distributed.engine import Engine
@@ -47,4 +49,5 @@ __all__ = [
     "SchedulerCallback", "SupervisedRunner", "TensorBoardLogger", "distributed_cmd_run", "load_checkpoint",
     "load_model_weights", "set_seed", "Batch", "Epoch", "RunStopped", "StopCallback", "StopRequest", "request_stop",
     "ConfigError", "load_config", "train_from_config", "RequeueCallback", "TorchMetricsCallback",
+    "EMACallback", "SWACallback", "WeightAveragingCallback",
 ]
