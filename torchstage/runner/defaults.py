@@ -3,6 +3,7 @@ from torchstage.callbacks.averaging import MetricsAveragingCallback
 from torchstage.callbacks.checkpoint_saver import CheckpointCallback
 from torchstage.callbacks.console import ConsoleLogger
 from torchstage.callbacks.csv_logger import CSVLogger
+from torchstage.callbacks.loader_state import LoaderStateCallback, is_stateful_loader
 from torchstage.callbacks.loop import LoopCallback
 from torchstage.callbacks.progress import ProgressBar
 from torchstage.callbacks.requeue import RequeueCallback
@@ -16,6 +17,8 @@ def default_callbacks(runner, spec) -> dict:
     """Bookkeeping, metric averaging, scheduler (if any), checkpoints and logs (with a logdir), graceful stop,
     SLURM requeue (inside a SLURM job), progress."""
     chain = {"loop": LoopCallback(), "averaging": MetricsAveragingCallback()}
+    if any(is_stateful_loader(loader) for stage in spec.stage_specs for loader in (stage.loaders or {}).values()):
+        chain["loader_state"] = LoaderStateCallback()
     if any(stage.scheduler is not None for stage in spec.stage_specs):
         chain["scheduler"] = SchedulerCallback(mode=spec.scheduler_step)
     if spec.logdir is not None:
