@@ -364,8 +364,10 @@ def _build_callbacks(node, path: str):
 
 
 # ---- running -----------------------------------------------------------------------------------
-def train_from_config(config: Mapping, dry_run: bool = False):
+def train_from_config(config: Mapping, dry_run: bool = False, callbacks: Mapping = None):
     """``runner.train(**kwargs)`` built from ``config``; ``dry_run`` builds and prepares everything, trains nothing.
+
+    ``callbacks``: name -> callback objects added to the config's (``torchstage tune`` adds its pruning one).
 
     With a ``logdir``, the merged config (seed filled in) is written to ``logdir/config.yml`` when the run
     starts, so ``torchstage run -C logdir/config.yml`` repeats it. Returns the runner.
@@ -375,6 +377,10 @@ def train_from_config(config: Mapping, dry_run: bool = False):
     runner, kwargs = build_train_call(config)
     if kwargs.get("logdir") is not None:
         kwargs["callbacks"] = _with_config_saver(kwargs.get("callbacks"), dump_config(config))
+    if callbacks:
+        given = kwargs.get("callbacks")
+        kwargs["callbacks"] = ({**given, **callbacks} if isinstance(given, Mapping)
+                               else [*(given or []), *callbacks.values()])
     try:
         spec = make_spec(runner, kwargs)  # the checks train() makes, reported as config errors
     except (TypeError, ValueError) as exc:  # "stages['ft']: datasets['batch_size'] ..." -> "stages.ft: datasets.batch_size"
