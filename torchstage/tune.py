@@ -113,18 +113,46 @@ def with_params(config: Mapping, values: Mapping, logdir: str) -> dict:
 
 
 def _run_study(config: dict, settings: dict):
-    """The study loop, on every rank of the world (or the only process)."""
+    """The study loop, on every rank of the world (or the only process); the main rank drives Optuna."""
     from torchstage.distributed.engine import Engine
     from torchstage.distributed.world import current_engine, in_world
     engine = current_engine() if in_world() else Engine(device="cpu")
-    study = _load_study(config, settings) if engine.is_main else None
     base = os.fspath(config["logdir"])
-    while True:
-        trial, proposal = _next_trial(study, settings) if engine.is_main else (None, None)
-        proposal = engine.broadcast_object(proposal)  # every rank trains the main rank's parameters
-        if proposal is None:
-            return study
-        _run_trial(config, base, proposal, trial, study)
+    if not engine.is_main:
+        while True:  # train whatever the main rank proposes, until it says the study is done
+            proposal = engine.broadcast_object(None)
+            if proposal is None:
+                return None
+            try:
+                _run_trial(config, base, proposal, None)
+            except _pruned_error():
+                pass
+
+    def objective(trial):
+        proposal = {"number": trial.number, "params": suggest(trial, settings["params"])}
+        engine.broadcast_object(proposal)  # every rank trains the main rank's parameters
+        return _run_trial(config, base, proposal, trial)
+
+    study = _load_study(config, settings)
+    try:
+        remaining = settings["n_trials"] - len(_finished(study))
+        if remaining > 0:
+            study.optimize(objective, n_trials=remaining)
+        logger.info("optuna: study %r has %d finished trials (n_trials=%d)", study.study_name,
+                    len(_finished(study)), settings["n_trials"])
+    finally:
+        engine.broadcast_object(None)
+    return study
+
+
+def _pruned_error():
+    import optuna  # an optional extra: pip install torchstage[optuna]
+    return optuna.TrialPruned
+
+
+def _finished(study) -> list:
+    import optuna  # an optional extra: pip install torchstage[optuna]
+    return study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED))
 
 
 def _load_study(config: dict, settings: dict):
@@ -145,43 +173,16 @@ def _load_study(config: dict, settings: dict):
     return study
 
 
-def _next_trial(study, settings: dict):
-    """``(trial, {"number", "params"})`` for the next trial, ``(None, None)`` once ``n_trials`` have finished."""
-    import optuna  # an optional extra: pip install torchstage[optuna]
-    done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED))
-    if len(done) >= settings["n_trials"]:
-        logger.info("optuna: study %r has %d finished trials (n_trials=%d)", study.study_name, len(done),
-                    settings["n_trials"])
-        return None, None
-    trial = study.ask()
-    return trial, {"number": trial.number, "params": suggest(trial, settings["params"])}
-
-
-def _run_trial(config: dict, base: str, proposal: dict, trial, study) -> None:
-    """Train one trial on every rank; the main rank tells the study how it ended."""
-    import optuna  # an optional extra: pip install torchstage[optuna]
+def _run_trial(config: dict, base: str, proposal: dict, trial) -> float:
+    """Train one trial on this rank; returns the best validation value, raises ``optuna.TrialPruned``."""
     from torchstage.callbacks.optuna_pruning import OptunaPruningCallback
     from torchstage.config import train_from_config
     number, params = proposal["number"], proposal["params"]
     logdir = os.path.join(base, f"trial-{number:04d}")
-    if study is not None:
+    if trial is not None:
         logger.info("optuna: trial %d in %s with %s", number, logdir, params)
     pruning = OptunaPruningCallback(trial)
-    trial_config = with_params(config, params, logdir)
-    try:
-        train_from_config(trial_config, callbacks={"optuna": pruning})
-    except optuna.TrialPruned:
-        if study is not None:
-            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-        return
-    except BaseException:
-        if study is not None:
-            study.tell(trial, state=optuna.trial.TrialState.FAIL)
-        raise
-    if study is not None:
-        if pruning.best is None:
-            study.tell(trial, state=optuna.trial.TrialState.FAIL)
-            logger.warning("optuna: trial %d reported no %s value (did validation run?)", number, "validation")
-        else:
-            study.tell(trial, pruning.best)
-            logger.info("optuna: trial %d finished with %s", number, pruning.best)
+    train_from_config(with_params(config, params, logdir), callbacks={"optuna": pruning})
+    if pruning.best is None:
+        raise RuntimeError(f"trial {number} reported no validation value: did the valid loader run?")
+    return pruning.best

@@ -43,8 +43,9 @@ class OptunaPruningCallback(Callback):
         prune = runner.engine.broadcast_object(prune)  # the main rank decides for all
         if prune:
             self.pruned_at = step
-            logger.info("optuna: trial %s pruned after epoch %d (%s/%s = %.6g)",
-                        getattr(self.trial, "number", "?"), step, loader, metric, value)
+            if runner.engine.is_main:
+                logger.info("optuna: trial %s pruned after epoch %d (%s/%s = %.6g)",
+                            getattr(self.trial, "number", "?"), step, loader, metric, value)
             raise CancelRun()
 
     def on_experiment_end(self, runner):
