@@ -14,6 +14,7 @@ from torchstage.callbacks.loop import LoopCallback
 from torchstage.callbacks.metric import (AccuracyCallback, AUCCallback, FunctionalMetricCallback, MetricCallback,
                                          PrecisionRecallF1Callback)
 from torchstage.callbacks.optimizer import OptimizerCallback
+from torchstage.callbacks.optuna_pruning import OptunaPruningCallback
 from torchstage.callbacks.output_losses import Loss, OutputLossesCallback, Regularizer
 from torchstage.callbacks.progress import ProgressBar
 from torchstage.callbacks.requeue import RequeueCallback
@@ -35,6 +36,7 @@ from torchstage.runner.runner import Runner
 from torchstage.runner.spec import train_signature
 from torchstage.runner.supervised import SupervisedRunner
 from torchstage.stop_request import RunStopped, StopRequest, request_stop
+from torchstage.tuning import tune
 
 Runner.train.__signature__ = train_signature()
 del train_signature
@@ -49,5 +51,5 @@ __all__ = [
     "SchedulerCallback", "SupervisedRunner", "TensorBoardLogger", "distributed_cmd_run", "load_checkpoint",
     "load_model_weights", "set_seed", "Batch", "Epoch", "RunStopped", "StopCallback", "StopRequest", "request_stop",
     "ConfigError", "load_config", "train_from_config", "RequeueCallback", "TorchMetricsCallback",
-    "EMACallback", "SWACallback", "WeightAveragingCallback",
+    "EMACallback", "SWACallback", "WeightAveragingCallback", "OptunaPruningCallback", "tune",
 ]

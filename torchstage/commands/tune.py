@@ -1,4 +1,4 @@
-"""``torchstage tune``: an Optuna study over the trials of a ``torchstage run`` config (see torchstage/tune.py)."""
+"""``torchstage tune``: an Optuna study over the trials of a ``torchstage run`` config (see torchstage/tuning.py)."""
 import argparse
 import sys
 
@@ -36,7 +36,7 @@ def add_parser(subparsers) -> None:
 def tune_command(args) -> int:
     from torchstage.config import ConfigError, load_config
     from torchstage.logging_setup import ensure_console_handler
-    from torchstage.tune import tune
+    from torchstage.tuning import tune
     ensure_console_handler()
     try:
         config = load_config(args.config, args.overrides)
