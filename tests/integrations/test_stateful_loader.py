@@ -48,3 +48,30 @@ def test_resumed_run_reads_exactly_the_remaining_batches(tmp_path, kind, nproc):
         assert set().union(*ids) == set(range(96)) and sum(map(len, ids)) == 96
     assert torch.equal(torch.load(reference / "checkpoints" / "last.pth", weights_only=True)["models"]["model"]["0.weight"],
                        torch.load(killed / "checkpoints" / "last.pth", weights_only=True)["models"]["model"]["0.weight"])
+
+
+def test_prefetch_with_a_stateful_loader_is_refused():
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    from torch.utils.data import TensorDataset
+
+    from torchstage import SupervisedRunner
+    model = torch.nn.Linear(2, 1)
+    loader = StatefulDataLoader(TensorDataset(torch.randn(8, 2), torch.randn(8, 1)), batch_size=4)
+    with pytest.raises(ValueError, match="prefetch=True reads the next batch ahead"):
+        SupervisedRunner().train(model=model, criterion=torch.nn.MSELoss(), loaders={"train": loader},
+                                 optimizer=torch.optim.SGD(model.parameters(), lr=0.1), valid_loader="train",
+                                 prefetch=True)
+
+
+def test_the_loader_state_callback_joins_the_chain_only_for_stateful_loaders():
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from torchstage import SupervisedRunner
+    data = TensorDataset(torch.randn(8, 2), torch.randn(8, 1))
+    for cls, expected in ((StatefulDataLoader, True), (DataLoader, False)):
+        model = torch.nn.Linear(2, 1)
+        runner = SupervisedRunner().train(model=model, criterion=torch.nn.MSELoss(),
+                                          loaders={"train": cls(data, batch_size=4)}, valid_loader="train",
+                                          optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+        assert ("loader_state" in runner.callbacks) is expected

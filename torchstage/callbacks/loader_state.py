@@ -26,6 +26,12 @@ class LoaderStateCallback(Callback):
     def __init__(self):
         self._key, self._loader, self._resumed = None, None, None
 
+    def on_experiment_start(self, runner):
+        if getattr(runner.engine, "prefetch", False):
+            raise ValueError("prefetch=True reads the next batch ahead, so a stateful loader's saved position would "
+                             "be one batch past the checkpoint; use prefetch=False with a StatefulDataLoader (its "
+                             "pin_memory=True and workers overlap the copies)")
+
     def on_loader_start(self, runner):
         self._key, self._loader = runner.loader_key, runner.loader if is_stateful_loader(runner.loader) else None
         resumed, self._resumed = self._resumed, None
