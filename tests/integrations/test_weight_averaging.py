@@ -1,5 +1,7 @@
 """EMACallback and SWACallback: the averages equal hand-written loops, validation sees them, resume is bitwise."""
 import copy
+import json
+import math
 import os
 import signal
 import subprocess
@@ -140,3 +142,13 @@ def test_killed_run_resumes_bitwise_equal(tmp_path):
     assert last["callbacks"]["ema"]["num_averaged"] == 40 and last["callbacks"]["swa"]["num_averaged"] == 30
     assert checkpoint_differences(tmp_path / "ref" / "checkpoints" / "last.pth",
                                   tmp_path / "killed" / "checkpoints" / "last.pth") == []
+
+
+@pytest.mark.timeout(300)
+def test_two_processes_hold_the_same_averages(tmp_path):
+    from tests.distributed.multiproc import run as run_procs
+    ran = run_procs([SCRIPT, tmp_path], nproc=2, timeout=240)
+    assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-3000:]
+    first, second = (json.loads((tmp_path / f"averages-rank{r}.json").read_text()) for r in range(2))
+    assert first == second  # identical weights after each step, BatchNorm statistics averaged across ranks
+    assert len(first["swa"]) == 9 and all(math.isfinite(v) for v in first["ema"])

@@ -31,7 +31,7 @@ class WeightAveragingCallback(Callback):
         self.start, self.every, self.evaluate, self.apply_on_end = start, every, bool(evaluate), bool(apply_on_end)
         self.model_key = model_key
         self.averaged, self.num_averaged, self.steps = None, 0, 0
-        self._stepped, self._hook, self._backup, self._loaded = False, None, None, None
+        self._stepped, self._hook, self._backup, self._loaded, self._engine = False, None, None, None, None
 
     def weight(self, n: int) -> float:
         raise NotImplementedError
@@ -58,6 +58,7 @@ class WeightAveragingCallback(Callback):
                              f"validation; pass evaluate=False to all but one")
 
     def on_stage_start(self, runner):
+        self._engine = runner.engine
         model = self._model(runner)
         if self.averaged is None:
             self.averaged = copy.deepcopy(model).requires_grad_(False)
@@ -100,7 +101,22 @@ class WeightAveragingCallback(Callback):
     def on_exception(self, runner):
         self._swap_out(runner)
 
+    def _sync_buffers(self) -> None:
+        """Make the averaged floating buffers the mean over ranks; collective, called where every rank is.
+
+        Under DDP each rank's BatchNorm statistics follow its own batches, so their averages differ;
+        averaging is linear, so the mean over ranks equals the average of the ranks' mean.
+        """
+        engine = self._engine
+        if engine is None or not engine.is_distributed or self.averaged is None:
+            return
+        with torch.no_grad():
+            for buffer in self.averaged.buffers():
+                if buffer.is_floating_point():
+                    engine.all_reduce_(buffer).div_(engine.world_size)
+
     def _swap_in(self, runner) -> None:
+        self._sync_buffers()
         with torch.no_grad():
             model = self._model(runner)
             self._backup = [t.detach().clone() for t in self._tensors(model)]
@@ -116,14 +132,17 @@ class WeightAveragingCallback(Callback):
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
+        self._sync_buffers()
         if self.apply_on_end and self.num_averaged:
             with torch.no_grad():
                 torch._foreach_copy_(self._tensors(self._model(runner)), self._tensors(self.averaged))
 
     # ---- checkpoints --------------------------------------------------------------------------
     def state_dict(self) -> dict:
+        """The averaged weights and counters; every rank calls it (a checkpoint), so buffers are synced here."""
         if self.averaged is None:
             return {}
+        self._sync_buffers()
         return {"weights": self.averaged.state_dict(), "num_averaged": self.num_averaged, "steps": self.steps}
 
     def load_state_dict(self, state: dict) -> None:

@@ -1,8 +1,10 @@
 """A shuffled run with dropout, BatchNorm, EMA and SWA, for the weight averaging resume test.
 
-Usage: python averaging_run.py LOGDIR [resume]; KILL_AT_BATCH=n SIGKILLs after global train batch n.
+Usage: python averaging_run.py LOGDIR [resume]; KILL_AT_BATCH=n SIGKILLs after global train batch n;
+TORCHSTAGE_NPROC=2 runs 2 gloo processes.
 10 train batches per epoch, 4 epochs, last.pth every 4 train batches; SWA averages from step 10 on.
 """
+import json
 import os
 import signal
 import sys
@@ -15,7 +17,15 @@ from torchstage import Batch, Callback, EMACallback, Epoch, SupervisedRunner, SW
 
 
 class Kill(Callback):
+    """SIGKILL after global train batch KILL_AT_BATCH; at the end each rank writes its averaged weights' sums."""
+
     order = 500
+
+    def on_experiment_end(self, runner):
+        sums = {name: [float(t.double().sum()) for t in runner.callbacks[name].averaged.state_dict().values()]
+                for name in ("ema", "swa")}
+        with open(os.path.join(runner.spec.logdir, f"averages-rank{runner.engine.rank}.json"), "w") as f:
+            json.dump(sums, f)
 
     def on_batch_end(self, runner):
         if runner.is_train_loader and runner.global_batch_step == int(os.environ.get("KILL_AT_BATCH", 0)):
@@ -31,8 +41,9 @@ def main(logdir, resume=None):
         model=model, criterion=nn.MSELoss(), optimizer=torch.optim.Adam(model.parameters(), lr=0.01),
         loaders={"train": DataLoader(TensorDataset(x[:40], y[:40]), batch_size=4, shuffle=True),
                  "valid": DataLoader(TensorDataset(x[40:], y[40:]), batch_size=4)},
-        callbacks={"ema": EMACallback(decay=0.8), "swa": SWACallback(start=10, evaluate=False, apply_on_end=False), "kill": Kill()},
-        num_epochs=4, logdir=logdir, resume=resume, seed=5, checkpoint_period=(Batch(4), Epoch(1)))
+        callbacks={"ema": EMACallback(decay=0.8), "swa": SWACallback(start=10, evaluate=False, apply_on_end=False),
+                   "kill": Kill()},
+        num_epochs=4, logdir=logdir, resume=resume, seed=5, checkpoint_period=(Batch(4), Epoch(1)), distributed=True)
 
 
 if __name__ == "__main__":
