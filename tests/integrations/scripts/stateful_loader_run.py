@@ -83,7 +83,7 @@ def main(logdir, kind, resume=None):
         train = StatefulDataLoader(Points(), batch_size=4, shuffle=True, num_workers=2)
     valid = StatefulDataLoader(Points(), batch_size=8)
     SupervisedRunner().train(model=model, criterion=torch.nn.MSELoss(), loaders={"train": train, "valid": valid},
-                             optimizer=torch.optim.SGD(model.parameters(), lr=0.01), num_epochs=3,
+                             optimizer=torch.optim.SGD(model.parameters(), lr=0.01), num_epochs=2,
                              callbacks=[Record(logdir, resume is not None)], logdir=logdir, resume=resume, seed=3,
                              checkpoint_period=(Batch(5), Epoch(1)), distributed=True)
 
