@@ -149,6 +149,10 @@ class _StopAt(Callback):  # ends the run after n train batches
 def test_rejects_what_is_not_a_torchmetrics_metric():
     with pytest.raises(TypeError, match="must be a torchmetrics.Metric or MetricCollection, got Linear"):
         TorchMetricsCallback(torch.nn.Linear(1, 1))
+    with pytest.raises(ValueError, match="name must be a non-empty str or None, got 3"):
+        TorchMetricsCallback(torchmetrics.MeanSquaredError(), name=3)
+    with pytest.raises(TypeError, match="input_key must be a str, got None"):
+        TorchMetricsCallback(torchmetrics.MeanSquaredError(), input_key=None)
 
 
 def test_default_name_and_per_class_values():

@@ -28,6 +28,11 @@ class TorchMetricsCallback(Callback):
     def __init__(self, metric_or_collection, name: str = None, input_key: str = "logits",
                  target_key: str = "targets", loaders=None):
         import torchmetrics  # an optional extra: pip install torchstage[torchmetrics]
+        if name is not None and (not isinstance(name, str) or not name):
+            raise ValueError(f"TorchMetricsCallback: name must be a non-empty str or None, got {name!r}")
+        for key, value in (("input_key", input_key), ("target_key", target_key)):
+            if not isinstance(value, str):
+                raise TypeError(f"TorchMetricsCallback: {key} must be a str, got {value!r}")
         if isinstance(metric_or_collection, torchmetrics.MetricCollection):
             self.members = {key: m for key, m in metric_or_collection.items(keep_base=False, copy_state=False)}
             prefix = "" if name is None else f"{name}/"
@@ -37,11 +42,6 @@ class TorchMetricsCallback(Callback):
         else:
             raise TypeError(f"TorchMetricsCallback: metric_or_collection must be a torchmetrics.Metric or "
                             f"MetricCollection, got {type(metric_or_collection).__name__}")
-        if name is not None and (not isinstance(name, str) or not name):
-            raise ValueError(f"TorchMetricsCallback: name must be a non-empty str or None, got {name!r}")
-        for key in ("input_key", "target_key"):
-            if not isinstance(locals()[key], str):
-                raise TypeError(f"TorchMetricsCallback: {key} must be a str, got {locals()[key]!r}")
         for metric in self.members.values():
             metric.sync_on_compute, metric._to_sync = False, False  # synced by the engine instead
             metric.dist_sync_on_step = False
