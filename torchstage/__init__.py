@@ -18,15 +18,19 @@ from torchstage.callbacks.monitor import ThroughputMonitor
 from torchstage.callbacks.metric import (AccuracyCallback, AUCCallback, FunctionalMetricCallback, MetricCallback,
                                          MultiLabelAccuracyCallback, PrecisionRecallF1Callback)
 from torchstage.callbacks.optimizer import OptimizerCallback
+from torchstage.callbacks.optuna_pruning import OptunaPruningCallback
 from torchstage.callbacks.output_losses import Loss, OutputLossesCallback, Regularizer
 from torchstage.callbacks.profiler import ProfilerCallback
 from torchstage.callbacks.progress import ProgressBar
 from torchstage.callbacks.requeue import RequeueCallback
 from torchstage.callbacks.scheduler import SchedulerCallback
 from torchstage.callbacks.stop import StopCallback
+from torchstage.callbacks.swa import SWACallback
 from torchstage.callbacks.tensorboard import TensorBoardLogger
 from torchstage.callbacks.timer import TimerCallback
+from torchstage.callbacks.torchmetrics_callback import TorchMetricsCallback
 from torchstage.callbacks.validation import ValidEveryCallback
+from torchstage.callbacks.weight_averaging import EMACallback, WeightAveragingCallback
 from torchstage.checkpoint import CheckpointError, load_checkpoint, load_model_weights
 from torchstage.instantiate import ConfigError
 from torchstage.config.train_call import train_from_config
@@ -42,6 +46,7 @@ from torchstage.runner.runner import Runner
 from torchstage.runner.spec import train_signature
 from torchstage.runner.supervised import SupervisedRunner
 from torchstage.stop_request import RunStopped, StopRequest, request_stop
+from torchstage.tuning import tune
 
 Runner.train.__signature__ = train_signature()
 del train_signature
@@ -67,4 +72,5 @@ __all__ = [
     "SingleDevice", "ConfigError", "load_config", "train_from_config", "RequeueCallback",
     "BatchOverfitCallback", "MetricAggregationCallback", "MultiLabelAccuracyCallback", "RunnerException",
     "LoggerCallback", "MLflowLogger", "ProfilerCallback", "ThroughputMonitor",
+    "TorchMetricsCallback", "EMACallback", "SWACallback", "WeightAveragingCallback", "OptunaPruningCallback", "tune",
 ]

@@ -25,8 +25,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _subcommands():
     """The ``add_parser(subparsers)`` function of every subcommand, in help order."""
-    from torchstage.commands import checkpoint_tools, env, plot, report, run, slurm
-    return [run.add_parser, env.add_parser, plot.add_parser, report.add_parser, checkpoint_tools.add_parser,
+    from torchstage.commands import checkpoint_tools, env, plot, report, run, slurm, tune
+    return [run.add_parser, tune.add_parser, env.add_parser, plot.add_parser, report.add_parser,
+            checkpoint_tools.add_parser,
             slurm.add_parser]
 
 

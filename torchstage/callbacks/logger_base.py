@@ -80,7 +80,7 @@ class LoggerCallback(Callback):
         self.log_metrics(dict(runner.loader_metrics), runner.global_epoch_step, runner.loader_key, EPOCH, runner)
 
     def on_experiment_end(self, runner):
-        self.close(runner, "STOPPED" if getattr(runner, "stop_request", None) is not None else "FINISHED")
+        self.close(runner, "STOPPED" if runner.stop_request is not None else "FINISHED")
 
     def on_exception(self, runner):
         self.close(runner, "FAILED")

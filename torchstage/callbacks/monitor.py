@@ -78,7 +78,7 @@ class ThroughputMonitor(Callback):
         flops = self.flops_per_sample.get(runner.loader_key)
         if flops:
             metrics["tflops_per_s"] = flops * metrics["samples_per_s"] / 1e12
-            peak = self.peak_flops or device_peak_flops(engine.device, getattr(runner, "amp_dtype", None))
+            peak = self.peak_flops or device_peak_flops(engine.device, runner.amp_dtype)
             if peak:
                 metrics["mfu"] = flops * metrics["samples_per_s"] / (peak * engine.world_size)
 

@@ -67,14 +67,20 @@ def _build_stage_values(node: Mapping, path: str, model, inherited: dict) -> dic
     return values
 
 
-def train_from_config(config: Mapping, dry_run: bool = False):
+def train_from_config(config: Mapping, dry_run: bool = False, callbacks: Mapping = None):
     """``runner.train(**kwargs)`` built from ``config``; ``dry_run`` builds and prepares everything, trains nothing.
+
+    ``callbacks``: name -> callback objects added to the config's (``torchstage tune`` adds its pruning one).
 
     With a ``logdir``, the merged config (seed filled in) is written to ``logdir/config.yml`` when the run
     starts, so ``torchstage run -C logdir/config.yml`` repeats it. Returns the runner.
     """
     config = with_defaults(config)
     runner, kwargs = build_train_call(config)
+    if callbacks:
+        given = kwargs.get("callbacks")
+        kwargs["callbacks"] = ({**given, **callbacks} if isinstance(given, Mapping)
+                               else [*(given or []), *callbacks.values()])
     try:
         spec = make_spec(runner, kwargs, config_text=dump_config(config))  # train()'s checks, as config errors
     except (TypeError, ValueError) as exc:  # "stages['ft']: datasets['batch_size'] ..." -> "stages.ft: datasets.batch_size"

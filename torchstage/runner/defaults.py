@@ -12,6 +12,7 @@ from torchstage.callbacks.config_saver import ConfigSaver
 from torchstage.callbacks.console import ConsoleLogger
 from torchstage.callbacks.csv_logger import CSVLogger
 from torchstage.callbacks.debug import CheckRunCallback, LimitBatchesCallback
+from torchstage.callbacks.loader_state import LoaderStateCallback, is_stateful_loader
 from torchstage.callbacks.loop import LoopCallback
 from torchstage.callbacks.optimizer import OptimizerCallback
 from torchstage.callbacks.periodic_validation import PeriodicValidationCallback
@@ -58,6 +59,8 @@ def default_callbacks(runner, spec) -> dict:
         valid_every = ValidEveryCallback(spec.valid_every)
     _check_needs_logdir(spec)
     chain = {"loop": LoopCallback(), "averaging": MetricsAveragingCallback()}
+    if any(is_stateful_loader(loader) for stage in spec.stage_specs for loader in (stage.loaders or {}).values()):
+        chain["loader_state"] = LoaderStateCallback()
     if any(stage.scheduler is not None for stage in spec.stage_specs):
         chain["scheduler"] = scheduler
     if spec.logdir is not None:

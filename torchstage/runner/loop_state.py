@@ -21,6 +21,7 @@ class ResumePoint:
     metrics: dict  #: epoch metrics of the loaders already finished in that epoch
     loader_rng: dict  #: the random state the loader pass started from (replays its order)
     rng: dict  #: this rank's generator states at the checkpoint
+    loader_restored: bool = False  #: a stateful loader was put back where it was: no index skipping
 
 
 @dataclass

@@ -8,6 +8,7 @@ epoch are not run again, and the interrupted loader skips its done batches by in
 from torchstage.checkpoint import CheckpointError
 from torchstage.resume_sampler import capture_loader_rng, resume_iterator
 from torchstage.runner.loop_state import ResumePoint
+from torchstage.rng import set_rng_state
 
 _COUNTERS = ("global_epoch_step", "global_batch_step", "global_sample_step")
 
@@ -70,5 +71,9 @@ def loader_batches(runner):
     runner.loader_sample_step = point.loader_sample_step
     done = {name: metrics for name, metrics in point.metrics.items() if name != runner.loader_key}
     runner.epoch_metrics = {**done, runner.loader_key: runner.loader_metrics}
-    batches = resume_iterator(runner.loader, point.batch, point.loader_rng, point.rng)
+    if point.loader_restored:  # a stateful loader was put back where it was (LoaderStateCallback)
+        batches = iter(runner.loader)
+        set_rng_state(point.rng)
+    else:
+        batches = resume_iterator(runner.loader, point.batch, point.loader_rng, point.rng)
     return enumerate(batches, point.batch + 1)
