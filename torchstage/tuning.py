@@ -104,7 +104,7 @@ def suggest(trial, params: Mapping) -> dict:
 
 def with_params(config: Mapping, values: Mapping, logdir: str) -> dict:
     """A copy of ``config`` with each ``a.b.c`` path set to its value and the trial's logdir."""
-    from torchstage.config import apply_override
+    from torchstage.config.yaml_files import apply_override
     config = copy.deepcopy(dict(config))
     for key, value in values.items():
         apply_override(config, f"{key}={json.dumps(value)}")
@@ -176,7 +176,7 @@ def _load_study(config: dict, settings: dict):
 def _run_trial(config: dict, base: str, proposal: dict, trial) -> float:
     """Train one trial on this rank; returns the best validation value, raises ``optuna.TrialPruned``."""
     from torchstage.callbacks.optuna_pruning import OptunaPruningCallback
-    from torchstage.config import train_from_config
+    from torchstage.config.train_call import train_from_config
     number, params = proposal["number"], proposal["params"]
     logdir = os.path.join(base, f"trial-{number:04d}")
     if trial is not None:

@@ -34,7 +34,8 @@ def add_parser(subparsers) -> None:
 
 
 def tune_command(args) -> int:
-    from torchstage.config import ConfigError, load_config
+    from torchstage.config.yaml_files import load_config
+    from torchstage.instantiate import ConfigError
     from torchstage.logging_setup import ensure_console_handler
     from torchstage.tuning import tune
     ensure_console_handler()
