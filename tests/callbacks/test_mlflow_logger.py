@@ -114,3 +114,20 @@ def test_a_slurm_job_restarted_before_its_first_checkpoint_continues_its_run(tmp
     finished = only_run(client, "torchstage")
     assert finished.info.run_id == failed.info.run_id and finished.info.status == "FINISHED"
     assert history(client, finished.info.run_id, "valid/loss") == epoch_values(tmp_path, "valid")
+
+
+def test_a_checkpoint_whose_run_is_not_in_the_store_starts_a_new_run(tmp_path, caplog):
+    import logging
+    caplog.set_level(logging.WARNING, logger="torchstage")
+    model = torch.nn.Linear(4, 1)
+    kwargs = dict(model=model, criterion=torch.nn.MSELoss(), optimizer=torch.optim.SGD(model.parameters(), lr=0.05),
+                  loaders=regression_loaders(), logdir=str(tmp_path))
+    SupervisedRunner().train(**kwargs, num_epochs=1, callbacks={"mlflow": MLflowLogger()})
+    old = only_run(client_for(tmp_path), "torchstage").info.run_id
+    other = f"sqlite:///{tmp_path}/other.db"  # the resumed run logs elsewhere (another server, a copied logdir)
+    SupervisedRunner().train(**kwargs, num_epochs=2, resume="last",
+                             callbacks={"mlflow": MLflowLogger(tracking_uri=other)})
+    from mlflow import MlflowClient
+    new = only_run(MlflowClient(tracking_uri=other), "torchstage")
+    assert new.info.run_id != old and new.info.status == "FINISHED"
+    assert any(f"MLflow run {old} of the checkpoint is not in" in r.getMessage() for r in caplog.records)

@@ -73,8 +73,8 @@ def test_data_wait_rises_when_the_loader_is_slow(tmp_path):
         return torch.nn.Sequential(torch.nn.Linear(64, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024),
                                    torch.nn.ReLU(), torch.nn.Linear(1024, 32))
     fast = train(tmp_path / "fast", model=mlp(), monitor=True).epoch_metrics["train"]["data_wait"]
-    slow = train(tmp_path / "slow", model=mlp(), delay=0.01, monitor=True).epoch_metrics["train"]["data_wait"]
-    assert slow > 0.8 and slow > fast + 0.3, (fast, slow)
+    slow = train(tmp_path / "slow", model=mlp(), delay=0.02, monitor=True).epoch_metrics["train"]["data_wait"]
+    assert slow > 0.6 and slow > fast + 0.3, (fast, slow)  # loose: the machine may be loaded
 
 
 def test_monitor_argument_is_checked():

@@ -63,6 +63,9 @@ class MLflowLogger(LoggerCallback):
         if job:
             tags["slurm_job_id"] = job
         self.run_id = self.run_id or self._requeued_run(experiment_id, job, logdir)
+        if self.run_id is not None and not self._exists(self.run_id):
+            logger.warning("MLflow run %s of the checkpoint is not in %s; starting a new run", self.run_id, uri)
+            self.run_id = None
         if self.run_id is None:
             run = self.client.create_run(experiment_id, tags=tags,
                                          run_name=self.run_name or os.path.basename(logdir))
@@ -72,6 +75,14 @@ class MLflowLogger(LoggerCallback):
             for key, value in tags.items():
                 self.client.set_tag(self.run_id, key, value)
         logger.info("MLflow run %s in %s (mlflow ui --backend-store-uri %s)", self.run_id, uri, uri)
+
+    def _exists(self, run_id) -> bool:
+        from mlflow.exceptions import MlflowException  # optional extra
+        try:
+            self.client.get_run(run_id)
+        except MlflowException:
+            return False
+        return True
 
     def _requeued_run(self, experiment_id, job, logdir):
         """A SLURM job requeued before its first checkpoint: the run this job already started in this logdir."""
