@@ -27,6 +27,7 @@ from torchstage.config import ConfigError, load_config, train_from_config
 from torchstage.distributed.engine import Engine
 from torchstage.periods import Batch, Epoch
 from torchstage.distributed.world import distributed_cmd_run
+from torchstage.logdir_lock import LogdirLocked
 from torchstage.rng import set_seed
 from torchstage.runner.runner import Runner
 from torchstage.runner.spec import train_signature
@@ -45,5 +46,5 @@ __all__ = [
     "Engine", "LoopCallback", "MetricsAveragingCallback", "OptimizerCallback", "ProgressBar", "Runner",
     "SchedulerCallback", "SupervisedRunner", "TensorBoardLogger", "distributed_cmd_run", "load_checkpoint",
     "load_model_weights", "set_seed", "Batch", "Epoch", "RunStopped", "StopCallback", "StopRequest", "request_stop",
-    "ConfigError", "load_config", "train_from_config", "RequeueCallback",
+    "ConfigError", "load_config", "train_from_config", "RequeueCallback", "LogdirLocked",
 ]

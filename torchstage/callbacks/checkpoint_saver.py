@@ -9,8 +9,7 @@ import math
 import os
 
 from torchstage.callbacks.base import Callback, CallbackOrder
-from torchstage.checkpoint import (checkpoint_folder, checkpoint_path, link_atomic, load_checkpoint, serialize,
-                                   write_atomic)
+from torchstage.checkpoint import checkpoint_folder, checkpoint_path, load_checkpoint, serialize, write_atomic
 from torchstage.periods import Batch, Epoch, as_periods, batch_due, epoch_due
 
 
@@ -78,11 +77,8 @@ class CheckpointCallback(Callback):
         targets = ([checkpoint_path(folder, "last")] if last_due else []) + \
                   ([checkpoint_path(folder, "best")] if is_best else []) + \
                   ([os.path.join(folder, entry["file"])] if kept else [])
-        for i, path in enumerate(targets):  # one write; the other names are hard links to it
-            if i == 0:
-                write_atomic(path, data)
-            else:
-                link_atomic(targets[0], path, data)
+        for path in targets:  # independent files: damage to one cannot reach another
+            write_atomic(path, data)
         for old in dropped:
             path = os.path.join(folder, old["file"])
             if os.path.exists(path):

@@ -43,6 +43,7 @@ class Runner:
         self.valid_loader = self.valid_metric = self.minimize_valid_metric = None
         self.stage_loaders, self.stage_callbacks = [], []
         self.exception = self.requeued = None  #: what ended the run; whether SLURM requeued the job
+        self.logdir_lock = None  #: the held lock of the logdir while a run writes it
         self.callbacks = {}
         self._handlers = {event: [] for event in EVENTS}
 
@@ -96,6 +97,9 @@ class Runner:
                 except Exception:
                     logger.exception("callback failed while handling an exception")
             raise
+        finally:
+            if self.logdir_lock is not None:
+                self.logdir_lock.release()
         if self.stop_request is not None:
             raise RunStopped(self.stop_request)  # a graceful stop: checkpoint written, exit code set
         return self

@@ -1,12 +1,10 @@
 """Turning a checked spec into a ready runner: engine, seed, logdir, models, loaders, chains, resume."""
 import logging
-import os
 
 import torch
 
-from torchstage.callbacks.checkpoint_saver import checkpoint_folders
-from torchstage.checkpoint import checkpoint_path, load_checkpoint
 from torchstage.distributed.engine import Engine
+from torchstage.logdir_lock import LogdirLock, LogdirLocked
 from torchstage.named import map_named
 from torchstage.rng import set_seed
 from torchstage.runner.amp import setup_amp
@@ -15,7 +13,7 @@ from torchstage.runner.dataset_loaders import build_loaders
 from torchstage.runner.spec import check_valid_loader
 from torchstage.runner.features import check_feature_chain, compile_models
 from torchstage.runner.loop_state import LoopState
-from torchstage.runner.resume import restore
+from torchstage.runner.resume import checkpoint_to_resume, restore
 
 logger = logging.getLogger("torchstage")
 
@@ -59,9 +57,15 @@ def prepare(runner, spec, engine: Engine = None) -> None:
     check_feature_chain(spec, runner.stage_callbacks)
     runner.loop = LoopState()
     runner.enter_stage(0)
-    checkpoint = _resume_checkpoint(spec, runner.engine, runner.stage_callbacks)
-    if checkpoint is not None:
-        restore(runner, checkpoint)
+    runner.logdir_lock = _lock_logdir(spec, runner.engine)  # before anything is read or written there
+    try:
+        checkpoint = checkpoint_to_resume(spec, runner.engine, runner.stage_callbacks)
+        if checkpoint is not None:
+            restore(runner, checkpoint)
+    except BaseException:
+        if runner.logdir_lock is not None:
+            runner.logdir_lock.release()
+        raise
     if runner.engine.is_main:
         logger.info("callbacks of stage %r:\n%s", runner.stage_key, describe_chain(runner.callbacks))
 
@@ -89,30 +93,17 @@ def _check_valid_metric(runner, stage, chain) -> None:
                          f"produces {sorted(produced)}. Add a metric callback that writes it, or pick one of those")
 
 
-def _last_checkpoint(spec, chains):
-    """Where this run's ``last.pth`` is: in the folder its checkpoint callback writes to (the latest stage
-    first whose folder holds one), else ``<logdir>/checkpoints``; None without either."""
-    folders = [folder for chain in reversed(chains) for folder in checkpoint_folders(chain, spec.logdir)]
-    lasts = [checkpoint_path(folder, "last") for folder in dict.fromkeys(folders)]
-    return next((path for path in lasts if os.path.exists(path)), lasts[0] if lasts else None)
-
-
-def _resume_checkpoint(spec, engine, chains):
-    """The checkpoint to resume from, or None; refuses to overwrite an earlier run's checkpoints."""
-    last = _last_checkpoint(spec, chains)
-    # The main rank looks before anyone can write, and every rank acts on what it saw: a slower rank
-    # must not find the last.pth that this very run has just written.
-    last_exists = engine.broadcast_object(last is not None and os.path.exists(last))
-    if spec.resume is None:
-        if last_exists and not spec.overwrite:
-            raise FileExistsError(f"logdir {str(spec.logdir)!r} already holds a run ({last}); pass resume='last' to "
-                                  f"continue it, overwrite=True to replace it, or another logdir")
+def _lock_logdir(spec, engine):
+    """The main rank takes the logdir's lock before anything is written; every rank fails if it is held."""
+    if spec.logdir is None:
         return None
-    if spec.resume == "last":
-        if last is None:
-            raise ValueError("resume='last' needs a logdir (or a CheckpointCallback with one) to find last.pth in")
-        if not last_exists:
-            logger.info("resume='last': no checkpoint in %s yet, starting a new run", spec.logdir)
-            return None
-        return load_checkpoint(last)
-    return load_checkpoint(os.fspath(spec.resume))
+    lock, error = LogdirLock(spec.logdir), None
+    if engine.is_main:
+        try:
+            lock.acquire()
+        except LogdirLocked as e:
+            error = str(e)
+    error = engine.broadcast_object(error)
+    if error is not None:
+        raise LogdirLocked(error)
+    return lock
