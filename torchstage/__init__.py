@@ -11,6 +11,7 @@ from torchstage.callbacks.csv_logger import CSVLogger
 from torchstage.callbacks.debug import CheckRunCallback, LimitBatchesCallback
 from torchstage.callbacks.early_stopping import EarlyStoppingCallback
 from torchstage.callbacks.loop import LoopCallback
+from torchstage.callbacks.nonfinite import NonFiniteLossCallback, NonFiniteLossError
 from torchstage.callbacks.metric import (AccuracyCallback, AUCCallback, FunctionalMetricCallback, MetricCallback,
                                          PrecisionRecallF1Callback)
 from torchstage.callbacks.optimizer import OptimizerCallback
@@ -47,4 +48,5 @@ __all__ = [
     "SchedulerCallback", "SupervisedRunner", "TensorBoardLogger", "distributed_cmd_run", "load_checkpoint",
     "load_model_weights", "set_seed", "Batch", "Epoch", "RunStopped", "StopCallback", "StopRequest", "request_stop",
     "ConfigError", "load_config", "train_from_config", "RequeueCallback", "LogdirLocked",
+    "NonFiniteLossCallback", "NonFiniteLossError",
 ]

@@ -9,6 +9,7 @@ import math
 import os
 
 from torchstage.callbacks.base import Callback, CallbackOrder
+from torchstage.callbacks.nonfinite import NonFiniteLossCallback
 from torchstage.checkpoint import checkpoint_folder, checkpoint_path, load_checkpoint, serialize, write_atomic
 from torchstage.periods import Batch, Epoch, as_periods, batch_due, epoch_due
 
@@ -68,6 +69,8 @@ class CheckpointCallback(Callback):
             self.best = entry
         kept, dropped = self._update_topk(runner, entry)
         last_due = epoch_due(self.periods, runner) or runner.epoch == runner.num_epochs
+        if last_due or is_best or kept:
+            _check_finite(runner)
         data = serialize(runner.state_dict()) if (last_due or is_best or kept) else None  # collective
         if last_due:
             self._saved_at = self._position(runner)
@@ -94,6 +97,7 @@ class CheckpointCallback(Callback):
         position = self._position(runner)
         if self._saved_at == position:
             return path
+        _check_finite(runner)
         data = serialize(runner.state_dict())
         self._saved_at = position
         if runner.engine.is_main:
@@ -141,6 +145,13 @@ class CheckpointCallback(Callback):
 
     def load_state_dict(self, state):
         self.best, self.history, self.kept = state["best"], state["history"], state.get("kept", [])
+
+
+def _check_finite(runner) -> None:
+    """No checkpoint holds weights trained on a non-finite loss: read the watchers' flags first (collective)."""
+    for callback in runner.callbacks.values():
+        if isinstance(callback, NonFiniteLossCallback):
+            callback.check(runner)
 
 
 def checkpoint_folders(chain: dict, logdir) -> list:

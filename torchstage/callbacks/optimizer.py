@@ -66,6 +66,9 @@ class OptimizerCallback(Callback):
     def on_batch_end(self, runner):
         if not runner.is_train_loader:
             return
+        if runner.batch_skipped:  # e.g. a non-finite loss under NonFiniteLossCallback(mode="skip")
+            self._leave_no_sync()
+            return
         try:
             loss = runner.batch_metrics[self.metric_key]
         except KeyError:

@@ -4,6 +4,7 @@ from torchstage.callbacks.checkpoint_saver import CheckpointCallback
 from torchstage.callbacks.console import ConsoleLogger
 from torchstage.callbacks.csv_logger import CSVLogger
 from torchstage.callbacks.loop import LoopCallback
+from torchstage.callbacks.nonfinite import NonFiniteLossCallback
 from torchstage.callbacks.progress import ProgressBar
 from torchstage.callbacks.requeue import RequeueCallback
 from torchstage.callbacks.scheduler import SchedulerCallback
@@ -15,7 +16,7 @@ from torchstage.distributed.slurm_requeue import slurm_job_id
 def default_callbacks(runner, spec) -> dict:
     """Bookkeeping, metric averaging, scheduler (if any), checkpoints and logs (with a logdir), graceful stop,
     SLURM requeue (inside a SLURM job), progress."""
-    chain = {"loop": LoopCallback(), "averaging": MetricsAveragingCallback()}
+    chain = {"loop": LoopCallback(), "nonfinite": NonFiniteLossCallback(), "averaging": MetricsAveragingCallback()}
     if any(stage.scheduler is not None for stage in spec.stage_specs):
         chain["scheduler"] = SchedulerCallback(mode=spec.scheduler_step)
     if spec.logdir is not None:
