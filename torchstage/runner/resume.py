@@ -11,6 +11,7 @@ import os
 from torchstage.callbacks.checkpoint_saver import checkpoint_folders
 from torchstage.checkpoint import CheckpointError, checkpoint_files, load_checkpoint, load_newest_intact
 from torchstage.resume_sampler import capture_loader_rng, resume_iterator
+from torchstage.runner.resume_checks import apply_after_load, check_before_load, report_epochs
 from torchstage.runner.loop_state import ResumePoint
 
 logger = logging.getLogger("torchstage")
@@ -18,13 +19,13 @@ _COUNTERS = ("global_epoch_step", "global_batch_step", "global_sample_step")
 
 
 def checkpoint_to_resume(spec, engine, chains):
-    """The checkpoint to resume from, or None; refuses to overwrite an earlier run's checkpoints.
+    """``(path, checkpoint)`` to resume from, or None; refuses to overwrite an earlier run's checkpoints.
 
     ``resume='last'`` looks where the run's checkpoint callbacks write (the latest stage's folder first)
     and takes ``last.pth``, or, if it is missing or damaged, the newest intact checkpoint there, saying so.
     """
     if spec.resume not in (None, "last"):
-        return load_checkpoint(os.fspath(spec.resume))
+        return os.fspath(spec.resume), load_checkpoint(os.fspath(spec.resume))
     folders = list(dict.fromkeys(f for chain in reversed(chains) for f in checkpoint_folders(chain, spec.logdir)))
     # The main rank looks before anyone can write, and every rank acts on what it saw: a slower rank
     # must not find the last.pth that this very run has just written.
@@ -53,10 +54,10 @@ def checkpoint_to_resume(spec, engine, chains):
     if skipped and engine.is_main:
         logger.warning("resume='last': %s; resuming from %s, the newest intact checkpoint",
                        "; ".join(f"{p} was passed over ({why})" for p, why in skipped), path)
-    return checkpoint if checkpoint is not None else load_checkpoint(path)
+    return path, checkpoint if checkpoint is not None else load_checkpoint(path)
 
 
-def restore(runner, checkpoint: dict) -> None:
+def restore(runner, checkpoint: dict, path: str = "the checkpoint") -> None:
     """Continue where ``checkpoint`` stopped; the next event is the first one the old run did not reach."""
     loop = checkpoint["loop"]
     names = [stage.name for stage in runner.spec.stage_specs]
@@ -65,7 +66,10 @@ def restore(runner, checkpoint: dict) -> None:
                               f"(stages: {names})")
     index = names.index(loop["stage"])
     runner.enter_stage(index)
+    given = check_before_load(runner, checkpoint, path)
     runner.load_state_dict(checkpoint)
+    apply_after_load(runner, given)
+    report_epochs(runner, checkpoint, path)
     for key in _COUNTERS:
         setattr(runner, key, loop[key])
     runner.epoch_metrics = checkpoint.get("metrics", {})

@@ -59,9 +59,9 @@ def prepare(runner, spec, engine: Engine = None) -> None:
     runner.enter_stage(0)
     runner.logdir_lock = _lock_logdir(spec, runner.engine)  # before anything is read or written there
     try:
-        checkpoint = checkpoint_to_resume(spec, runner.engine, runner.stage_callbacks)
-        if checkpoint is not None:
-            restore(runner, checkpoint)
+        found = checkpoint_to_resume(spec, runner.engine, runner.stage_callbacks)
+        if found is not None:
+            restore(runner, found[1], path=found[0])
     except BaseException:
         if runner.logdir_lock is not None:
             runner.logdir_lock.release()

@@ -75,6 +75,7 @@ class TrainSpec:
     topk: int = 1
     load_best_on_end: bool = False
     requeue: Optional[bool] = None
+    resume_lr: str = "refuse"
     stage_specs: list = field(default_factory=list, repr=False)
 
 
@@ -94,6 +95,9 @@ def make_spec(runner, kwargs: dict) -> TrainSpec:
                         f"(also launch one process per device) or False (one process), got {spec.distributed!r}")
     if spec.scheduler_step not in ("epoch", "batch"):
         raise ValueError(f"scheduler_step must be 'epoch' or 'batch', got {spec.scheduler_step!r}")
+    if spec.resume_lr not in ("refuse", "new", "checkpoint"):
+        raise ValueError(f"resume_lr must be 'refuse' (a learning rate that differs from the checkpoint's fails), "
+                         f"'new' (use the one given now) or 'checkpoint' (keep the saved one), got {spec.resume_lr!r}")
     if spec.strategy not in ("ddp", "fsdp"):
         raise ValueError(f"strategy must be 'ddp' or 'fsdp', got {spec.strategy!r}")
     from torchstage.runner.features import check_feature_args
