@@ -10,6 +10,7 @@ from torchstage.callbacks.requeue import RequeueCallback
 from torchstage.callbacks.scheduler import SchedulerCallback
 from torchstage.callbacks.stop import StopCallback
 from torchstage.callbacks.tensorboard import TensorBoardLogger
+from torchstage.callbacks.watchdog import HangWatchdogCallback
 from torchstage.distributed.slurm_requeue import slurm_job_id
 
 
@@ -30,6 +31,8 @@ def default_callbacks(runner, spec) -> dict:
     chain["stop"] = StopCallback()
     if spec.requeue is not False and slurm_job_id() is not None:
         chain["requeue"] = RequeueCallback(required=spec.requeue is True)
+    if spec.hang_timeout is not None:
+        chain["watchdog"] = HangWatchdogCallback(spec.hang_timeout)
     if spec.verbose:
         chain["progress"] = ProgressBar()
     return chain

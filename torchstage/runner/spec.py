@@ -76,6 +76,7 @@ class TrainSpec:
     load_best_on_end: bool = False
     requeue: Optional[bool] = None
     resume_lr: str = "refuse"
+    hang_timeout: Optional[float] = 300
     stage_specs: list = field(default_factory=list, repr=False)
 
 
