@@ -73,10 +73,7 @@ class LogdirLock:
                 continue  # released (or being written) just now
             reason = self._stale_reason(holder)
             if reason is None:
-                raise LogdirLocked(
-                    f"logdir {os.path.dirname(self.path)!r} is being written by another run ({describe(holder)}; "
-                    f"lock file {self.path}). Wait for it to end, or use another logdir; if that run is gone "
-                    f"on another host, delete the lock file")
+                raise self._locked(holder)
             stale = f"{self.path}.stale.{os.getpid()}"
             try:
                 os.rename(self.path, stale)  # only one taker wins the rename
@@ -85,6 +82,17 @@ class LogdirLock:
             os.remove(stale)
             logger.warning("logdir lock %s: taking over from %s (%s)", self.path, describe(holder), reason)
         raise LogdirLocked(f"could not take the logdir lock {self.path}: other runs keep taking it")
+
+    def check(self) -> None:
+        """Raise :class:`LogdirLocked` if a live run holds the lock now; reads only (creates nothing)."""
+        holder = self._read() if os.path.exists(self.path) else None
+        if holder and self._stale_reason(holder) is None:
+            raise self._locked(holder)
+
+    def _locked(self, holder: dict) -> LogdirLocked:
+        return LogdirLocked(f"logdir {os.path.dirname(self.path)!r} is being written by another run "
+                            f"({describe(holder)}; lock file {self.path}). Wait for it to end, or use another "
+                            f"logdir; if that run is gone on another host, delete the lock file")
 
     def _create(self) -> bool:
         try:
@@ -119,6 +127,20 @@ class LogdirLock:
         if not _alive(holder):
             return "that process is gone"
         return None
+
+    @classmethod
+    def on_main_rank(cls, logdir, engine, take: bool):
+        """Check (``take=False``) or take the lock on the main rank; every rank raises if it is held."""
+        lock, error = cls(logdir), None
+        if engine.is_main:
+            try:
+                lock.acquire() if take else lock.check()
+            except LogdirLocked as e:
+                error = str(e)
+        error = engine.broadcast_object(error)
+        if error is not None:
+            raise LogdirLocked(error)
+        return lock
 
     def release(self) -> None:
         """Remove the lock if this process holds it (it checks the pid, so a taken-over lock stays)."""

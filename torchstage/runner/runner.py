@@ -7,6 +7,7 @@ import torch
 from torchstage.callbacks.base import (EVENTS, CallbackScope, CancelBatch, CancelEpoch, CancelLoader, CancelRun,
                                        CancelStage)
 from torchstage.distributed.prefetch import prefetch_to_device
+from torchstage.logdir_lock import LogdirLock
 from torchstage.named import map_named
 from torchstage.runner.loop_state import LoopState, expose_loop_state
 from torchstage.runner.resume import loader_batches, remaining_loaders
@@ -86,7 +87,12 @@ class Runner:
         return launch_or_run(self, spec)
 
     def run(self) -> "Runner":
-        """Run the prepared experiment; fires ``on_exception`` (then re-raises) if anything fails."""
+        """Run the prepared experiment; fires ``on_exception`` (then re-raises) if anything fails.
+
+        With a logdir, the main rank holds its lock (one writer per logdir) from here until the run ends.
+        """
+        if self.spec is not None and self.spec.logdir is not None:
+            self.logdir_lock = LogdirLock.on_main_rank(self.spec.logdir, self.engine, take=True)
         try:
             self._run_event("experiment", self._run_stages, CancelRun)
         except BaseException as exc:
@@ -100,6 +106,7 @@ class Runner:
         finally:
             if self.logdir_lock is not None:
                 self.logdir_lock.release()
+                self.logdir_lock = None
         if self.stop_request is not None:
             raise RunStopped(self.stop_request)  # a graceful stop: checkpoint written, exit code set
         return self

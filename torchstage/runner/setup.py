@@ -4,7 +4,7 @@ import logging
 import torch
 
 from torchstage.distributed.engine import Engine
-from torchstage.logdir_lock import LogdirLock, LogdirLocked
+from torchstage.logdir_lock import LogdirLock
 from torchstage.named import map_named
 from torchstage.rng import set_seed
 from torchstage.runner.amp import setup_amp
@@ -57,15 +57,11 @@ def prepare(runner, spec, engine: Engine = None) -> None:
     check_feature_chain(spec, runner.stage_callbacks)
     runner.loop = LoopState()
     runner.enter_stage(0)
-    runner.logdir_lock = _lock_logdir(spec, runner.engine)  # before anything is read or written there
-    try:
-        found = checkpoint_to_resume(spec, runner.engine, runner.stage_callbacks)
-        if found is not None:
-            restore(runner, found[1], path=found[0])
-    except BaseException:
-        if runner.logdir_lock is not None:
-            runner.logdir_lock.release()
-        raise
+    if spec.logdir is not None:  # another run writing there is named first; run() takes the lock
+        LogdirLock.on_main_rank(spec.logdir, runner.engine, take=False)
+    found = checkpoint_to_resume(spec, runner.engine, runner.stage_callbacks)
+    if found is not None:
+        restore(runner, found[1], path=found[0])
     if runner.engine.is_main:
         logger.info("callbacks of stage %r:\n%s", runner.stage_key, describe_chain(runner.callbacks))
 
@@ -93,17 +89,3 @@ def _check_valid_metric(runner, stage, chain) -> None:
                          f"produces {sorted(produced)}. Add a metric callback that writes it, or pick one of those")
 
 
-def _lock_logdir(spec, engine):
-    """The main rank takes the logdir's lock before anything is written; every rank fails if it is held."""
-    if spec.logdir is None:
-        return None
-    lock, error = LogdirLock(spec.logdir), None
-    if engine.is_main:
-        try:
-            lock.acquire()
-        except LogdirLocked as e:
-            error = str(e)
-    error = engine.broadcast_object(error)
-    if error is not None:
-        raise LogdirLocked(error)
-    return lock
