@@ -15,6 +15,7 @@ from torchstage.callbacks.logger_base import LoggerCallback
 from torchstage.callbacks.loop import LoopCallback
 from torchstage.callbacks.mlflow_logger import MLflowLogger
 from torchstage.callbacks.monitor import ThroughputMonitor
+from torchstage.callbacks.nonfinite import NonFiniteLossCallback, NonFiniteLossError
 from torchstage.callbacks.metric import (AccuracyCallback, AUCCallback, FunctionalMetricCallback, MetricCallback,
                                          MultiLabelAccuracyCallback, PrecisionRecallF1Callback)
 from torchstage.callbacks.optimizer import OptimizerCallback
@@ -40,6 +41,7 @@ from torchstage.distributed.strategies.ddp import DDP
 from torchstage.distributed.strategies.single import SingleDevice
 from torchstage.periods import Batch, Epoch
 from torchstage.distributed.world import distributed_cmd_run
+from torchstage.logdir_lock import LogdirLocked
 from torchstage.rng import set_seed
 from torchstage.runner.errors import RunnerException
 from torchstage.runner.runner import Runner
@@ -73,4 +75,5 @@ __all__ = [
     "BatchOverfitCallback", "MetricAggregationCallback", "MultiLabelAccuracyCallback", "RunnerException",
     "LoggerCallback", "MLflowLogger", "ProfilerCallback", "ThroughputMonitor",
     "TorchMetricsCallback", "EMACallback", "SWACallback", "WeightAveragingCallback", "OptunaPruningCallback", "tune",
+    "LogdirLocked", "NonFiniteLossCallback", "NonFiniteLossError",
 ]

@@ -2,11 +2,19 @@
 import difflib
 import importlib
 import inspect
+import os
 import types
 import typing
 from collections.abc import Mapping
 
 TARGET = "_target_"
+#: Comma-separated module prefixes a ``_target_`` must start with (``torchstage run --allow-targets``); unset: any.
+ALLOWED_TARGETS_VAR = "TORCHSTAGE_ALLOWED_TARGETS"
+
+
+def allowed_prefixes() -> tuple:
+    """The ``_target_`` prefixes allowed by ``$TORCHSTAGE_ALLOWED_TARGETS`` (empty: any import path)."""
+    return tuple(p.strip() for p in os.environ.get(ALLOWED_TARGETS_VAR, "").split(",") if p.strip())
 
 
 class ConfigError(ValueError):
@@ -32,6 +40,10 @@ def import_target(target, path: str):
     where = join(path, TARGET)
     if not isinstance(target, str) or not target or target.startswith(".") or ".." in target:
         raise ConfigError(where, f"expected an import path such as 'torch.nn.Linear', got {target!r}")
+    allowed = allowed_prefixes()
+    if allowed and not any(target == p.rstrip(".") or target.startswith(p.rstrip(".") + ".") for p in allowed):
+        raise ConfigError(where, f"{target!r} is not under the allowed module prefixes {list(allowed)} "
+                                 f"(--allow-targets / ${ALLOWED_TARGETS_VAR}); nothing was imported")
     parts = target.split(".")
     module, tried = None, []
     for cut in range(len(parts), 0, -1):  # the longest importable prefix, then attributes

@@ -91,13 +91,17 @@ def test_resume_from_epoch_end_continues_to_same_weights(tmp_path):
         assert torch.equal(a, b)
 
 
-def test_same_checkpoint_under_several_names_is_written_once(tmp_path):
+def test_same_checkpoint_under_several_names_is_independent_files(tmp_path):
     train(tmp_path, num_epochs=1)
     folder = tmp_path / "checkpoints"
     last, best, epoch = (os.stat(folder / name) for name in ("last.pth", "best.pth", "epoch-0001.pth"))
-    assert last.st_ino == best.st_ino == epoch.st_ino  # hard links: one write, three names
-    # a later atomic replace of one name leaves the others intact
+    assert len({last.st_ino, best.st_ino, epoch.st_ino}) == 3 and last.st_nlink == 1  # not hard links
+    assert (folder / "last.pth").read_bytes() == (folder / "best.pth").read_bytes()
+    # damage to one name (in place, as `cp other.pth last.pth` or truncate would do) leaves the others intact
     before = (folder / "best.pth").read_bytes()
+    with open(folder / "last.pth", "r+b") as f:
+        f.truncate(100)
+    assert (folder / "best.pth").read_bytes() == before == (folder / "epoch-0001.pth").read_bytes()
     (folder / "last.pth").unlink()
     assert (folder / "best.pth").read_bytes() == before
 

@@ -253,3 +253,17 @@ def test_user_errors_are_one_line_and_exit_2(tmp_path):
     assert mismatch.stderr.startswith("torchstage run: error: BCEWithLogitsLoss compares model output 'logits' of "
                                       "shape [16, 3] (float32) with target 'targets' of shape [16, 1] (float32): it "
                                       "needs both of one shape"), mismatch.stderr
+
+
+def test_allow_targets_refuses_a_target_outside_the_prefixes_before_importing_it(tmp_path):
+    marker = tmp_path / "imported"
+    (tmp_path / "evil.py").write_text(f"open({str(marker)!r}, 'w').close()\ndef run(**kw):\n    return None\n")
+    (tmp_path / "c.yml").write_text(FOUNDATION.replace("criterion: {_target_: torch.nn.MSELoss}",
+                                                       "criterion: {_target_: evil.run}"))
+    refused = run_cli("run", "-C", "c.yml", "--dry-run", "--allow-targets", "torch,torchstage", cwd=tmp_path)
+    assert refused.returncode == 2, refused.stderr
+    assert "criterion._target_: 'evil.run' is not under the allowed module prefixes ['torch', 'torchstage']" \
+           in refused.stderr
+    assert not marker.exists()  # nothing of it was imported, let alone called
+    allowed = run_cli("run", "-C", "c.yml", "--dry-run", "--allow-targets", "torch,torchstage,evil", cwd=tmp_path)
+    assert marker.exists() and "criterion._target_" not in allowed.stderr

@@ -11,6 +11,7 @@ import os
 from torchstage.aliases import note_alias
 from torchstage.arguments import ArgumentError
 from torchstage.callbacks.base import Callback, CallbackOrder
+from torchstage.callbacks.nonfinite import NonFiniteLossCallback
 from torchstage.checkpoint import checkpoint_folder, checkpoint_path, load_checkpoint, write_atomic
 from torchstage.periods import Batch, Epoch, as_periods, batch_due, epoch_due
 
@@ -78,7 +79,8 @@ class CheckpointCallback(Callback):
         targets = ([checkpoint_path(folder, "last")] if last_due else []) + \
                   ([checkpoint_path(folder, "best")] if is_best else []) + \
                   ([os.path.join(folder, entry["file"])] if kept else [])
-        if targets:  # one write; the other names link to it (collective)
+        if targets:  # independent files: damage to one cannot reach another (collective)
+            _check_finite(runner)
             runner.engine.strategy.save_checkpoint(runner.state_dict(), targets, runner.engine)
         if last_due:
             self._saved_at = self._position(runner)
@@ -99,6 +101,7 @@ class CheckpointCallback(Callback):
         position = self._position(runner)
         if self._saved_at == position:
             return path
+        _check_finite(runner)
         runner.engine.strategy.save_checkpoint(runner.state_dict(), [path], runner.engine)
         self._saved_at = position
         return path
@@ -144,6 +147,13 @@ class CheckpointCallback(Callback):
 
     def load_state_dict(self, state):
         self.best, self.history, self.kept = state["best"], state["history"], state.get("kept", [])
+
+
+def _check_finite(runner) -> None:
+    """No checkpoint holds weights trained on a non-finite loss: read the watchers' flags first (collective)."""
+    for callback in runner.callbacks.values():
+        if isinstance(callback, NonFiniteLossCallback):
+            callback.check(runner)
 
 
 def checkpoint_folders(chain: dict, logdir) -> list:

@@ -51,7 +51,7 @@ class LoopCallback(Callback):
             runner.train_batches_done += 1
             runner.global_batch_step += 1
             runner.global_sample_step += runner.batch_size
-        runner.batch_metrics = {}
+        runner.batch_metrics, runner.batch_skipped = {}, False
 
     def on_loader_end(self, runner):
         torch.set_grad_enabled(self._grad_was)

@@ -17,6 +17,7 @@ class MetricCallback(Callback):
     """
 
     order = CallbackOrder.Metric
+    state_per_rank = True  # the partial state of a mid-loader checkpoint differs between ranks
 
     def __init__(self, metric: Metric = None, input_key: str = None, target_key: str = None, loaders=None, *,
                  metric_fn=None, output_key: str = None, prefix: str = None, multiplier: float = 1.0,
@@ -32,6 +33,7 @@ class MetricCallback(Callback):
             raise TypeError(f"metric must be a torchstage.metrics.Metric, got {type(metric).__name__}")
         self.metric, self.input_key, self.target_key = metric, input_key, target_key
         self.loaders = None if loaders is None else ({loaders} if isinstance(loaders, str) else set(loaders))
+        self._in_loader, self._resumed = False, None
 
     @property
     def produces(self):
@@ -42,6 +44,17 @@ class MetricCallback(Callback):
 
     def on_loader_start(self, runner):
         self.metric.reset()
+        if self._resumed is not None:  # a run resumed mid-loader continues the partial state
+            self.metric.load_state_dict({k: v.to(runner.engine.device) for k, v in self._resumed.items()})
+            self._resumed = None
+        self._in_loader = True
+
+    def state_dict(self):
+        """The metric's partial state while a loader runs (a mid-loader checkpoint), else nothing."""
+        return self.metric.state_dict() if self._in_loader else {}
+
+    def load_state_dict(self, state):
+        self._resumed = state
 
     def on_batch_end(self, runner):
         if self._active(runner):
@@ -49,6 +62,7 @@ class MetricCallback(Callback):
                 self.metric.update(runner.batch[self.input_key], runner.batch[self.target_key])
 
     def on_loader_end(self, runner):
+        self._in_loader = False
         if not self._active(runner):
             return
         self.metric.sync(runner.engine)

@@ -1,8 +1,6 @@
 """Backward and optimizer step on train loaders: gradient accumulation, clipping, AMP loss scaling."""
 import contextlib
 
-import torch
-
 from torchstage.arguments import check_int, check_positive
 from torchstage.callbacks.base import Callback, CallbackOrder
 from torchstage.callbacks.catalyst_keys import grad_clip_from_params, refuse_catalyst_optimizer_args
@@ -71,6 +69,9 @@ class OptimizerCallback(Callback):
 
     def on_batch_end(self, runner):
         if not runner.is_train_loader:
+            return
+        if runner.batch_skipped:  # e.g. a non-finite loss under NonFiniteLossCallback(mode="skip")
+            self._leave_no_sync()
             return
         try:
             loss = runner.batch_metrics[self.metric_key]

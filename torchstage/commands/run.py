@@ -37,6 +37,10 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--dry-run", action="store_true",
                         help="print the merged config and the callback chain of each stage, build every "
                              "component, and exit without training")
+    parser.add_argument("--allow-targets", metavar="PREFIXES",
+                        help="comma-separated module prefixes every _target_ must start with (e.g. "
+                             "torch,torchstage,mypkg); anything else is refused before it is imported. A config is "
+                             "code: only run configs you trust")
     parser.set_defaults(func=run_command)
 
 
@@ -45,6 +49,9 @@ def run_command(args) -> int:
     from torchstage.config.yaml_files import dump_config, load_config
     from torchstage.instantiate import ConfigError
     add_import_paths(args.config)
+    if args.allow_targets:
+        from torchstage.instantiate import ALLOWED_TARGETS_VAR
+        os.environ[ALLOWED_TARGETS_VAR] = args.allow_targets
     try:
         config = load_config(args.config, args.overrides)
         if not args.dry_run:

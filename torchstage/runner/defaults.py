@@ -18,6 +18,7 @@ from torchstage.callbacks.optimizer import OptimizerCallback
 from torchstage.callbacks.periodic_validation import PeriodicValidationCallback
 from torchstage.callbacks.model_summary import ModelSummary
 from torchstage.callbacks.monitor import ThroughputMonitor
+from torchstage.callbacks.nonfinite import NonFiniteLossCallback
 from torchstage.callbacks.progress import ProgressBar
 from torchstage.callbacks.requeue import RequeueCallback
 from torchstage.callbacks.scheduler import SchedulerCallback
@@ -25,6 +26,7 @@ from torchstage.callbacks.stop import StopCallback
 from torchstage.callbacks.tensorboard import TensorBoardLogger
 from torchstage.callbacks.timer import TimerCallback
 from torchstage.callbacks.validation import ValidEveryCallback
+from torchstage.callbacks.watchdog import HangWatchdogCallback
 from torchstage.distributed.slurm_requeue import slurm_job_id
 from torchstage.periods import Epoch
 from torchstage.runner.chain import merge_chain
@@ -45,7 +47,7 @@ def stage_chains(runner, spec) -> list:
 
 
 def default_callbacks(runner, spec) -> dict:
-    """Bookkeeping, the runner's step, metric averaging, scheduler (if any), checkpoints and logs (with a
+    """Bookkeeping, non-finite loss detection, the runner's step, metric averaging, scheduler (if any), checkpoints and logs (with a
     logdir), the feature switches (valid_every, valid_period, check, overfit, timeit, monitor), console,
     graceful stop, SLURM requeue (inside a SLURM job), model summary, progress (verbose), the config copy."""
     with named_as(mode="scheduler_step"):
@@ -58,7 +60,7 @@ def default_callbacks(runner, spec) -> dict:
     with named_as(every="valid_every"):
         valid_every = ValidEveryCallback(spec.valid_every)
     _check_needs_logdir(spec)
-    chain = {"loop": LoopCallback(), "averaging": MetricsAveragingCallback()}
+    chain = {"loop": LoopCallback(), "nonfinite": NonFiniteLossCallback(), "averaging": MetricsAveragingCallback()}
     if any(is_stateful_loader(loader) for stage in spec.stage_specs for loader in (stage.loaders or {}).values()):
         chain["loader_state"] = LoaderStateCallback()
     if any(stage.scheduler is not None for stage in spec.stage_specs):
@@ -85,6 +87,8 @@ def default_callbacks(runner, spec) -> dict:
         chain["requeue"] = RequeueCallback(required=spec.requeue is True)
     if spec.verbose or spec.logdir is not None:
         chain["model_summary"] = ModelSummary(verbose=spec.verbose)
+    if spec.hang_timeout is not None:
+        chain["watchdog"] = HangWatchdogCallback(spec.hang_timeout)
     if spec.verbose:
         chain["progress"] = ProgressBar()
     chain.update(runner.step_callbacks(spec, {name: getattr(spec, name) for name in OPTIMIZER_ARGS}))

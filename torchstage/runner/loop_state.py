@@ -40,6 +40,7 @@ class LoopState:
     batch: Any = None
     batch_step: Optional[int] = None  #: batch within the loader, 1-based (None before the first batch)
     batch_size: int = 0
+    batch_skipped: bool = False  #: a callback left this batch out of averages, backward and step
     loader_sample_step: int = 0
     train_batches_done: int = 0  #: train batches done in this epoch
     global_epoch_step: int = 0

@@ -8,6 +8,7 @@ from torchstage.callbacks.base import (EVENTS, CallbackScope, CancelBatch, Cance
                                        CancelStage)
 from torchstage.distributed.engine import Engine
 from torchstage.distributed.prefetch import prefetch_to_device
+from torchstage.logdir_lock import LogdirLock
 from torchstage.runner.defaults import default_callbacks
 from torchstage.named import map_named
 from torchstage.runner.catalyst import CatalystAttributes, adopt_catalyst_handle_batch, translate_train_kwargs
@@ -59,6 +60,7 @@ class Runner(CatalystAttributes):
         self.valid_loader = self.valid_metric = self.minimize_valid_metric = None
         self.stage_loaders, self.stage_callbacks = [], []
         self.exception = self.requeued = None  #: what ended the run; whether SLURM requeued the job
+        self.logdir_lock = None  #: the held lock of the logdir while a run writes it
         self.callbacks = {}
         self._handlers = {event: [] for event in EVENTS}
 
@@ -119,7 +121,12 @@ class Runner(CatalystAttributes):
         return train_in_world(self, make_spec(self, translate_train_kwargs(kwargs)))
 
     def run(self) -> "Runner":
-        """Run the prepared experiment; fires ``on_exception`` (then re-raises) if anything fails."""
+        """Run the prepared experiment; fires ``on_exception`` (then re-raises) if anything fails.
+
+        With a logdir, the main rank holds its lock (one writer per logdir) from here until the run ends.
+        """
+        if self.spec is not None and self.spec.logdir is not None:
+            self.logdir_lock = LogdirLock.on_main_rank(self.spec.logdir, self.engine, take=True)
         try:
             self._run_event("experiment", self._run_stages, CancelRun)
         except BaseException as exc:
@@ -130,6 +137,10 @@ class Runner(CatalystAttributes):
                 except Exception:
                     logger.exception("callback failed while handling an exception")
             raise
+        finally:
+            if self.logdir_lock is not None:
+                self.logdir_lock.release()
+                self.logdir_lock = None
         if self.stop_request is not None:
             raise RunStopped(self.stop_request)  # a graceful stop: checkpoint written, exit code set
         return self

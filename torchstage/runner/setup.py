@@ -1,14 +1,12 @@
 """Turning a checked spec into a ready runner: engine, seed, logdir, models, loaders, chains, resume."""
 import logging
-import os
 
 import torch
 
-from torchstage.callbacks.checkpoint_saver import checkpoint_folders
-from torchstage.checkpoint import checkpoint_path, load_checkpoint
 from torchstage.distributed.engine import Engine
 from torchstage.distributed.loaders import distribute_loaders
 from torchstage.distributed.world import current_engine, in_world, run_in_world
+from torchstage.logdir_lock import LogdirLock
 from torchstage.named import each, map_named, named
 from torchstage.rng import set_seed
 from torchstage.runner.amp import setup_amp
@@ -17,7 +15,7 @@ from torchstage.runner.dataset_loaders import build_loaders
 from torchstage.runner.spec import check_valid_loader
 from torchstage.runner.features import compile_models
 from torchstage.runner.loop_state import LoopState
-from torchstage.runner.resume import restore
+from torchstage.runner.resume import checkpoint_to_resume, restore
 
 logger = logging.getLogger("torchstage")
 
@@ -62,9 +60,12 @@ def prepare(runner, spec, engine: Engine = None) -> None:
         _check_valid_metric(runner, stage, chain)
     runner.loop = LoopState()
     runner.enter_stage(0)
-    checkpoint = _resume_checkpoint(spec, runner.engine, runner.stage_callbacks)
-    if checkpoint is not None:
-        restore(runner, checkpoint)
+    if spec.logdir is not None:  # another run writing there is named first; run() takes the lock
+        LogdirLock.on_main_rank(spec.logdir, runner.engine, take=False)
+    found = checkpoint_to_resume(spec, runner.engine, runner.stage_callbacks)
+    if found is not None:
+        _log_resume(*found, runner.engine)
+        restore(runner, found[1], path=found[0])
     if runner.engine.is_main and spec.verbose:
         logger.info("callbacks of stage %r:\n%s", runner.stage_key, describe_chain(runner.callbacks))
 
@@ -106,40 +107,9 @@ def _check_valid_metric(runner, stage, chain) -> None:
                          f"produces {sorted(produced)}. Add a metric callback that writes it, or pick one of those")
 
 
-def _last_checkpoint(spec, chains):
-    """Where this run's ``last.pth`` is: in the folder its checkpoint callback writes to (the latest stage
-    first whose folder holds one), else ``<logdir>/checkpoints``; None without either."""
-    folders = [folder for chain in reversed(chains) for folder in checkpoint_folders(chain, spec.logdir)]
-    lasts = [checkpoint_path(folder, "last") for folder in dict.fromkeys(folders)]
-    return next((path for path in lasts if os.path.exists(path)), lasts[0] if lasts else None)
-
-
-def _resume_checkpoint(spec, engine, chains):
-    """The checkpoint to resume from, or None; refuses to overwrite an earlier run's checkpoints."""
-    last = _last_checkpoint(spec, chains)
-    # The main rank looks before anyone can write, and every rank acts on what it saw: a slower rank
-    # must not find the last.pth that this very run has just written.
-    last_exists = engine.broadcast_object(last is not None and os.path.exists(last))
-    if spec.resume is None:
-        if last_exists and not spec.overwrite:
-            raise FileExistsError(f"logdir {str(spec.logdir)!r} already holds a run ({last}); pass resume='last' to "
-                                  f"continue it, overwrite=True to replace it, or another logdir")
-        return None
-    if spec.resume == "last":
-        if last is None:
-            raise ValueError("resume='last' needs a logdir (or a CheckpointCallback with one) to find last.pth in")
-        if not last_exists:
-            logger.info("resume='last': no checkpoint in %s yet, starting a new run", spec.logdir)
-            return None
-        return _resumed(last, engine)
-    return _resumed(os.fspath(spec.resume), engine)
-
-
-def _resumed(path: str, engine) -> dict:
-    """Load the checkpoint to resume from and say, on the main rank, where the run goes on."""
-    checkpoint = load_checkpoint(path)
+def _log_resume(path: str, checkpoint: dict, engine) -> None:
+    """Say, on the main rank, which checkpoint the run goes on from and where in the loop."""
     loop = checkpoint.get("loop", {})
     if engine.is_main:
         logger.info("resuming from %s at stage %r, epoch %s, batch %s%s", path, loop.get("stage"), loop.get("epoch"),
                     loop.get("batch"), " (epoch complete)" if loop.get("epoch_done") else "")
-    return checkpoint

@@ -84,6 +84,8 @@ class TrainSpec:
     topk: int = 1
     load_best_on_end: bool = False
     requeue: Optional[bool] = None
+    resume_lr: str = "refuse"
+    hang_timeout: Optional[float] = 300
     stage_specs: list = field(default_factory=list, init=False, repr=False)
     #: Each stage's callback chain (:func:`~torchstage.runner.defaults.stage_chains`), built by make_spec.
     stage_chains: list = field(default_factory=list, init=False, repr=False)
@@ -118,6 +120,9 @@ def make_spec(runner, kwargs: dict, config_text: str = None) -> TrainSpec:
     check_switches(spec)
     if spec.check and spec.logdir is not None:  # a smoke run writes to a scratch folder, never the real run's
         spec.logdir, spec.overwrite = os.path.join(os.fspath(spec.logdir), CHECK_FOLDER), True
+    if spec.resume_lr not in ("refuse", "new", "checkpoint"):
+        raise ValueError(f"resume_lr must be 'refuse' (a learning rate that differs from the checkpoint's fails), "
+                         f"'new' (use the one given now) or 'checkpoint' (keep the saved one), got {spec.resume_lr!r}")
     from torchstage.distributed.slurm_requeue import check_requeue_arg
     spec.resume = check_requeue_arg(spec.requeue, spec.resume)
     check_resume(spec.resume, spec.logdir)

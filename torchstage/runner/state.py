@@ -30,6 +30,7 @@ def runner_state_dict(runner) -> dict:
         "metrics": {loader: dict(values) for loader, values in runner.epoch_metrics.items()},
         "meta": {"torchstage": __version__, "torch": str(torch.__version__), "world_size": runner.engine.world_size,
                  "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "stage_names": [s.name for s in spec.stage_specs],
+                 "stage_epochs": [s.num_epochs for s in spec.stage_specs],
                  "hparams": {k: _plain(getattr(spec, k)) for k in HPARAMS}},
     }
 

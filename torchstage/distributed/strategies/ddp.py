@@ -1,7 +1,6 @@
 """DistributedDataParallel: every rank holds the whole model; gradients are all-reduced in backward."""
 import contextlib
 
-import torch
 
 from torchstage.distributed.strategies.single import SingleDevice
 

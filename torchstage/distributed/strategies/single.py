@@ -9,7 +9,7 @@ import contextlib
 
 import torch
 
-from torchstage.checkpoint import link_atomic, serialize, write_atomic
+from torchstage.checkpoint import serialize, write_atomic
 
 
 class SingleDevice:
@@ -89,13 +89,12 @@ class SingleDevice:
             optimizer.load_state_dict(state)
 
     def save_checkpoint(self, checkpoint: dict, paths: list, engine) -> None:
-        """Write ``checkpoint`` to ``paths[0]`` (one file, atomically, by the main rank); the others link to it."""
+        """Write ``checkpoint`` to each of ``paths`` (independent files, each atomic, by the main rank)."""
         if not engine.is_main:
             return
         data = serialize(checkpoint)
-        write_atomic(paths[0], data)
-        for path in paths[1:]:
-            link_atomic(paths[0], path, data)
+        for path in paths:  # copies, not links: damage to one file cannot reach another
+            write_atomic(path, data)
 
 
 def _keyed_by_name(state: dict) -> bool:
