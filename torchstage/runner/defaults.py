@@ -12,6 +12,7 @@ from torchstage.callbacks.config_saver import ConfigSaver
 from torchstage.callbacks.console import ConsoleLogger
 from torchstage.callbacks.csv_logger import CSVLogger
 from torchstage.callbacks.debug import CheckRunCallback, LimitBatchesCallback
+from torchstage.callbacks.even_batches import EvenBatchesCallback
 from torchstage.callbacks.loop import LoopCallback
 from torchstage.callbacks.optimizer import OptimizerCallback
 from torchstage.callbacks.periodic_validation import PeriodicValidationCallback
@@ -22,6 +23,7 @@ from torchstage.callbacks.stop import StopCallback
 from torchstage.callbacks.tensorboard import TensorBoardLogger
 from torchstage.callbacks.timer import TimerCallback
 from torchstage.callbacks.validation import ValidEveryCallback
+from torchstage.callbacks.watchdog import HangWatchdog
 from torchstage.distributed.slurm_requeue import slurm_job_id
 from torchstage.periods import Epoch
 from torchstage.runner.chain import merge_chain
@@ -42,7 +44,8 @@ def stage_chains(runner, spec) -> list:
 
 
 def default_callbacks(runner, spec) -> dict:
-    """Bookkeeping, the runner's step, metric averaging, scheduler (if any), checkpoints and logs (with a
+    """Bookkeeping, the hang watchdog and the even-batches check (both act under several processes only),
+    the runner's step, metric averaging, scheduler (if any), checkpoints and logs (with a
     logdir), the feature switches (valid_every, valid_period, check, overfit, timeit), console, graceful
     stop, SLURM requeue (inside a SLURM job), progress (verbose), the config copy (config runs)."""
     with named_as(mode="scheduler_step"):
@@ -55,8 +58,11 @@ def default_callbacks(runner, spec) -> dict:
         tensorboard = TensorBoardLogger(batch_period=spec.log_period, periodic_validation=spec.valid_period is not None)
     with named_as(every="valid_every"):
         valid_every = ValidEveryCallback(spec.valid_every)
+    with named_as(timeout="hang_timeout"):
+        watchdog = HangWatchdog(spec.hang_timeout)
     _check_needs_logdir(spec)
-    chain = {"loop": LoopCallback(), "averaging": MetricsAveragingCallback()}
+    chain = {"loop": LoopCallback(), "watchdog": watchdog, "even_batches": EvenBatchesCallback(),
+             "averaging": MetricsAveragingCallback()}
     if any(stage.scheduler is not None for stage in spec.stage_specs):
         chain["scheduler"] = scheduler
     if spec.logdir is not None:

@@ -5,6 +5,7 @@ import os
 import torch
 
 from torchstage.callbacks.checkpoint_saver import checkpoint_folders
+from torchstage.callbacks.watchdog import process_group_timeout
 from torchstage.checkpoint import checkpoint_path, load_checkpoint
 from torchstage.distributed.engine import Engine
 from torchstage.distributed.loaders import distribute_loaders
@@ -24,7 +25,8 @@ logger = logging.getLogger("torchstage")
 
 def train_in_world(runner, spec):
     """Train as this process's rank of its world (joined or launched first, see ``run_in_world``); the runner."""
-    return run_in_world(lambda: _train_here(runner, spec), spec.distributed, spec.nprocs)
+    return run_in_world(lambda: _train_here(runner, spec), spec.distributed, spec.nprocs,
+                        timeout=process_group_timeout(spec.hang_timeout))
 
 
 def _train_here(runner, spec):

@@ -82,6 +82,7 @@ class TrainSpec:
     topk: int = 1
     load_best_on_end: bool = False
     requeue: Optional[bool] = None
+    hang_timeout: Optional[float] = 300
     stage_specs: list = field(default_factory=list, init=False, repr=False)
     #: Each stage's callback chain (:func:`~torchstage.runner.defaults.stage_chains`), built by make_spec.
     stage_chains: list = field(default_factory=list, init=False, repr=False)
