@@ -10,6 +10,7 @@ from torchstage.callbacks.criterion import CriterionCallback
 from torchstage.callbacks.csv_logger import CSVLogger
 from torchstage.callbacks.debug import CheckRunCallback, LimitBatchesCallback
 from torchstage.callbacks.early_stopping import EarlyStoppingCallback
+from torchstage.callbacks.even_batches import EvenBatchesCallback, UnevenBatchesError
 from torchstage.callbacks.loop import LoopCallback
 from torchstage.callbacks.metric import (AccuracyCallback, AUCCallback, FunctionalMetricCallback, MetricCallback,
                                          PrecisionRecallF1Callback)
@@ -22,6 +23,7 @@ from torchstage.callbacks.stop import StopCallback
 from torchstage.callbacks.tensorboard import TensorBoardLogger
 from torchstage.callbacks.timer import TimerCallback
 from torchstage.callbacks.validation import ValidEveryCallback
+from torchstage.callbacks.watchdog import HangWatchdog
 from torchstage.checkpoint import CheckpointError, load_checkpoint, load_model_weights
 from torchstage.instantiate import ConfigError
 from torchstage.config.train_call import train_from_config
@@ -50,4 +52,5 @@ __all__ = [
     "SchedulerCallback", "SupervisedRunner", "TensorBoardLogger", "distributed_cmd_run", "load_checkpoint",
     "load_model_weights", "set_seed", "Batch", "Epoch", "RunStopped", "StopCallback", "StopRequest", "request_stop",
     "SingleDevice", "ConfigError", "load_config", "train_from_config", "RequeueCallback",
+    "HangWatchdog", "EvenBatchesCallback", "UnevenBatchesError",
 ]

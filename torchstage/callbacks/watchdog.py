@@ -114,8 +114,13 @@ class HangWatchdog(Callback):
         mine = {**position(runner, beat), **where(frame)}
         _publish(store, _FIRED.format(rank), mine)
         # A rank waiting in a collective lets the peer it waits for report first (with that peer's stack);
-        # a rank stuck elsewhere gives the others a moment to say where they wait, then reports.
-        if stop.wait(2 * interval + 5.0 if mine["waiting"] else min(1.0, self.timeout / 2)):
+        # a rank stuck elsewhere gives the others a moment to say where they wait, then reports. When all
+        # wait (mismatched collectives), rank 0, which holds the store, reports first.
+        if mine["waiting"]:
+            pause = 2 * interval + (5.0 if rank == 0 else 10.0)
+        else:
+            pause = min(1.0, self.timeout / 2)
+        if stop.wait(pause):
             return
         ranks = _read_all(store, world_size)
         ranks[rank] = mine
