@@ -18,7 +18,7 @@ def train(**kwargs):
                                     loaders=regression_loaders(), num_epochs=1, **kwargs)
 
 
-@pytest.mark.parametrize("value", ["soon", -1, True, float("nan")])
+@pytest.mark.parametrize("value", ["soon", -1, True, float("nan"), float("inf")])
 def test_a_malformed_hang_timeout_is_refused_naming_the_argument(value):
     with pytest.raises(ValueError, match=r"hang_timeout must be a number of seconds > 0, or None/0 to disable"):
         train(hang_timeout=value)

@@ -3,13 +3,13 @@
 Each event stores a timestamp (the only per-batch cost: no lock, no host sync). A daemon thread wakes a
 few times per timeout, publishes this rank's position to the process group's store when it changed and,
 once no event came for ``timeout`` seconds, writes to stderr where every rank was (read back from the
-store), which rank stopped first, and the Python stack of this rank's training thread, then ends the
+store), which ranks stopped outside a collective (what the others wait for), and the Python stack of this rank's training thread, then ends the
 process (exit code :data:`HANG_EXIT_CODE`); the launcher, torchrun or ``srun --kill-on-bad-exit`` stops
-the others. A rank waiting in a collective for a stuck peer fires too, but gives the peer that stopped
-first a moment to report before it does.
+the others. A rank waiting in a collective for a stuck peer fires too, but gives that peer a few seconds
+to report first.
 """
 import json
-import logging
+import math
 import os
 import sys
 import threading
@@ -21,7 +21,6 @@ from torchstage.arguments import ArgumentError
 from torchstage.callbacks.base import Callback, CallbackOrder
 from torchstage.callbacks.hang_report import hang_report, position, where
 
-logger = logging.getLogger("torchstage")
 
 #: Exit code of a rank ended by the watchdog (the convention of GNU ``timeout``).
 HANG_EXIT_CODE = 124
@@ -35,7 +34,7 @@ def check_hang_timeout(value, name: str = "timeout"):
     """``value`` as seconds (a float > 0), or None when disabled (None or 0); an ArgumentError otherwise."""
     if value is None or (isinstance(value, Real) and not isinstance(value, bool) and value == 0):
         return None
-    if isinstance(value, bool) or not isinstance(value, Real) or not value > 0 or value != value:
+    if isinstance(value, bool) or not isinstance(value, Real) or not 0 < value < math.inf:
         raise ArgumentError(name, f"must be a number of seconds > 0, or None/0 to disable hang detection, "
                                   f"got {value!r}")
     return float(value)
