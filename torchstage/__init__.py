@@ -12,6 +12,7 @@ from torchstage.callbacks.csv_logger import CSVLogger
 from torchstage.callbacks.debug import BatchOverfitCallback, CheckRunCallback, LimitBatchesCallback
 from torchstage.callbacks.early_stopping import EarlyStoppingCallback
 from torchstage.callbacks.logger_base import LoggerCallback
+from torchstage.callbacks.even_batches import EvenBatchesCallback, UnevenBatchesError
 from torchstage.callbacks.loop import LoopCallback
 from torchstage.callbacks.mlflow_logger import MLflowLogger
 from torchstage.callbacks.monitor import ThroughputMonitor
@@ -32,6 +33,7 @@ from torchstage.callbacks.timer import TimerCallback
 from torchstage.callbacks.torchmetrics_callback import TorchMetricsCallback
 from torchstage.callbacks.validation import ValidEveryCallback
 from torchstage.callbacks.weight_averaging import EMACallback, WeightAveragingCallback
+from torchstage.callbacks.watchdog import HangWatchdog
 from torchstage.checkpoint import CheckpointError, load_checkpoint, load_model_weights
 from torchstage.instantiate import ConfigError
 from torchstage.config.train_call import train_from_config
@@ -76,4 +78,5 @@ __all__ = [
     "LoggerCallback", "MLflowLogger", "ProfilerCallback", "ThroughputMonitor",
     "TorchMetricsCallback", "EMACallback", "SWACallback", "WeightAveragingCallback", "OptunaPruningCallback", "tune",
     "LogdirLocked", "NonFiniteLossCallback", "NonFiniteLossError",
+    "HangWatchdog", "EvenBatchesCallback", "UnevenBatchesError",
 ]

@@ -43,6 +43,8 @@ def launch_and_exit(world: World) -> None:
 def joined(world: World, timeout=None):
     """Initialise this rank's process group for the block; destroy it when the block succeeds.
 
+    ``timeout`` (a ``timedelta``, None: torch's default) ends a collective that waits longer for a peer.
+
     A failing block leaves the group alone: the process is about to exit and the launcher stops the
     other ranks, so nobody waits on a collective with a dead peer.
     """
@@ -72,7 +74,7 @@ def _attempt_store(world: World, timeout):
 
     import torch.distributed as dist
     store = dist.TCPStore(world.master_addr, world.master_port, world.world_size, is_master=False,
-                          timeout=timeout or timedelta(minutes=5))
+                          timeout=max(timeout or timedelta(0), timedelta(minutes=5)))  # a slow start is no hang
     return dist.PrefixStore(f"torchstage/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
@@ -85,15 +87,16 @@ def current_engine(strategy=None) -> Engine:
     return Engine(device=device, rank=rank, world_size=world_size, local_rank=local_rank, strategy=strategy)
 
 
-def run_in_world(fn, distributed=True, nprocs: int = None):
+def run_in_world(fn, distributed=True, nprocs: int = None, timeout=None):
     """Call ``fn()`` as this process's rank of the world it belongs to, entering that world first.
 
     Already in an initialised process group: calls ``fn`` here. ``distributed=False``: calls ``fn`` as
     one process. Otherwise the world is resolved once (:func:`~torchstage.distributed.env.resolve_world`):
     with processes to start on this host (only with ``distributed=True``, or when a SLURM task spawns
     one per device) they are launched and this process exits with their code (``SystemExit``); as one
-    rank of several, the process group is joined around ``fn``. ``distributed=None`` enters only a world
-    that torchrun or a SLURM step started this process into; a plain script runs as one process.
+    rank of several, the process group is joined around ``fn`` with collective ``timeout`` (a ``timedelta``;
+    None: torch's default). ``distributed=None`` enters only a world that torchrun or a SLURM step started
+    this process into; a plain script runs as one process.
     """
     if in_world() or distributed is False:
         return fn()
@@ -104,7 +107,7 @@ def run_in_world(fn, distributed=True, nprocs: int = None):
         launch_and_exit(world)
     if not world.is_distributed:
         return fn()
-    with joined(world):
+    with joined(world, timeout):
         return fn()
 
 

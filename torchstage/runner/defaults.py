@@ -13,6 +13,7 @@ from torchstage.callbacks.console import ConsoleLogger
 from torchstage.callbacks.csv_logger import CSVLogger
 from torchstage.callbacks.debug import CheckRunCallback, LimitBatchesCallback
 from torchstage.callbacks.loader_state import LoaderStateCallback, is_stateful_loader
+from torchstage.callbacks.even_batches import EvenBatchesCallback
 from torchstage.callbacks.loop import LoopCallback
 from torchstage.callbacks.optimizer import OptimizerCallback
 from torchstage.callbacks.periodic_validation import PeriodicValidationCallback
@@ -26,7 +27,7 @@ from torchstage.callbacks.stop import StopCallback
 from torchstage.callbacks.tensorboard import TensorBoardLogger
 from torchstage.callbacks.timer import TimerCallback
 from torchstage.callbacks.validation import ValidEveryCallback
-from torchstage.callbacks.watchdog import HangWatchdogCallback
+from torchstage.callbacks.watchdog import HangWatchdog
 from torchstage.distributed.slurm_requeue import slurm_job_id
 from torchstage.periods import Epoch
 from torchstage.runner.chain import merge_chain
@@ -47,9 +48,11 @@ def stage_chains(runner, spec) -> list:
 
 
 def default_callbacks(runner, spec) -> dict:
-    """Bookkeeping, non-finite loss detection, the runner's step, metric averaging, scheduler (if any), checkpoints and logs (with a
-    logdir), the feature switches (valid_every, valid_period, check, overfit, timeit, monitor), console,
-    graceful stop, SLURM requeue (inside a SLURM job), model summary, progress (verbose), the config copy."""
+    """Bookkeeping, the hang watchdog and the even-batches check (both act under several processes only),
+    non-finite loss detection, the runner's step, metric averaging, scheduler (if any), checkpoints and logs
+    (with a logdir), the feature switches (valid_every, valid_period, check, overfit, timeit, monitor),
+    console, graceful stop, SLURM requeue (inside a SLURM job), model summary, progress (verbose), the config
+    copy (config runs)."""
     with named_as(mode="scheduler_step"):
         scheduler = SchedulerCallback(mode=spec.scheduler_step)
     with named_as(period="checkpoint_period"):
@@ -59,8 +62,11 @@ def default_callbacks(runner, spec) -> dict:
     csv, tensorboard = CSVLogger(log_period=spec.log_period or ()), TensorBoardLogger(log_period=spec.log_period or ())
     with named_as(every="valid_every"):
         valid_every = ValidEveryCallback(spec.valid_every)
+    with named_as(timeout="hang_timeout"):
+        watchdog = HangWatchdog(spec.hang_timeout)
     _check_needs_logdir(spec)
-    chain = {"loop": LoopCallback(), "nonfinite": NonFiniteLossCallback(), "averaging": MetricsAveragingCallback()}
+    chain = {"loop": LoopCallback(), "watchdog": watchdog, "even_batches": EvenBatchesCallback(),
+             "nonfinite": NonFiniteLossCallback(), "averaging": MetricsAveragingCallback()}
     if any(is_stateful_loader(loader) for stage in spec.stage_specs for loader in (stage.loaders or {}).values()):
         chain["loader_state"] = LoaderStateCallback()
     if any(stage.scheduler is not None for stage in spec.stage_specs):
@@ -87,8 +93,6 @@ def default_callbacks(runner, spec) -> dict:
         chain["requeue"] = RequeueCallback(required=spec.requeue is True)
     if spec.verbose or spec.logdir is not None:
         chain["model_summary"] = ModelSummary(verbose=spec.verbose)
-    if spec.hang_timeout is not None:
-        chain["watchdog"] = HangWatchdogCallback(spec.hang_timeout)
     if spec.verbose:
         chain["progress"] = ProgressBar()
     chain.update(runner.step_callbacks(spec, {name: getattr(spec, name) for name in OPTIMIZER_ARGS}))

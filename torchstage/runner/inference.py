@@ -4,7 +4,7 @@ import torch
 from torchstage.callbacks.averaging import MetricsAveragingCallback
 from torchstage.callbacks.base import Callback, CancelStage
 from torchstage.callbacks.loop import LoopCallback
-from torchstage.callbacks.watchdog import HangWatchdogCallback
+from torchstage.callbacks.watchdog import HangWatchdog
 from torchstage.named import each
 from torchstage.runner.chain import merge_chain
 from torchstage.runner.loop_state import LoopState
@@ -55,7 +55,7 @@ def evaluate_loader(runner, loader, callbacks=None, criterion=None) -> dict:
         if criterion is not None:
             runner.criterion = criterion
         chain = {"loop": LoopCallback(), "averaging": MetricsAveragingCallback()}
-        chain.update({k: cb for k, cb in saved[1].items() if isinstance(cb, HangWatchdogCallback)})  # beats on
+        chain.update({k: cb for k, cb in saved[1].items() if isinstance(cb, HangWatchdog)})  # beats on
         if runner.loss_callback is not None and runner.criterion is not None:
             chain["criterion"] = runner.loss_callback()
         runner.set_callbacks(merge_chain(chain, callbacks))

@@ -3,6 +3,7 @@ import logging
 
 import torch
 
+from torchstage.callbacks.watchdog import process_group_timeout
 from torchstage.distributed.engine import Engine
 from torchstage.distributed.loaders import distribute_loaders
 from torchstage.distributed.world import current_engine, in_world, run_in_world
@@ -22,7 +23,8 @@ logger = logging.getLogger("torchstage")
 
 def train_in_world(runner, spec):
     """Train as this process's rank of its world (joined or launched first, see ``run_in_world``); the runner."""
-    return run_in_world(lambda: _train_here(runner, spec), spec.distributed, spec.nprocs)
+    return run_in_world(lambda: _train_here(runner, spec), spec.distributed, spec.nprocs,
+                        timeout=process_group_timeout(spec.hang_timeout))
 
 
 def _train_here(runner, spec):
