@@ -64,18 +64,20 @@ def worker(args):
             self.start = time.perf_counter()
 
         def on_batch_end(self, runner):
-            self.times.append(time.perf_counter() - self.start)
+            if runner.is_train_loader:
+                self.times.append(time.perf_counter() - self.start)
 
         def on_experiment_end(self, runner):
             state = [v for s in runner.optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
-            result = {**self.sizes, "optimizer": local_bytes(state), "step_s": statistics.median(self.times[2:]),
+            result = {**self.sizes, "optimizer": local_bytes(state), "step_s": statistics.median(self.times[2:]),  # after warm-up
                       "total_params": sum(p.numel() for p in runner.model.parameters())}
             if runner.engine.rank == 0:
                 with open(args.out, "w") as f:
                     json.dump(result, f)
 
     model = build(args.width, args.blocks)
-    x, y = torch.randn(args.steps * args.batch, args.width), torch.randn(args.steps * args.batch, 1)
+    samples = args.steps * args.batch * args.nprocs[0]  # ``steps`` training steps on every rank
+    x, y = torch.randn(samples, args.width), torch.randn(samples, 1)
     loader = DataLoader(TensorDataset(x, y), batch_size=args.batch)
     valid = DataLoader(TensorDataset(x[: args.batch], y[: args.batch]), batch_size=args.batch)
     strategy = FSDP(modules=Block) if args.strategy == "fsdp" else "ddp"

@@ -186,3 +186,12 @@ def test_the_documented_example_trains_sharded_and_consolidates(tmp_path):
         assert f"[rank{rank}]: rank {rank}/2 holds" in out
     assert "of 4,2" in out  # 4.2M parameters in all, about half of them per rank
     assert os.path.isdir(tmp_path / "logs" / "checkpoints" / "last.pth")
+
+
+def test_bf16_mixed_precision_trains_with_float32_master_weights(tmp_path):
+    run = launch(tmp_path / "run", STRATEGY="fsdp-units", AMP="bf16", EPOCHS=1, ACC=2)
+    assert run["code"] == 0, run["out"][-3000:]
+    loss = run["reports"][0]["history"][0]["metrics"]["train"]["loss"]
+    assert 0 < loss < 10
+    weights = final(run)["models"]["model"]
+    assert {t.dtype for t in weights.values()} == {torch.float32}  # sharded parameters stay float32
