@@ -30,17 +30,29 @@ def launch(logdir, resume=None, timeout=400, **env):
     return {"code": proc.returncode, "out": proc.stdout, "reports": reports, "logdir": logdir}
 
 
+RUNS = {"fsdp2": {"STRATEGY": "fsdp-units", **COMMON}, "ddp2": {"STRATEGY": "ddp", **COMMON},
+        "fsdp1": {"STRATEGY": "fsdp", "NPROC": 1, "EPOCHS": 1},
+        "fsdp4": {"STRATEGY": "fsdp-units", "NPROC": 4, "EPOCHS": 1, **COMMON},
+        "ddp4": {"STRATEGY": "ddp", "NPROC": 4, "EPOCHS": 1, **COMMON}}
+
+
+class Runs(dict):
+    """The reference runs, each started the first time a test asks for it."""
+
+    def __init__(self, base):
+        super().__init__()
+        self.base = base
+
+    def __missing__(self, name):
+        run = launch(self.base / name, **RUNS[name])
+        assert run["code"] == 0, run["out"][-3000:]
+        self[name] = run
+        return run
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    base = tmp_path_factory.mktemp("fsdp")
-    out = {}
-    for name, env in {"fsdp2": {"STRATEGY": "fsdp-units", **COMMON}, "ddp2": {"STRATEGY": "ddp", **COMMON},
-                      "fsdp1": {"STRATEGY": "fsdp", "NPROC": 1, "EPOCHS": 1},
-                      "fsdp4": {"STRATEGY": "fsdp-units", "NPROC": 4, "EPOCHS": 1, **COMMON},
-                      "ddp4": {"STRATEGY": "ddp", "NPROC": 4, "EPOCHS": 1, **COMMON}}.items():
-        out[name] = launch(base / name, **env)
-        assert out[name]["code"] == 0, out[name]["out"][-3000:]
-    return out
+    return Runs(tmp_path_factory.mktemp("fsdp"))
 
 
 def final(run):
@@ -92,8 +104,9 @@ def _initial_weights():
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("kill", [{"KILL_AT_BATCH": 7, "KILL_RANK": 1}, {"KILL_IN_SAVE": 4}],
-                         ids=["mid-epoch", "mid-checkpoint-write"])
+@pytest.mark.parametrize("kill", [{"KILL_AT_BATCH": 7, "KILL_RANK": 1}, {"KILL_IN_SAVE": 4},
+                                  {"KILL_IN_FSYNC": 4, "KILL_RANK": 1}],
+                         ids=["mid-epoch", "mid-checkpoint-switch", "mid-shard-write"])
 def test_killed_fsdp_run_resumes_bitwise_equal(runs, tmp_path, kill):
     logdir = tmp_path / "run"
     killed = launch(logdir, STRATEGY="fsdp-units", **COMMON, **kill)

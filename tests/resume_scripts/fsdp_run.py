@@ -4,7 +4,8 @@ Usage: python fsdp_run.py LOGDIR [RESUME]; the world comes from train(distribute
 Environment: STRATEGY (fsdp | ddp | fsdp-units), NPROC (2), EPOCHS (3), PERIOD (batches between
 checkpoints, 0: epochs only), CLIP (grad_clip_norm), ACC (accumulation_steps), AMP, KILL_AT_BATCH=n and
 KILL_RANK=r (SIGKILL rank r after global train batch n), KILL_IN_SAVE=n (SIGKILL the main rank when it
-switches the n-th checkpoint name, after every shard was written). Each rank writes LOGDIR/report-rank<R>.json.
+switches the n-th checkpoint name, after every shard was written), KILL_IN_FSYNC=n (SIGKILL rank KILL_RANK
+in its n-th fsync, while it writes its shards of a checkpoint). Each rank writes LOGDIR/report-rank<R>.json.
 """
 import json
 import os
@@ -71,8 +72,22 @@ def _kill_in_save(n):
     os.replace = replace
 
 
+def _kill_in_fsync(n):
+    """SIGKILL the process in its n-th os.fsync: while its shards of a checkpoint are being written."""
+    real, count = os.fsync, [0]
+
+    def fsync(fd):
+        count[0] += 1
+        if count[0] == n:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(fd)
+    os.fsync = fsync
+
+
 if env.get("KILL_IN_SAVE") and env.get("RANK", "0") == "0" and env.get("TORCHSTAGE_LAUNCHED"):
     _kill_in_save(int(env["KILL_IN_SAVE"]))
+if env.get("KILL_IN_FSYNC") and env.get("RANK") == env.get("KILL_RANK") and env.get("TORCHSTAGE_LAUNCHED"):
+    _kill_in_fsync(int(env["KILL_IN_FSYNC"]))
 
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 1))
