@@ -177,6 +177,16 @@ def test_an_optimizer_holding_a_parameter_outside_the_model_fails_before_trainin
                                  loaders={"train": loader, "valid": loader}, strategy="fsdp")
 
 
+def test_compile_is_refused_with_fsdp_before_training():
+    from torchstage import SupervisedRunner
+    model = torch.nn.Linear(2, 2)
+    loader = [(torch.zeros(1, 2), torch.zeros(1, dtype=torch.long))]
+    with pytest.raises(ValueError, match="compile=True is not supported with strategy='fsdp'"):
+        SupervisedRunner().train(model=model, criterion=torch.nn.CrossEntropyLoss(), compile=True,
+                                 optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                                 loaders={"train": loader, "valid": loader}, strategy="fsdp")
+
+
 def test_wrapping_policy_takes_big_children_looks_into_containers_or_takes_named_classes():
     from torchstage import FSDP
     nn = torch.nn

@@ -65,18 +65,18 @@ class FSDP(SingleDevice):
     def wrap_models(self, models, engine, optimizers=(), amp_dtype=None):
         """Shard every trainable model in place and rebind ``optimizers`` to the sharded parameters."""
         _check_optimizers(models, optimizers)
-        if not engine.is_distributed:
-            return dict(models)
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # heavy; FSDP runs only
         if amp_dtype is torch.float16:
             raise ValueError("amp='fp16' is not supported with strategy='fsdp' (it needs a sharded grad scaler); "
                              "use amp='bf16'")
-        policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-                  if amp_dtype is torch.bfloat16 else MixedPrecisionPolicy())
         compiled = [key for key, model in models.items() if hasattr(model, "_orig_mod")]
         if compiled:
             raise ValueError(f"compile=True is not supported with strategy='fsdp' (model {compiled[0]!r} is compiled "
                              f"before sharding); train without compile, or use strategy='ddp'")
+        if not engine.is_distributed:
+            return dict(models)
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # heavy; FSDP runs only
+        policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+                  if amp_dtype is torch.bfloat16 else MixedPrecisionPolicy())
         before = {id(p): (key, name) for key, model in models.items() for name, p in model.named_parameters()}
         for model in models.values():
             if not any(p.requires_grad for p in model.parameters()):
