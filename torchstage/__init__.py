@@ -40,6 +40,7 @@ from torchstage.config.train_call import train_from_config
 from torchstage.config.yaml_files import load_config
 from torchstage.distributed.engine import Engine
 from torchstage.distributed.strategies.ddp import DDP
+from torchstage.distributed.strategies.fsdp import FSDP
 from torchstage.distributed.strategies.single import SingleDevice
 from torchstage.periods import Batch, Epoch
 from torchstage.distributed.world import distributed_cmd_run
@@ -70,7 +71,7 @@ __all__ = [
     "CancelStage", "CheckpointCallback", "CheckpointError", "ConsoleLogger", "CriterionCallback", "CSVLogger",
     "CheckRunCallback", "EarlyStoppingCallback", "LimitBatchesCallback", "Loss", "OutputLossesCallback",
     "Regularizer", "TimerCallback", "ValidEveryCallback",
-    "DDP", "Engine", "LoopCallback", "MetricsAveragingCallback", "OptimizerCallback", "ProgressBar", "Runner",
+    "DDP", "Engine", "FSDP", "LoopCallback", "MetricsAveragingCallback", "OptimizerCallback", "ProgressBar", "Runner",
     "SchedulerCallback", "SupervisedRunner", "TensorBoardLogger", "distributed_cmd_run", "load_checkpoint",
     "load_model_weights", "set_seed", "Batch", "Epoch", "RunStopped", "StopCallback", "StopRequest", "request_stop",
     "SingleDevice", "ConfigError", "load_config", "train_from_config", "RequeueCallback",

@@ -103,7 +103,13 @@ def serialize(checkpoint: dict) -> bytes:
 
 
 def load_checkpoint(path: str, map_location="cpu") -> dict:
-    """Load a checkpoint with ``weights_only=True``; refuse files that would need to run pickled code."""
+    """Load a checkpoint with ``weights_only=True``; refuse files that would need to run pickled code.
+
+    A sharded checkpoint (a directory written under FSDP) is read whole, as plain tensors.
+    """
+    if os.path.isdir(path):
+        from torchstage.sharded_checkpoint import load_sharded  # imports this module; DCP is heavy
+        return load_sharded(path)
     if not os.path.isfile(path):
         raise CheckpointError(f"checkpoint {path!r} does not exist")
     try:

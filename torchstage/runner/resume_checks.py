@@ -1,6 +1,7 @@
 """Honest resume: what the user passes now against what the checkpoint recorded, applied with a log line
 or refused naming the checkpoint, the parameter and both values."""
 import logging
+import os
 
 import torch
 
@@ -11,10 +12,10 @@ logger = logging.getLogger("torchstage")
 
 
 def check_before_load(runner, checkpoint: dict, path: str) -> list:
-    """Refuse a checkpoint this run cannot continue (world size, parameter shapes, a changed learning rate
-    under ``resume_lr='refuse'``); return the learning rates given now, to apply after loading if asked."""
+    """Refuse a checkpoint this run cannot continue (another world size, unless the checkpoint is a sharded
+    directory that reshards; parameter shapes; a changed learning rate under ``resume_lr='refuse'``); return the learning rates given now, to apply after loading if asked."""
     world = checkpoint.get("meta", {}).get("world_size", len(checkpoint["rng"]))
-    if world != runner.engine.world_size:
+    if world != runner.engine.world_size and not os.path.isdir(path):  # a sharded (FSDP) checkpoint reshards
         raise CheckpointError(f"cannot resume from {path}: world size is {runner.engine.world_size} now but "
                               f"{world} in the checkpoint; resume it with {world} process(es)")
     for name, model in named(runner.unwrapped_model, "model").items():

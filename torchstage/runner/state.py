@@ -1,4 +1,5 @@
 """The runner <-> checkpoint mapping: what a run is made of, as one dict of tensors and plain values."""
+import logging
 import time
 
 import torch
@@ -7,6 +8,7 @@ from torchstage.checkpoint import FORMAT, CheckpointError, clean_state_dict
 from torchstage.named import named
 from torchstage.rng import get_rng_state, set_rng_state
 
+logger = logging.getLogger("torchstage")
 HPARAMS = ("num_epochs", "valid_loader", "valid_metric", "minimize_valid_metric", "seed", "deterministic",
            "logdir", "scheduler_step", "checkpoint_period", "topk", "load_best_on_end")
 
@@ -42,6 +44,12 @@ def load_runner_state_dict(runner, checkpoint: dict, weights_only: bool = False)
                 lambda m, s: strategy.load_model_state_dict(m, clean_state_dict(s)))
     if weights_only:
         return
+    rng, world_size = checkpoint["rng"], runner.engine.world_size
+    same_world = len(rng) == world_size
+    if not same_world and not checkpoint["loop"]["epoch_done"]:
+        raise CheckpointError(f"checkpoint was written mid-epoch by {len(rng)} process(es); resume it with the same "
+                              f"number, not {world_size}, or resume from an end-of-epoch checkpoint (each rank's "
+                              f"data shard and random state belong to the world that wrote it)")
     _load_named("optimizer", named(runner.optimizer, "optimizer"), checkpoint["optimizers"],
                 lambda o, s: strategy.load_optimizer_state_dict(o, models, s))
     _load_named("scheduler", named(runner.scheduler, "scheduler"), checkpoint["schedulers"],
@@ -52,14 +60,16 @@ def load_runner_state_dict(runner, checkpoint: dict, weights_only: bool = False)
     for name, state in checkpoint.get("callbacks", {}).items():
         if name in runner.callbacks:
             if runner.callbacks[name].state_per_rank:
-                state = state["per_rank"][runner.engine.rank] if "per_rank" in state else {}
+                state = state["per_rank"][runner.engine.rank] if "per_rank" in state and same_world else {}
             if state:
                 runner.callbacks[name].load_state_dict(state)
-    rng = checkpoint["rng"]
-    if len(rng) != runner.engine.world_size:
-        raise CheckpointError(f"checkpoint was written by {len(rng)} process(es); resume it with the same "
-                              f"number, not {runner.engine.world_size}")
-    set_rng_state(rng[runner.engine.rank])
+    if same_world:
+        set_rng_state(rng[runner.engine.rank])
+    elif runner.engine.is_main:
+        logger.warning("checkpoint written by %d process(es), resumed by %d: weights, optimizer, scheduler, callbacks "
+                       "and loop position are restored; random streams and data shards start anew for this world "
+                       "size, so the run continues but is not bitwise the one the old world would have run",
+                       len(rng), world_size)
 
 
 def _load_named(kind: str, targets: dict, states: dict, load) -> None:
