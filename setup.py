@@ -19,7 +19,12 @@ setup(
     extras_require={
         "test": ["pytest>=7", "pytest-timeout", "scikit-learn", "matplotlib"],
         "plot": ["matplotlib"],
+        "mpi": ["mpi4py>=3.1"],  # rank 0's host and port for MPI launches without a scheduler host list
+        "mlflow": ["mlflow>=2.10", "matplotlib"],
         "docs": ["sphinx>=7", "myst-parser"],
+        "torchmetrics": ["torchmetrics>=1.0"],
+        "torchdata": ["torchdata>=0.8"],
+        "optuna": ["optuna>=3.4"],
     },
     entry_points={"console_scripts": ["torchstage=torchstage.cli:main"]},
     license="Apache-2.0",

@@ -6,6 +6,7 @@ sys.path.insert(0, os.path.abspath(".."))
 
 project = "torchstage"
 author = "the torchstage developers"
+copyright = "the torchstage developers"
 extensions = ["myst_parser", "sphinx.ext.autodoc", "sphinx.ext.viewcode"]
 source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
 myst_enable_extensions = ["colon_fence"]

@@ -2,6 +2,7 @@
 two schedulers and a criterion, all dicts keyed by name and checkpointed by name.
 
     python scripts/gan.py --logdir /tmp/gan --epochs 30
+    python scripts/gan.py --logdir /tmp/gan --epochs 30 --nprocs 2 --strategy fsdp   # each model sharded
 
 Logs ``loss_d`` and ``loss_g`` per epoch (``logdir/logs/train.csv``) and prints the mean distance of
 generated points to the nearest mixture mode, before and after training.
@@ -76,6 +77,8 @@ def main(argv=None) -> GANRunner:
     parser.add_argument("--logdir", default=None)
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--nprocs", type=int, default=None, help="train on this many processes (distributed=True)")
+    parser.add_argument("--strategy", default="ddp", choices=("ddp", "fsdp"), help="with --nprocs: ddp or fsdp")
     args = parser.parse_args(argv)
 
     torch.manual_seed(args.seed)
@@ -93,7 +96,8 @@ def main(argv=None) -> GANRunner:
     before = mode_distance(runner.sample(2000))
     runner.train(model=models, optimizer=optimizers, scheduler=schedulers, criterion={"bce": nn.BCEWithLogitsLoss()},
                  loaders=loaders, num_epochs=args.epochs, valid_metric="loss_g", logdir=args.logdir,
-                 seed=args.seed, overwrite=True)
+                 seed=args.seed, overwrite=True, distributed=True if args.nprocs else None, nprocs=args.nprocs,
+                 strategy=args.strategy)
     after = mode_distance(runner.sample(2000))
     print(f"mode distance: before {before:.3f} after {after:.3f}")
     return runner

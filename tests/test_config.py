@@ -6,8 +6,11 @@ import pytest
 import torch
 
 import torchstage
-from torchstage import config as cfg
-from torchstage.config import ConfigError, apply_override, build_train_call, check_config, load_config, merge
+from torchstage import ConfigError, load_config
+from torchstage.config import schema
+from torchstage.config.schema import check_config
+from torchstage.config.train_call import build_train_call
+from torchstage.config.yaml_files import apply_override, merge
 from torchstage.runner.spec import TrainSpec
 
 LINEAR = {"_target_": "torch.nn.Linear", "in_features": 10, "out_features": 1}
@@ -22,7 +25,7 @@ def base(**extra):
 
 def error_of(config) -> str:
     with pytest.raises(ConfigError) as err:
-        cfg.train_from_config(config, dry_run=True)
+        torchstage.train_from_config(config, dry_run=True)
     return str(err.value)
 
 
@@ -108,11 +111,11 @@ def test_accepted_keys_follow_trainspec_fields(monkeypatch):
     @dataclasses.dataclass
     class Extended(TrainSpec):
         amp: bool = False
-    monkeypatch.setattr(cfg, "TrainSpec", Extended)
+    monkeypatch.setattr(schema, "TrainSpec", Extended)
     check_config({"amp": True, "runner": {}})
     with pytest.raises(ConfigError, match=r"^amp: expected bool, got str 'yes'"):
         check_config({"amp": "yes"})
-    assert set(cfg.train_keys()) == {f.name for f in dataclasses.fields(Extended)} - {"stage_specs"} | {"runner"}
+    assert set(schema.train_keys()) == {f.name for f in dataclasses.fields(Extended) if f.init} | {"runner"}
 
 
 @pytest.mark.parametrize("change, path, message", [
@@ -199,7 +202,7 @@ def test_dict_of_models_needs_params_names():
 def test_datasets_target_becomes_a_factory_called_in_the_worker():
     config = base(datasets={"_target_": "torchstage.datasets.synthetic_regression_splits", "batch_size": 8,
                             "num_train": 40, "num_valid": 16})
-    runner = cfg.train_from_config(config, dry_run=True)
+    runner = torchstage.train_from_config(config, dry_run=True)
     assert runner.spec.datasets["get_datasets_fn"] is torchstage.datasets.synthetic_regression_splits
     assert {k: len(v) for k, v in runner.loaders.items()} == {"train": 5, "valid": 2}
     text = error_of(base(datasets={"_target_": "torchstage.datasets.synthetic_regression_splits", "batch_size": 8,
@@ -208,10 +211,10 @@ def test_datasets_target_becomes_a_factory_called_in_the_worker():
 
 
 def test_callbacks_as_list_or_mapping_and_null_removes_a_default():
-    runner = cfg.train_from_config(base(callbacks={"console": None, "csv2": {"_target_": "torchstage.CSVLogger"}}),
+    runner = torchstage.train_from_config(base(callbacks={"console": None, "csv2": {"_target_": "torchstage.CSVLogger"}}),
                                    dry_run=True)
     assert "console" not in runner.callbacks and isinstance(runner.callbacks["csv2"], torchstage.CSVLogger)
-    runner = cfg.train_from_config(base(callbacks=[{"_target_": "torchstage.CSVLogger", "logdir": "x"}]), dry_run=True)
+    runner = torchstage.train_from_config(base(callbacks=[{"_target_": "torchstage.CSVLogger", "logdir": "x"}]), dry_run=True)
     assert runner.callbacks["csv"].logdir == "x"
 
 
@@ -220,5 +223,21 @@ def test_callbacks_as_list_or_mapping_and_null_removes_a_default():
 def test_shipped_example_configs_build(files):
     folder = Path(torchstage.__file__).resolve().parent.parent / "scripts" / "configs"
     config = load_config([folder / name for name in files])
-    runner = cfg.train_from_config(config, dry_run=True)
+    runner = torchstage.train_from_config(config, dry_run=True)
     assert runner.spec.stage_specs[-1].optimizer is not None and runner.loaders["train"] is not None
+
+
+# ---- numbers written as strings -----------------------------------------------------------------
+def test_quoted_numbers_become_numbers_where_the_target_expects_one(tmp_path):
+    (tmp_path / "c.yml").write_text('optimizer: {_target_: torch.optim.Adam, lr: "1e-3", weight_decay: "0"}\n'
+                                    'model: {_target_: torch.nn.Linear, in_features: "10", out_features: 1}\n')
+    config = merge(base(), load_config(tmp_path / "c.yml"))
+    runner, kwargs = build_train_call(config)
+    assert kwargs["optimizer"].defaults["lr"] == 1e-3 and kwargs["optimizer"].defaults["weight_decay"] == 0.0
+    assert kwargs["model"].in_features == 10 and isinstance(kwargs["model"].in_features, int)
+
+
+def test_a_word_where_a_number_is_expected_names_the_yaml_path():
+    message = error_of(base(optimizer={"_target_": "torch.optim.Adam", "lr": "fast"}))
+    assert message == "optimizer.lr: torch.optim.Adam expects float for 'lr', got str 'fast'"
+    assert error_of(base(num_epochs="3")) == "num_epochs: expected int, got str '3'"

@@ -1,6 +1,7 @@
 """Every runnable example under scripts/ runs to completion and leaves what it promises."""
 import csv
 import os
+import re
 import subprocess
 import sys
 
@@ -10,8 +11,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run_script(name, *args, timeout=300, env=None):
+    path = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))  # this checkout, not an install
     result = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", name), *args], capture_output=True,
-                            text=True, timeout=timeout, env={**os.environ, **(env or {})})
+                            text=True, timeout=timeout, env={**os.environ, "PYTHONPATH": path, **(env or {})})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
 
@@ -46,3 +48,12 @@ def test_custom_callback_example_stops_early():
     result = run_script("custom_callback.py")
     epoch = int(result.stdout.split("stopped after epoch ")[1].split()[0])
     assert 1 <= epoch < 100
+
+
+def test_the_readme_snippet_is_the_tutorial():
+    """README.md's 20 lines are scripts/tutorial.py's train() call, so the tested script is the documented one."""
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    snippet = re.search(r"## In 20 lines\n\n```python\n(.*?)```", readme, re.S).group(1)
+    tutorial = open(os.path.join(ROOT, "scripts", "tutorial.py")).read()
+    assert len(snippet.strip().splitlines()) <= 20
+    assert snippet.split("runner = SupervisedRunner()")[1].replace('"./logdir"', "logdir") in tutorial

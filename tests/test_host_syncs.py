@@ -35,9 +35,9 @@ def run(num_batches, tmp_path, verbose=False):
     y = torch.randint(0, 3, (num_batches * 8,))
     loader = DataLoader(TensorDataset(X, y), batch_size=8)
     model = torch.nn.Linear(6, 3)
-    SupervisedRunner().train(model=model, criterion=torch.nn.CrossEntropyLoss(),
-                             optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-                             scheduler=torch.optim.lr_scheduler.StepLR(torch.optim.SGD(model.parameters(), lr=0.1), 1),
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    SupervisedRunner().train(model=model, criterion=torch.nn.CrossEntropyLoss(), optimizer=optimizer,
+                             scheduler=torch.optim.lr_scheduler.StepLR(optimizer, 1),
                              loaders={"train": loader, "valid": loader}, num_epochs=2, logdir=str(tmp_path),
                              callbacks=[AccuracyCallback(topk=(1, 2))], verbose=verbose, overwrite=True)
 

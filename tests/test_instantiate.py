@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from torchstage.instantiate import ConfigError, import_target, instantiate
+from torchstage import ConfigError
+from torchstage.instantiate import import_target, instantiate
 
 
 def test_builds_nested_components_with_kwargs():

@@ -126,3 +126,77 @@ def test_submit_from_stdin_failing_task_ends_job(slurm_cluster, tmp_path, monkey
     assert time.monotonic() - start < 20
     assert capsys.readouterr().out.strip().isdigit()
     assert "task 1: Exited with exit code 5" in (tmp_path / "fail.out").read_text()
+
+
+SITE = dict(nodes=2, gpus_per_node=None, gres="gpu:a100:4", partition="gpu", account="proj", qos="high",
+            constraint="a100&ib", mail_type="END,FAIL", mail_user="me@example.org", sbatch=["--exclusive", "--mem=0"],
+            modules=["cuda/12.1"], setup=["source venv/bin/activate", "export NCCL_DEBUG=WARN"], signal="USR1@90",
+            requeue=True, cpus_per_task=4)
+
+
+@pytest.mark.parametrize("launcher", ["srun", "torchrun"])
+def test_every_site_line_from_options_and_both_launcher_forms_pass_bash_n(launcher, tmp_path):
+    import subprocess
+    extra = {"nproc_per_node": 4} if launcher == "torchrun" else {"ntasks_per_node": 4}
+    text = build_sbatch_script(SbatchOptions("python train.py --lr 0.1", launcher=launcher, **SITE, **extra))
+    lines = text.splitlines()
+    for d in ["--gres=gpu:a100:4", "--partition=gpu", "--account=proj", "--qos=high", "--constraint=a100&ib",
+              "--mail-type=END,FAIL", "--mail-user=me@example.org", "--exclusive", "--mem=0", "--signal=USR1@90"]:
+        assert f"#SBATCH {d}" in lines
+    assert "source venv/bin/activate\nexport NCCL_DEBUG=WARN" in text and "module load cuda/12.1" in lines
+    if launcher == "torchrun":
+        assert "#SBATCH --ntasks-per-node=1" in lines
+        assert lines[-1].startswith("srun --kill-on-bad-exit=1 --cpus-per-task=4 --ntasks-per-node=1 torchrun "
+                                    '--nnodes="$SLURM_JOB_NUM_NODES" --nproc-per-node=4 --rdzv-id="$SLURM_JOB_ID" '
+                                    '--rdzv-backend=c10d --rdzv-endpoint="$head_node:$rdzv_port" --no-python ')
+        assert lines[-1].endswith(" python train.py --lr 0.1")
+    else:
+        assert lines[-1] == "srun --kill-on-bad-exit=1 --cpus-per-task=4 python train.py --lr 0.1"
+    path = tmp_path / "job.sbatch"
+    path.write_text(text)
+    result = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(gres="gpu:4", gpus_per_node=4), "give one of them"),
+    (dict(launcher="mpirun"), "launcher: expected 'srun' or 'torchrun', got 'mpirun'"),
+    (dict(launcher="torchrun", ntasks_per_node=4), "ntasks_per_node=4 with launcher='torchrun'"),
+    (dict(nproc_per_node=4), "nproc_per_node=4 is for launcher='torchrun'"),
+    (dict(sbatch=["exclusive"]), r"sbatch: expected a list of directives such as \['--exclusive'"),
+    (dict(qos="a b"), "qos: expected one word"),
+])
+def test_bad_site_options(kwargs, match):
+    with pytest.raises(SlurmScriptError, match=match):
+        SbatchOptions(**{"command": "python t.py", **kwargs})
+
+
+def test_cli_site_flags_and_dry_run_print_without_submitting(monkeypatch, capsys):
+    monkeypatch.setenv("PATH", "/nonexistent")  # a submission would fail: sbatch is not on PATH
+    argv = ["--launcher", "torchrun", "--nodes", "2", "--gpus-per-node", "2", "--qos", "q", "--constraint", "c",
+            "--mail-type", "FAIL", "--mail-user", "u@x", "--sbatch=--exclusive", "--setup", "a=1", "--setup", "b=2",
+            "--dry-run", "--submit", "--", "python", "t.py"]
+    assert run_slurm_command(parse(argv)) == 0
+    out = capsys.readouterr().out
+    assert "#SBATCH --qos=q" in out and "#SBATCH --exclusive" in out and "a=1\nb=2" in out
+    assert "--nproc-per-node=2" in out and out.endswith("--no-python python t.py\n")
+
+
+def test_yaml_site_options(tmp_path):
+    cfg = tmp_path / "job.yml"
+    cfg.write_text("launcher: torchrun\nnodes: 2\nnproc-per-node: 3\nqos: long\nsbatch: [--exclusive]\n"
+                   "setup: [module purge, source env.sh]\ncommand: python train.py\n")
+    text = build_sbatch_script(load_sbatch_options(str(cfg)))
+    assert "#SBATCH --qos=long" in text and "module purge\nsource env.sh" in text and "--nproc-per-node=3" in text
+
+
+def test_docs_torchrun_job_example_builds_and_passes_bash_n(tmp_path):
+    import os
+    import subprocess
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts",
+                        "slurm_job_torchrun.yml")
+    text = build_sbatch_script(load_sbatch_options(path))
+    assert "#SBATCH --gres=gpu:4" in text and "#SBATCH --qos=normal" in text and "#SBATCH --exclusive" in text
+    assert "--nproc-per-node=4" in text and "source .venv/bin/activate\nexport OMP_NUM_THREADS=8" in text
+    (tmp_path / "job.sbatch").write_text(text)
+    assert subprocess.run(["bash", "-n", str(tmp_path / "job.sbatch")]).returncode == 0

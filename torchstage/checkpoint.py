@@ -1,12 +1,15 @@
 """The checkpoint file format: one dict of tensors and plain values, written atomically, loaded safely.
 
 Layout (``format = "torchstage/1"``): models, optimizers, schedulers, scaler, callbacks, loop, rng,
-metrics, meta. ``torch.load(weights_only=True)`` reads it, so loading never runs pickled code.
+metrics, meta, and ``checksum``: a CRC32 of every tensor's bytes and every plain value, written by
+:func:`serialize` and verified by :func:`load_checkpoint`, so bytes changed inside a tensor are caught.
+``torch.load(weights_only=True)`` reads it, so loading never runs pickled code.
 """
 import io
 import os
 import pickle
 import tempfile
+import zlib
 
 import torch
 
@@ -16,6 +19,23 @@ WRAPPER_PREFIXES = ("module.", "_orig_mod.")
 
 class CheckpointError(RuntimeError):
     """A checkpoint could not be written or read; the message names the file and why."""
+
+
+def checkpoint_path(folder: str, which="last") -> str:
+    """The one place checkpoint file names are made: ``which`` is ``"last"``, ``"best"``, ``"metrics"``
+    (``metrics.json``) or an int global epoch (``epoch-NNNN.pth``, kept top-k); ``folder`` is a
+    checkpoint folder (see :func:`checkpoint_folder`)."""
+    if isinstance(which, int) and not isinstance(which, bool):
+        return os.path.join(folder, f"epoch-{which:04d}.pth")
+    names = {"last": "last.pth", "best": "best.pth", "metrics": "metrics.json"}
+    if which not in names:
+        raise ValueError(f"which must be 'last', 'best', 'metrics' or an epoch number, got {which!r}")
+    return os.path.join(folder, names[which])
+
+
+def checkpoint_folder(logdir: str) -> str:
+    """Where a run with ``logdir`` keeps its checkpoints unless its checkpoint callback names another folder."""
+    return os.path.join(os.fspath(logdir), "checkpoints")
 
 
 def write_atomic(path: str, data: bytes) -> None:
@@ -47,32 +67,49 @@ def write_atomic(path: str, data: bytes) -> None:
             os.remove(tmp)
 
 
-def link_atomic(source: str, path: str, data: bytes) -> None:
-    """Make ``path`` hold the same bytes as the already written ``source``: an atomic hard link, or a write."""
-    tmp = f"{path}.{os.getpid()}.link"
-    try:
-        os.link(source, tmp)
-        os.replace(tmp, path)
-    except OSError:
-        if os.path.lexists(tmp):
-            os.remove(tmp)
-        write_atomic(path, data)
+def content_checksum(tree) -> int:
+    """CRC32 over a checkpoint tree: keys, plain values, and each tensor's dtype, shape and bytes, in order."""
+    crc = 0
+
+    def walk(node):
+        nonlocal crc
+        if isinstance(node, torch.Tensor):
+            tensor = node.detach().cpu().contiguous()
+            crc = zlib.crc32(f"T{tensor.dtype}{tuple(tensor.shape)}".encode(), crc)
+            if tensor.numel():
+                crc = zlib.crc32(tensor.reshape(-1).view(torch.uint8).numpy().tobytes(), crc)
+        elif isinstance(node, dict):
+            crc = zlib.crc32(f"D{len(node)}".encode(), crc)
+            for key, value in node.items():
+                crc = zlib.crc32(repr(key).encode(), crc)
+                walk(value)
+        elif isinstance(node, (list, tuple)):
+            crc = zlib.crc32(f"L{len(node)}".encode(), crc)
+            for value in node:
+                walk(value)
+        else:
+            crc = zlib.crc32(repr(node).encode(), crc)
+
+    walk(tree)
+    return crc
 
 
 def serialize(checkpoint: dict) -> bytes:
-    """The bytes ``torch.save`` would write for ``checkpoint``."""
+    """The bytes ``torch.save`` writes for ``checkpoint`` plus its ``checksum`` (see :func:`content_checksum`)."""
+    content = {k: v for k, v in checkpoint.items() if k != "checksum"}
     buffer = io.BytesIO()
-    torch.save(checkpoint, buffer)
+    torch.save({**content, "checksum": {"crc32": content_checksum(content)}}, buffer)
     return buffer.getvalue()
 
 
-def save_checkpoint(checkpoint: dict, path: str) -> None:
-    """Serialize ``checkpoint`` and write it atomically to ``path``."""
-    write_atomic(path, serialize(checkpoint))
-
-
 def load_checkpoint(path: str, map_location="cpu") -> dict:
-    """Load a checkpoint with ``weights_only=True``; refuse files that would need to run pickled code."""
+    """Load a checkpoint with ``weights_only=True``; refuse files that would need to run pickled code.
+
+    A sharded checkpoint (a directory written under FSDP) is read whole, as plain tensors.
+    """
+    if os.path.isdir(path):
+        from torchstage.sharded_checkpoint import load_sharded  # imports this module; DCP is heavy
+        return load_sharded(path)
     if not os.path.isfile(path):
         raise CheckpointError(f"checkpoint {path!r} does not exist")
     try:
@@ -83,12 +120,18 @@ def load_checkpoint(path: str, map_location="cpu") -> dict:
             f"refused to load {path!r}: it holds objects that only unpickling code could rebuild, and "
             f"torchstage loads checkpoints with weights_only=True so that no code from a file ever runs "
             f"({_unpickling_reason(e)})") from None
-    except (RuntimeError, EOFError, OSError) as e:
-        raise CheckpointError(f"could not read checkpoint {path!r}: {e}") from None
+    except (RuntimeError, EOFError, OSError, ValueError) as e:
+        size = os.path.getsize(path)
+        detail = "the file is empty (0 bytes)" if size == 0 else f"the file ({size} bytes) is truncated or damaged"
+        raise CheckpointError(f"could not read checkpoint {path!r}: {detail} ({e or type(e).__name__})") from None
     if not isinstance(checkpoint, dict) or checkpoint.get("format") != FORMAT:
         found = checkpoint.get("format") if isinstance(checkpoint, dict) else type(checkpoint).__name__
         raise CheckpointError(f"{path!r} is not a torchstage checkpoint: format is {found!r}, "
                               f"expected {FORMAT!r}")
+    expected = checkpoint.pop("checksum", {}).get("crc32")
+    if expected is not None and content_checksum(checkpoint) != expected:
+        raise CheckpointError(f"checkpoint {path!r} is damaged: its content does not match the checksum written "
+                              f"with it (bytes inside a tensor or value changed after writing)")
     return checkpoint
 
 
@@ -121,3 +164,28 @@ def load_model_weights(model: torch.nn.Module, path_or_checkpoint, name: str = "
     if name not in models:
         raise CheckpointError(f"checkpoint has no model named {name!r}; it has {sorted(models)}")
     model.load_state_dict(clean_state_dict(models[name]))
+
+
+def checkpoint_files(folder: str) -> list:
+    """The checkpoints in ``folder``: ``last.pth`` first, then the others (best, epoch-NNNN), newest first."""
+    if not os.path.isdir(folder):
+        return []
+    last = checkpoint_path(folder, "last")
+    others = [os.path.join(folder, name) for name in os.listdir(folder)
+              if name.endswith(".pth") and not name.startswith(".") and name != os.path.basename(last)]
+    others.sort(key=os.path.getmtime, reverse=True)
+    return ([last] if os.path.exists(last) else []) + others
+
+
+def load_newest_intact(folder: str):
+    """``(path, checkpoint, skipped)``: ``last.pth`` if it loads, else the newest intact one of the folder;
+    ``skipped`` lists ``(path, why)`` for each file passed over. Raises naming every file and why if none loads."""
+    last = checkpoint_path(folder, "last")
+    skipped = [] if os.path.exists(last) else [(last, "it does not exist")]
+    for path in checkpoint_files(folder):
+        try:
+            return path, load_checkpoint(path), skipped
+        except CheckpointError as e:
+            skipped.append((path, str(e)))
+    reasons = "\n".join(f"  {path}: {why}" for path, why in skipped)
+    raise CheckpointError(f"resume='last': no intact checkpoint in {folder!r}:\n{reasons}")

@@ -1,6 +1,13 @@
 """The ``torchstage`` command: a small argparse router; each subcommand lives with the code it drives."""
 import argparse
+import os
 import sys
+
+from torchstage.checkpoint import CheckpointError
+
+_USER_ERRORS = (ValueError, TypeError, KeyError, FileExistsError, FileNotFoundError, NotADirectoryError, PermissionError,
+                CheckpointError)
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,13 +25,35 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _subcommands():
     """The ``add_parser(subparsers)`` function of every subcommand, in help order."""
-    from torchstage.commands import checkpoint_tools, env, plot, run, slurm
-    return [run.add_parser, env.add_parser, plot.add_parser, checkpoint_tools.add_parser, slurm.add_parser]
+    from torchstage.commands import checkpoint_tools, env, plot, report, run, slurm, tune
+    return [run.add_parser, tune.add_parser, env.add_parser, plot.add_parser, report.add_parser,
+            checkpoint_tools.add_parser,
+            slurm.add_parser]
 
 
 def main(argv=None) -> int:
+    """Run one command; a user error (a check of torchstage's refusing what it was given) is one line on
+    stderr and exit status 2, anything else keeps its traceback."""
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except Exception as exc:
+        if not is_user_error(exc):
+            raise
+        message = " ".join(str(exc).split())
+        sys.stderr.write(f"torchstage {args.command}: error: {message}\n")
+        return 2
+
+
+def is_user_error(exc: BaseException) -> bool:
+    """An error of what a user gave torchstage (arguments, config, logdir, checkpoint file), raised by
+    torchstage's own checks, not inside a model, a dataset or torch."""
+    if not isinstance(exc, _USER_ERRORS):
+        return False
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(_PACKAGE)
 
 
 if __name__ == "__main__":

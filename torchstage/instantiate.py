@@ -2,10 +2,19 @@
 import difflib
 import importlib
 import inspect
+import os
+import types
 import typing
 from collections.abc import Mapping
 
 TARGET = "_target_"
+#: Comma-separated module prefixes a ``_target_`` must start with (``torchstage run --allow-targets``); unset: any.
+ALLOWED_TARGETS_VAR = "TORCHSTAGE_ALLOWED_TARGETS"
+
+
+def allowed_prefixes() -> tuple:
+    """The ``_target_`` prefixes allowed by ``$TORCHSTAGE_ALLOWED_TARGETS`` (empty: any import path)."""
+    return tuple(p.strip() for p in os.environ.get(ALLOWED_TARGETS_VAR, "").split(",") if p.strip())
 
 
 class ConfigError(ValueError):
@@ -31,6 +40,10 @@ def import_target(target, path: str):
     where = join(path, TARGET)
     if not isinstance(target, str) or not target or target.startswith(".") or ".." in target:
         raise ConfigError(where, f"expected an import path such as 'torch.nn.Linear', got {target!r}")
+    allowed = allowed_prefixes()
+    if allowed and not any(target == p.rstrip(".") or target.startswith(p.rstrip(".") + ".") for p in allowed):
+        raise ConfigError(where, f"{target!r} is not under the allowed module prefixes {list(allowed)} "
+                                 f"(--allow-targets / ${ALLOWED_TARGETS_VAR}); nothing was imported")
     parts = target.split(".")
     module, tried = None, []
     for cut in range(len(parts), 0, -1):  # the longest importable prefix, then attributes
@@ -93,6 +106,39 @@ def check_arguments(fn, kwargs: Mapping, path: str, target: str, given=()) -> No
                                                f"{type(value).__name__} {value!r}")
 
 
+def coerce_numbers(fn, kwargs: Mapping, path: str, target: str) -> dict:
+    """A quoted number (YAML ``lr: "1e-3"``) where ``fn`` expects a number becomes that number; any other
+    string there is refused with its YAML path, instead of failing inside ``fn``."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return dict(kwargs)
+    hints, result = _type_hints(fn), dict(kwargs)
+    for key, value in kwargs.items():
+        kind = _number_kind(hints.get(key), params[key].default) if key in params else None
+        if kind is None or not isinstance(value, str):
+            continue
+        try:
+            number = float(value)
+        except ValueError:
+            raise ConfigError(join(path, key), f"{target} expects {kind.__name__} for {key!r}, got str {value!r}") from None
+        result[key] = int(number) if kind is int and number.is_integer() else number
+    return result
+
+
+def _number_kind(hint, default):
+    """``float``/``int`` when a parameter takes a number and no string (from its hint, else its default)."""
+    args = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    if str in args:
+        return None
+    for kind in (float, int):
+        if kind in args:
+            return kind
+    if hint is None and type(default) in (int, float):
+        return type(default)
+    return None
+
+
 def _type_hints(fn) -> dict:
     try:
         return typing.get_type_hints(fn.__init__ if inspect.isclass(fn) else fn)
@@ -133,7 +179,7 @@ def instantiate(node, path: str, **given):
         return {key: instantiate(value, join(path, key)) for key, value in node.items()}
     target = node[TARGET]
     fn = import_target(target, path)
-    kwargs = {key: value for key, value in node.items() if key != TARGET}
+    kwargs = coerce_numbers(fn, {key: value for key, value in node.items() if key != TARGET}, path, target)
     check_arguments(fn, {**kwargs, **given}, path, target, given=given)
     kwargs = {key: instantiate(value, join(path, key)) for key, value in kwargs.items()}
     try:

@@ -3,6 +3,7 @@
 A period is asked after each train batch (:meth:`Period.batch_due`) and at each epoch's end
 (:meth:`Period.epoch_due`); several periods may be combined as a tuple, due when any one is due.
 """
+from torchstage.arguments import ArgumentError
 
 
 class Period:
@@ -57,8 +58,8 @@ def as_periods(value, name: str = "period") -> tuple:
         elif isinstance(item, int) and not isinstance(item, bool) and item >= 1:
             periods.append(Epoch(item))
         else:
-            raise ValueError(f"{name} must be Batch(n), Epoch(n), an integer n >= 1 (every n epochs), a tuple of "
-                             f"those, or None; got {item!r}")
+            raise ArgumentError(name, f"must be Batch(n), Epoch(n), an integer n >= 1 (every n epochs), a tuple of "
+                                      f"those, or None; got {item!r}")
     return tuple(periods)
 
 

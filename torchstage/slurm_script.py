@@ -14,7 +14,12 @@ class SlurmScriptError(ValueError):
 
 @dataclass
 class SbatchOptions:
-    """What goes into the script. ``command`` runs once per task under ``srun``."""
+    """What goes into the script; every site-specific line comes from here, nothing is built in.
+
+    ``launcher="srun"``: ``command`` runs once per task under srun (one task per GPU, or one per node
+    spawning a process per GPU). ``launcher="torchrun"``: srun starts one torchrun per node, which
+    starts ``nproc_per_node`` copies of ``command`` and forms the world (c10d rendezvous on the first node).
+    """
 
     command: Union[str, List[str]]
     job_name: str = "torchstage"
@@ -27,9 +32,17 @@ class SbatchOptions:
     time: Optional[str] = None
     output: Optional[str] = None
     modules: List[str] = field(default_factory=list)
-    setup: str = ""                # shell lines run before srun (venv activation, exports)
+    setup: Union[str, List[str]] = ""  # shell lines run before srun (venv activation, exports)
     signal: Optional[str] = None   # e.g. "USR1@120": sent to the srun tasks that long before the time limit
     requeue: bool = False
+    qos: Optional[str] = None
+    constraint: Optional[str] = None
+    gres: Optional[str] = None     # e.g. "gpu:4" where the site asks for --gres instead of --gpus-per-node
+    mail_type: Optional[str] = None  # e.g. "END,FAIL"
+    mail_user: Optional[str] = None
+    sbatch: List[str] = field(default_factory=list)  # any other directive, e.g. ["--exclusive", "--mem=0"]
+    launcher: str = "srun"         # "srun" or "torchrun"
+    nproc_per_node: Optional[int] = None  # torchrun form: processes per node (default: gpus_per_node, else 1)
 
     def __post_init__(self):
         self.validate()
@@ -38,13 +51,14 @@ class SbatchOptions:
         """Raise SlurmScriptError naming the option, the value given and what is expected."""
         if not self.command or (isinstance(self.command, list) and not all(isinstance(c, str) for c in self.command)):
             raise SlurmScriptError(f"command: expected a command line (string or list of strings), got {self.command!r}")
-        for name in ("nodes", "ntasks_per_node", "gpus_per_node", "cpus_per_task"):
+        for name in ("nodes", "ntasks_per_node", "gpus_per_node", "cpus_per_task", "nproc_per_node"):
             value = getattr(self, name)
             if value is not None and (type(value) is not int or value < 1):
                 raise SlurmScriptError(f"{name}: expected a positive integer, got {value!r}")
         if self.time is not None and not isinstance(self.time, str):  # YAML reads unquoted 12:00:00 as 43200
             raise SlurmScriptError(f"time: expected a string such as '12:00:00' (quote it in YAML), got {self.time!r}")
-        for name in ("job_name", "partition", "account", "time", "output", "signal"):
+        for name in ("job_name", "partition", "account", "time", "output", "signal", "qos", "constraint", "gres",
+                     "mail_type", "mail_user"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not re.fullmatch(r"[^\s#]+", value)):
                 raise SlurmScriptError(f"{name}: expected one word without spaces or '#', got {value!r}")
@@ -57,18 +71,39 @@ class SbatchOptions:
             raise SlurmScriptError(f"signal: expected SIGNAL@SECONDS such as 'USR1@120', got {self.signal!r}")
         if not isinstance(self.modules, list) or not all(isinstance(m, str) and m.split() == [m] for m in self.modules):
             raise SlurmScriptError(f"modules: expected a list of module names, got {self.modules!r}")
+        if isinstance(self.setup, list) and all(isinstance(line, str) for line in self.setup):
+            self.setup = "\n".join(self.setup)
         if not isinstance(self.setup, str) or not isinstance(self.requeue, bool):
-            raise SlurmScriptError(f"setup must be a string and requeue true/false, got {self.setup!r}, {self.requeue!r}")
+            raise SlurmScriptError(f"setup must be a string or a list of lines and requeue true/false, got "
+                                   f"{self.setup!r}, {self.requeue!r}")
+        if self.gres is not None and self.gpus_per_node is not None:
+            raise SlurmScriptError(f"gres={self.gres!r} and gpus_per_node={self.gpus_per_node!r}: give one of them "
+                                   f"(the one your site documents), not both")
+        if not isinstance(self.sbatch, list) or not all(
+                isinstance(d, str) and re.fullmatch(r"--[\w-]+(=[^\s#]+)?", d) for d in self.sbatch):
+            raise SlurmScriptError(f"sbatch: expected a list of directives such as ['--exclusive', '--mem=0'], "
+                                   f"got {self.sbatch!r}")
+        if self.launcher not in ("srun", "torchrun"):
+            raise SlurmScriptError(f"launcher: expected 'srun' or 'torchrun', got {self.launcher!r}")
+        if self.launcher == "torchrun" and self.ntasks_per_node != 1:
+            raise SlurmScriptError(f"ntasks_per_node={self.ntasks_per_node!r} with launcher='torchrun': srun starts "
+                                   f"one torchrun per node (ntasks_per_node=1), torchrun starts nproc_per_node "
+                                   f"processes; use launcher='srun' for one task per GPU")
+        if self.nproc_per_node is not None and self.launcher != "torchrun":
+            raise SlurmScriptError(f"nproc_per_node={self.nproc_per_node!r} is for launcher='torchrun'; with srun "
+                                   f"use ntasks_per_node")
 
 
 def build_sbatch_script(opts: SbatchOptions) -> str:
-    """The sbatch script text: #SBATCH directives, modules, setup, then ``srun --kill-on-bad-exit=1 command``."""
+    """The sbatch script text: #SBATCH directives, modules, setup, then the srun (or srun + torchrun) line."""
     opts.validate()
     directives = [("job-name", opts.job_name), ("nodes", opts.nodes), ("ntasks-per-node", opts.ntasks_per_node),
-                  ("gpus-per-node", opts.gpus_per_node), ("cpus-per-task", opts.cpus_per_task),
-                  ("partition", opts.partition), ("account", opts.account), ("time", opts.time),
-                  ("output", opts.output), ("signal", opts.signal)]
+                  ("gpus-per-node", opts.gpus_per_node), ("gres", opts.gres), ("cpus-per-task", opts.cpus_per_task),
+                  ("partition", opts.partition), ("account", opts.account), ("qos", opts.qos),
+                  ("constraint", opts.constraint), ("time", opts.time), ("output", opts.output),
+                  ("signal", opts.signal), ("mail-type", opts.mail_type), ("mail-user", opts.mail_user)]
     lines = ["#!/bin/bash"] + [f"#SBATCH --{k}={v}" for k, v in directives if v is not None]
+    lines += [f"#SBATCH {d}" for d in opts.sbatch]
     if opts.requeue:  # a requeued job restarts the script: append to its log instead of truncating it
         lines += ["#SBATCH --requeue", "#SBATCH --open-mode=append"]
     lines += ["", "set -eo pipefail"]
@@ -79,8 +114,23 @@ def build_sbatch_script(opts: SbatchOptions) -> str:
     srun = ["srun", "--kill-on-bad-exit=1"]  # one failing task ends the step instead of a collective timeout
     if opts.cpus_per_task:  # srun does not inherit --cpus-per-task from sbatch on SLURM 22.05+
         srun.append(f"--cpus-per-task={opts.cpus_per_task}")
-    lines.append(" ".join(srun) + " " + command)
+    if opts.launcher == "torchrun":
+        lines += _torchrun_lines(opts, srun, command)
+    else:
+        lines.append(" ".join(srun) + " " + command)
     return "\n".join(lines) + "\n"
+
+
+def _torchrun_lines(opts: SbatchOptions, srun: list, command: str) -> list:
+    """srun starts one torchrun per node; they meet at the first node on a port derived from the job id."""
+    nproc = opts.nproc_per_node or opts.gpus_per_node or 1
+    return [
+        'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        "# one port per job id, below Linux's ephemeral ports: two jobs on a node never collide",
+        "rdzv_port=$((15000 + SLURM_JOB_ID % 15000))",
+        " ".join(srun) + " --ntasks-per-node=1 torchrun --nnodes=\"$SLURM_JOB_NUM_NODES\" "
+        f"--nproc-per-node={nproc} --rdzv-id=\"$SLURM_JOB_ID\" --rdzv-backend=c10d "
+        f"--rdzv-endpoint=\"$head_node:$rdzv_port\" --no-python {command}"]
 
 
 def options_from_dict(data: dict, source: str = "options") -> SbatchOptions:

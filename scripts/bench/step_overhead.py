@@ -36,11 +36,16 @@ def hand_written(batches):
     return float(total / count)
 
 
-def torchstage_run(batches):
+def torchstage_run(batches, **kwargs):
     model, criterion, optimizer = make()
     runner = SupervisedRunner().train(model=model, criterion=criterion, optimizer=optimizer,
-                                      loaders={"train": batches}, valid_loader="train", num_epochs=1)
+                                      loaders={"train": batches}, valid_loader="train", num_epochs=1, **kwargs)
     return runner.epoch_metrics["train"]["loss"]
+
+
+def torchstage_monitor(batches):
+    """The default chain with ``monitor=True`` (throughput, data wait, memory, FLOPs of the first batch)."""
+    return torchstage_run(batches, monitor=True)
 
 
 def main():
@@ -54,7 +59,7 @@ def main():
     clock = time.perf_counter if args.wall else time.process_time
     g = torch.Generator().manual_seed(0)
     batches = [(torch.rand(32, 10, generator=g), torch.rand(32, 1, generator=g)) for _ in range(args.batches)]
-    contenders = {"hand-written": hand_written, "torchstage": torchstage_run}
+    contenders = {"hand-written": hand_written, "torchstage": torchstage_run, "+monitor": torchstage_monitor}
     times = {name: [] for name in contenders}
     for repeat in range(args.repeats + 1):
         for name, fn in contenders.items():
@@ -67,6 +72,8 @@ def main():
         med = statistics.median(values)
         print(f"{name:>14}: {1e6 * med / args.batches:7.1f} us/step  ratio {med / base:.3f}")
     print(f"torchstage adds {1e6 * (statistics.median(times['torchstage']) - base) / args.batches:.1f} us/step")
+    monitor = statistics.median(times["+monitor"]) - statistics.median(times["torchstage"])
+    print(f"monitor=True adds {1e6 * monitor / args.batches:.1f} us/step")
 
 
 if __name__ == "__main__":

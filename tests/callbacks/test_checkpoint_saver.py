@@ -9,7 +9,7 @@ from tests.conftest import regression_loaders
 from tests.resume_helpers import tiny_train_kwargs
 from torchstage import (Batch, CheckpointCallback, CheckpointError, Epoch, SupervisedRunner, load_checkpoint,
                         load_model_weights)
-from torchstage.checkpoint import FORMAT, save_checkpoint
+from torchstage.checkpoint import FORMAT, serialize, write_atomic
 
 
 def make_net():
@@ -66,7 +66,7 @@ def test_ddp_and_compile_prefixes_are_stripped(tmp_path):
     model = make_net()
     prefixed = {f"module._orig_mod.{k}": v for k, v in model.state_dict().items()}
     path = str(tmp_path / "wrapped.pth")
-    save_checkpoint({"format": FORMAT, "models": {"model": prefixed}}, path)
+    write_atomic(path, serialize({"format": FORMAT, "models": {"model": prefixed}}))
     fresh = make_net()
     load_model_weights(fresh, path)
     for a, b in zip(fresh.state_dict().values(), model.state_dict().values()):
@@ -91,13 +91,17 @@ def test_resume_from_epoch_end_continues_to_same_weights(tmp_path):
         assert torch.equal(a, b)
 
 
-def test_same_checkpoint_under_several_names_is_written_once(tmp_path):
+def test_same_checkpoint_under_several_names_is_independent_files(tmp_path):
     train(tmp_path, num_epochs=1)
     folder = tmp_path / "checkpoints"
     last, best, epoch = (os.stat(folder / name) for name in ("last.pth", "best.pth", "epoch-0001.pth"))
-    assert last.st_ino == best.st_ino == epoch.st_ino  # hard links: one write, three names
-    # a later atomic replace of one name leaves the others intact
+    assert len({last.st_ino, best.st_ino, epoch.st_ino}) == 3 and last.st_nlink == 1  # not hard links
+    assert (folder / "last.pth").read_bytes() == (folder / "best.pth").read_bytes()
+    # damage to one name (in place, as `cp other.pth last.pth` or truncate would do) leaves the others intact
     before = (folder / "best.pth").read_bytes()
+    with open(folder / "last.pth", "r+b") as f:
+        f.truncate(100)
+    assert (folder / "best.pth").read_bytes() == before == (folder / "epoch-0001.pth").read_bytes()
     (folder / "last.pth").unlink()
     assert (folder / "best.pth").read_bytes() == before
 
@@ -176,3 +180,16 @@ def test_epoch_period_every_two_epochs_and_at_stage_end(tmp_path):
 def test_argument_errors_name_the_argument(tmp_path, kwargs, message):
     with pytest.raises(ValueError, match=message):
         SupervisedRunner().train(**{**tiny_train_kwargs(tmp_path), **kwargs})
+
+
+def test_resume_last_looks_where_a_checkpoint_callback_with_its_own_folder_writes(tmp_path):
+    """A CheckpointCallback given its own logdir writes there, and resume='last' continues from that last.pth."""
+    own = tmp_path / "elsewhere"
+    train(tmp_path / "run", num_epochs=2, callbacks={"checkpoint": CheckpointCallback(logdir=str(own))})
+    assert (own / "checkpoints" / "last.pth").exists() and not (tmp_path / "run" / "checkpoints").exists()
+    runner, _ = train(tmp_path / "run", num_epochs=3, resume="last",
+                      callbacks={"checkpoint": CheckpointCallback(logdir=str(own))})
+    assert runner.global_epoch_step == 3 and runner.global_batch_step == 3 * len(regression_loaders()["train"])
+    assert load_checkpoint(str(own / "checkpoints" / "last.pth"))["loop"]["epoch"] == 3
+    with pytest.raises(FileExistsError, match="already holds a run"):  # a new run there would overwrite it
+        train(tmp_path / "run", num_epochs=1, callbacks={"checkpoint": CheckpointCallback(logdir=str(own))})

@@ -1,4 +1,5 @@
 """check=True smoke runs and overfit=True: how many batches run, the checkpoint round trip, the loss."""
+import logging
 import time
 
 import pytest
@@ -38,7 +39,7 @@ def test_check_on_a_million_rows_runs_two_batches_for_two_epochs_per_stage(tmp_p
     assert seen.counts == {(s, e, loader): 2 for s in ("warmup", "main") for e in (1, 2) for loader in ("train", "valid")}
     assert runner.global_batch_step == 8
     assert elapsed < 10, f"check run took {elapsed:.1f}s"  # a full epoch would be 15625 batches
-    checkpoint = load_checkpoint(str(tmp_path / "checkpoints" / "last.pth"))
+    checkpoint = load_checkpoint(str(tmp_path / "check" / "checkpoints" / "last.pth"))  # a scratch folder
     assert checkpoint["loop"]["stage"] == "main" and checkpoint["loop"]["epoch"] == 2
     torch.testing.assert_close(checkpoint["models"]["model"]["weight"], model.weight.detach())
 
@@ -100,3 +101,28 @@ def test_bad_debug_arguments(name, value, message):
     with pytest.raises((ValueError, TypeError), match=message):
         SupervisedRunner().train(model=model, criterion=nn.MSELoss(), loaders=loaders,
                                  optimizer=torch.optim.SGD(model.parameters(), lr=0.01), **{name: value})
+
+
+def test_check_then_the_real_run_on_the_same_logdir(tmp_path, caplog):
+    """docs/local-to-cluster.md steps 1 and 2: the check run never blocks the real one, and says where it wrote."""
+    x, y = torch.randn(64, 10), torch.randn(64, 1)
+
+    def run(**kwargs):
+        model = nn.Linear(10, 1)
+        loaders = {"train": DataLoader(TensorDataset(x, y), batch_size=8),
+                   "valid": DataLoader(TensorDataset(x, y), batch_size=8)}
+        return SupervisedRunner().train(model=model, criterion=nn.MSELoss(), loaders=loaders, num_epochs=3,
+                                        optimizer=torch.optim.SGD(model.parameters(), lr=0.01),
+                                        logdir=str(tmp_path), **kwargs)
+
+    with caplog.at_level(logging.INFO, logger="torchstage"):
+        run(check=True)
+        run(check=True)  # a second check replaces the first one's scratch files
+    messages = [r.getMessage() for r in caplog.records]
+    assert (f"check run: at most 2 epoch(s) per stage, a few batches per loader; checkpoints and logs go to "
+            f"{tmp_path / 'check'} (a scratch folder: the real run's logdir stays untouched)") in messages
+    assert any(m.startswith("[main] epoch 2/2 |") for m in messages)  # the real epoch count, not 2/3
+    assert not (tmp_path / "checkpoints").exists()
+    runner = run()
+    assert runner.epoch == 3
+    assert load_checkpoint(str(tmp_path / "checkpoints" / "last.pth"))["loop"]["epoch"] == 3

@@ -52,3 +52,32 @@ def test_every_task_of_a_real_srun_step_sees_its_rank_and_one_master(slurm_clust
     assert sorted(i["rank"] for i in infos) == [0, 1, 2, 3]
     assert {i["source"] for i in infos} == {"slurm"} and {i["world_size"] for i in infos} == {4}
     assert len({(i["master_addr"], i["master_port"]) for i in infos}) == 1
+
+
+def test_real_mpirun_ranks_see_openmpi_and_why():
+    import shutil
+
+    import pytest
+    if not shutil.which("mpirun"):
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail("CI=true and mpirun is missing (.ci/run installs openmpi-bin)")
+        pytest.skip("mpirun is not installed")
+    result = subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", *TORCHSTAGE, "env",
+                             "--json"], capture_output=True, text=True, timeout=120, env=CLEAN)
+    assert result.returncode == 0, result.stderr
+    infos = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert sorted(i["rank"] for i in infos) == [0, 1] and {i["source"] for i in infos} == {"openmpi"}
+    assert all(i["why"].startswith("openmpi: OMPI_COMM_WORLD_RANK=") for i in infos)
+    assert len({(i["master_addr"], i["master_port"]) for i in infos}) == 1
+    rows = {row["name"]: row["applies"] for row in infos[0]["environments"]}
+    assert rows == {"torchrun": False, "slurm": False, "lsf": False, "pals": False, "openmpi": True, "mpich": False}
+
+
+def test_text_output_lists_every_launcher_and_the_batch_script_error():
+    env = {**CLEAN, "PMI_RANK": "0", "PMI_SIZE": "1"}
+    text = subprocess.run([*TORCHSTAGE, "env"], capture_output=True, text=True, env=env, timeout=60).stdout
+    assert "decided by:   mpich" in text and "why:          mpich: PMI_RANK=0, PMI_SIZE=1" in text
+    assert "  mpich     applies: PMI_RANK=0, PMI_SIZE=1" in text and "  torchrun  not present" in text
+    batch = {**CLEAN, "ENVIRONMENT": "BATCH", "SLURM_JOB_ID": "8", "SLURM_NTASKS": "2"}
+    result = subprocess.run([*TORCHSTAGE, "env"], capture_output=True, text=True, env=batch, timeout=60)
+    assert result.returncode == 2 and "but srun did not start it" in result.stderr

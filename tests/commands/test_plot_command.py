@@ -20,6 +20,6 @@ def test_plot_command_writes_the_png(tmp_path, capsys):
     assert (tmp_path / "out.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_plot_command_error_exit_1(tmp_path, capsys):
-    assert main(["plot", str(tmp_path / "nowhere")]) == 1
+def test_plot_command_error_exit_2(tmp_path, capsys):
+    assert main(["plot", str(tmp_path / "nowhere")]) == 2
     assert capsys.readouterr().err.startswith("torchstage plot: error: no CSV logs in ")

@@ -206,3 +206,64 @@ def test_distributed_config_under_torchrun(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     assert checkpoint(tmp_path / "ddp")["meta"]["world_size"] == 2
     assert torchstage.load_config(tmp_path / "ddp" / "config.yml")["distributed"] is True
+
+
+SMALL = """\
+model: {_target_: NET, in_features: 10, out_features: 1}
+criterion: {_target_: torch.nn.MSELoss}
+optimizer: {_target_: torch.optim.SGD, lr: "1e-2"}
+datasets:
+  batch_size: 16
+  train: {_target_: torchstage.datasets.synthetic_regression, num_samples: 64, num_features: 10}
+  valid: {_target_: torchstage.datasets.synthetic_regression, num_samples: 32, num_features: 10, seed: 1}
+num_epochs: 1
+logdir: out
+"""
+
+
+def run_script_cli(*args, cwd):
+    """The installed ``torchstage`` script: neither the cwd nor a config's folder is on sys.path (python -P)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-P", "-c", "import sys; from torchstage.cli import main; "
+                           "sys.exit(main())", *map(str, args)], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.mark.parametrize("module_in", ["config_folder", "cwd"])
+def test_a_module_beside_the_config_or_in_the_cwd_is_importable(tmp_path, module_in):
+    (tmp_path / "proj").mkdir()
+    folder = tmp_path / "proj" if module_in == "config_folder" else tmp_path
+    (folder / "mynet.py").write_text("import torch\n\nclass SmallNet(torch.nn.Linear):\n    pass\n")
+    (tmp_path / "proj" / "net.yml").write_text(SMALL.replace("NET", "mynet.SmallNet"))
+    result = run_script_cli("run", "-C", "proj/net.yml", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert set(weights(tmp_path / "out")) == {"weight", "bias"}
+
+
+def test_user_errors_are_one_line_and_exit_2(tmp_path):
+    (tmp_path / "run.yml").write_text(SMALL.replace("NET", "torch.nn.Linear"))
+    assert run_script_cli("run", "-C", "run.yml", cwd=tmp_path).returncode == 0
+    again = run_script_cli("run", "-C", "run.yml", cwd=tmp_path)  # the same logdir twice
+    assert again.returncode == 2 and "Traceback" not in again.stderr
+    assert again.stderr.count("\n") == 1 and again.stderr.startswith(
+        "torchstage run: error: logdir 'out' already holds a run (out/checkpoints/last.pth); pass resume='last'")
+    mismatch = run_script_cli("run", "-C", "run.yml", "--set", "model.out_features=3", "--set", "logdir=other",
+                              "--set", "criterion._target_=torch.nn.BCEWithLogitsLoss", cwd=tmp_path)  # first batch
+    assert mismatch.returncode == 2 and "Traceback" not in mismatch.stderr and mismatch.stderr.count("\n") == 1
+    assert mismatch.stderr.startswith("torchstage run: error: BCEWithLogitsLoss compares model output 'logits' of "
+                                      "shape [16, 3] (float32) with target 'targets' of shape [16, 1] (float32): it "
+                                      "needs both of one shape"), mismatch.stderr
+
+
+def test_allow_targets_refuses_a_target_outside_the_prefixes_before_importing_it(tmp_path):
+    marker = tmp_path / "imported"
+    (tmp_path / "evil.py").write_text(f"open({str(marker)!r}, 'w').close()\ndef run(**kw):\n    return None\n")
+    (tmp_path / "c.yml").write_text(FOUNDATION.replace("criterion: {_target_: torch.nn.MSELoss}",
+                                                       "criterion: {_target_: evil.run}"))
+    refused = run_cli("run", "-C", "c.yml", "--dry-run", "--allow-targets", "torch,torchstage", cwd=tmp_path)
+    assert refused.returncode == 2, refused.stderr
+    assert "criterion._target_: 'evil.run' is not under the allowed module prefixes ['torch', 'torchstage']" \
+           in refused.stderr
+    assert not marker.exists()  # nothing of it was imported, let alone called
+    allowed = run_cli("run", "-C", "c.yml", "--dry-run", "--allow-targets", "torch,torchstage,evil", cwd=tmp_path)
+    assert marker.exists() and "criterion._target_" not in allowed.stderr

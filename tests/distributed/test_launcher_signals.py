@@ -35,3 +35,31 @@ def test_usr1_to_the_launcher_stops_every_worker_gracefully(tmp_path):
     assert "graceful stop (SIGUSR1) after stage 'main' epoch 1 batch 5 (global batch 5)" in out
     checkpoint = torch.load(tmp_path / "checkpoints" / "last.pth", weights_only=True)
     assert (checkpoint["loop"]["global_batch_step"], checkpoint["meta"]["world_size"]) == (5, 2)
+
+
+@pytest.mark.timeout(150)
+def test_double_ctrl_c_during_validation_interrupts_two_ranks_at_once_with_agreeing_exit_codes(tmp_path):
+    script = os.path.join(ROOT, "tests", "distributed", "scripts", "slow_valid.py")
+    env = child_env(OMP_NUM_THREADS="1")
+    for name in [k for k in env if k.startswith(("SLURM_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_RANK"))]:
+        del env[name]
+    proc = subprocess.Popen([sys.executable, script, str(tmp_path)], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "validating").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "validation never started"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)  # the second Ctrl-C
+        second = time.monotonic()
+        out, _ = proc.communicate(timeout=60)
+        elapsed = time.monotonic() - second
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out[-3000:]
+    assert elapsed < 20, (elapsed, out[-3000:])  # not after the 20 s validation batch
+    assert "exit code 143" not in out and "SIGTERM" not in out, out[-3000:]  # workers saw the launcher's SIGINT
+    assert out.count("KeyboardInterrupt") >= 2, out[-3000:]  # both ranks were interrupted by the second Ctrl-C

@@ -4,14 +4,14 @@ from torch.utils.data import (BatchSampler, DataLoader, DistributedSampler, Sequ
                               WeightedRandomSampler)
 
 from torchstage.distributed.samplers import StridedEvalSampler
-from torchstage.distributed.ddp import DistributedEngine
+from torchstage import Engine
 from torchstage.distributed.loaders import ShardedSampler, distribute_loader, distribute_loaders
 
 DATA = TensorDataset(torch.arange(101).float())
 
 
 def engines(n):
-    return [DistributedEngine(device="cpu", rank=r, world_size=n) for r in range(n)]
+    return [Engine(device="cpu", rank=r, world_size=n) for r in range(n)]
 
 
 def collate(items):
@@ -90,7 +90,7 @@ def test_custom_batch_sampler_is_sharded_by_batch():
 
 def test_single_process_and_already_distributed_loaders_are_left_alone():
     loader = DataLoader(DATA, batch_size=4)
-    one = DistributedEngine(device="cpu", rank=0, world_size=1)
+    one = Engine(device="cpu", rank=0, world_size=1)
     assert distribute_loader(loader, one, True) is loader
     mine = DataLoader(DATA, sampler=DistributedSampler(DATA, num_replicas=2, rank=0))
     assert distribute_loaders({"train": mine}, engines(2)[0])["train"] is mine

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from torchstage.distributed.engine import Engine
+from torchstage import Engine
 from torchstage.metrics import (AccuracyMetric, AUCMetric, AverageMetric, FunctionalMetric, Metric,
                                 PrecisionRecallF1Metric)
 from tests.metrics.helpers import values

@@ -6,7 +6,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from torchstage.distributed.engine import Engine
+from torchstage import Engine
 from tests.metrics.helpers import batches, values
 from tests.metrics.test_base import _cases
 

@@ -8,6 +8,7 @@ Environment (all optional):
   KILL_IN_FSYNC=n      SIGKILL inside the fsync of the n-th .pth temporary file
   SIGNAL_AT_BATCH=n    send SIGTERM to this process after global train batch n
   MARK_AT_BATCH=n      create LOGDIR/../mark-n when global batch n starts and sleep a little each batch after
+  MARK_HOLD=path       after the mark, wait (at most 120 s) until the file path exists, then go on
   PERIOD=n             checkpoint every n train batches (default 3)
 Shuffled data, a dataset that draws noise from the global torch RNG, dropout, momentum SGD then Adam,
 and a step scheduler: every random draw and every state must be restored for a bitwise equal end.
@@ -54,6 +55,9 @@ class Chaos(Callback):
         if self.mark_at and runner.is_train_loader and runner.global_batch_step >= self.mark_at:
             if runner.global_batch_step == self.mark_at:
                 open(os.path.join(os.path.dirname(runner.logdir_path), f"mark-{self.mark_at}"), "w").close()
+                hold, deadline = os.environ.get("MARK_HOLD"), time.time() + 120
+                while hold and not os.path.exists(hold) and time.time() < deadline:
+                    time.sleep(0.05)
             time.sleep(0.05)
 
     def on_batch_end(self, runner):

@@ -3,8 +3,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from torchstage import Callback, SupervisedRunner
-from torchstage.distributed.engine import Engine
+from torchstage import Callback, Engine, SupervisedRunner
 from torchstage.distributed.prefetch import prefetch_to_device
 
 

@@ -143,7 +143,8 @@ def test_chain_lists_defaults_in_order_and_user_callbacks_replace_by_name(tmp_pa
         loaders=regression_loaders(), logdir=str(tmp_path), num_epochs=1,
         callbacks={"checkpoint": custom_checkpoint, "tensorboard": None, "mine": Mine()})
     names = list(runner.callbacks)
-    assert names == ["loop", "criterion", "mine", "averaging", "optimizer", "checkpoint", "csv", "console", "stop"]
+    assert names == ["loop", "watchdog", "even_batches", "criterion", "mine", "nonfinite", "averaging", "optimizer",
+                     "checkpoint", "csv", "console", "model_summary", "stop"]
     assert runner.callbacks["checkpoint"] is custom_checkpoint
     orders = [int(cb.order) for cb in runner.callbacks.values()]
     assert orders == sorted(orders)

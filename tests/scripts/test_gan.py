@@ -71,3 +71,21 @@ def test_named_models_optimizers_schedulers_resume_exactly(tmp_path):
     fresh = module.mlp(module.LATENT, 2, hidden=16)
     load_model_weights(fresh, str(tmp_path / "resumed" / "checkpoints" / "last.pth"), name="generator")
     assert all(torch.equal(a, b) for a, b in zip(fresh.parameters(), resumed.model["generator"].parameters()))
+
+
+def test_gan_trains_with_each_model_sharded_by_fsdp_on_two_processes(tmp_path):
+    from tests.distributed.multiproc import run
+    done = run([SCRIPT, "--logdir", tmp_path, "--epochs", "2", "--nprocs", "2", "--strategy", "fsdp"], timeout=400)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    distances = re.findall(r"\[rank(\d)\]: mode distance: before ([\d.]+) after ([\d.]+)", done.stdout)
+    assert sorted(rank for rank, _, _ in distances) == ["0", "1"]
+    assert all(float(after) < float(before) for _, before, after in distances)
+    assert os.path.isdir(tmp_path / "checkpoints" / "last.pth")  # sharded: a directory
+    checkpoint = load_checkpoint(str(tmp_path / "checkpoints" / "last.pth"))
+    for part in ("models", "optimizers", "schedulers"):
+        assert set(checkpoint[part]) == {"generator", "discriminator"}
+    module = load_script()
+    generator = module.mlp(module.LATENT, 2)
+    generator.load_state_dict(checkpoint["models"]["generator"])  # full tensors, loadable into a plain model
+    names = {name for name, _ in module.mlp(2, 1).named_parameters()}
+    assert set(checkpoint["optimizers"]["discriminator"]["state"]) == names  # each optimizer by its own model

@@ -32,7 +32,7 @@ def valid_loss(logdir):
 def test_check_flag_is_a_short_smoke_run(tmp_path):
     proc = run_script(tmp_path, "--check")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    loop = torch.load(tmp_path / "checkpoints" / "last.pth", weights_only=True)["loop"]
+    loop = torch.load(tmp_path / "check" / "checkpoints" / "last.pth", weights_only=True)["loop"]
     assert loop["epoch"] <= 2 and loop["global_batch_step"] < 2 * 32  # a few batches, not 3 full epochs
 
 

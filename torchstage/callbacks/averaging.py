@@ -25,6 +25,8 @@ class MetricsAveragingCallback(Callback):
             self._counts, self._resumed = dict(self._resumed["counts"]), None
 
     def on_batch_end(self, runner):
+        if runner.batch_skipped:
+            return
         size, sums, counts = runner.batch_size, self._sums, self._counts
         for key, value in runner.batch_metrics.items():
             if key in sums:

@@ -1,5 +1,7 @@
 """The callback contract: event methods, the order phases, the rank scope and cancel exceptions."""
-from enum import IntEnum
+from enum import EnumMeta, IntEnum
+
+from torchstage.aliases import callback_settings, enum_alias
 
 EVENTS = (
     "on_experiment_start", "on_stage_start", "on_epoch_start", "on_loader_start", "on_batch_start",
@@ -8,7 +10,16 @@ EVENTS = (
 )
 
 
-class CallbackOrder(IntEnum):
+class _Phases(EnumMeta):
+    """Resolves Catalyst 20.12's spellings of members (``CallbackOrder.external``) with a one-time note."""
+
+    def __getattr__(cls, name):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return enum_alias(cls, name)
+
+
+class CallbackOrder(IntEnum, metaclass=_Phases):
     """Phases of the chain; callbacks run in ascending order for every event (a stable sort)."""
 
     Internal = 0
@@ -22,8 +33,12 @@ class CallbackOrder(IntEnum):
     External = 200
 
 
-class CallbackScope(IntEnum):
-    """Where a callback runs: on every rank, or on the main rank only (loggers, progress, writes)."""
+class CallbackScope(IntEnum, metaclass=_Phases):
+    """Where a callback runs: on every rank, or on the main rank only (loggers, progress, writes).
+
+    Catalyst 20.12 called this ``CallbackNode`` (``all``/``master``); its ``CallbackScope.stage/experiment``
+    (a callback's lifetime across stages) does not exist here and fails with an explanation.
+    """
 
     All = 0
     Main = 1
@@ -36,6 +51,14 @@ class Callback:
     scope: CallbackScope = CallbackScope.All
     #: True if :meth:`state_dict` differs between ranks: checkpoints then keep one state per rank.
     state_per_rank: bool = False
+
+    def __init__(self, order: int = None, node: "CallbackScope" = None, *catalyst_scope, scope: "CallbackScope" = None):
+        """Optional instance settings: ``Callback(CallbackOrder.Metric, scope=CallbackScope.Main)``.
+
+        ``node`` is Catalyst 20.12's name for ``scope``; subclasses may also set class attributes instead.
+        """
+        settings = callback_settings(type(self).__name__, order, node, catalyst_scope, scope)
+        self.__dict__.update(settings)
 
     def on_experiment_start(self, runner): pass
     def on_stage_start(self, runner): pass

@@ -8,8 +8,11 @@ import json
 import math
 import os
 
+from torchstage.aliases import note_alias
+from torchstage.arguments import ArgumentError
 from torchstage.callbacks.base import Callback, CallbackOrder
-from torchstage.checkpoint import link_atomic, load_checkpoint, serialize, write_atomic
+from torchstage.callbacks.nonfinite import NonFiniteLossCallback
+from torchstage.checkpoint import checkpoint_folder, checkpoint_path, load_checkpoint, write_atomic
 from torchstage.periods import Batch, Epoch, as_periods, batch_due, epoch_due
 
 
@@ -26,16 +29,21 @@ class CheckpointCallback(Callback):
     order = CallbackOrder.Checkpoint
     name = "checkpoint"
 
-    def __init__(self, logdir: str = None, period=Epoch(1), topk: int = 1, load_best_on_end: bool = False):
+    def __init__(self, logdir: str = None, period=Epoch(1), topk: int = 1, load_best_on_end: bool = False, *,
+                 save_n_best: int = None):
+        if save_n_best is not None:  # Catalyst 20.12's name
+            note_alias("CheckpointCallback(save_n_best=...)", "CheckpointCallback(topk=...) or train(topk=...)")
+            topk = save_n_best
         if isinstance(topk, bool) or not isinstance(topk, int) or topk < 0:
-            raise ValueError(f"topk must be an integer >= 0 (0 keeps no epoch-NNNN.pth), got {topk!r}")
+            raise ArgumentError("topk", f"must be an integer >= 0 (how many epoch-NNNN.pth to keep), got {topk!r}")
         self.logdir, self.periods = logdir, as_periods(period, "period")
         self.topk, self.load_best_on_end = topk, bool(load_best_on_end)
         self.best, self.history, self.kept = None, [], []
         self._saved_at = None
 
     def folder(self, runner) -> str:
-        return os.path.join(self.logdir or runner.spec.logdir, "checkpoints")
+        """This callback's checkpoint folder: ``<logdir>/checkpoints`` of its own logdir or the run's."""
+        return checkpoint_folder(self.logdir or runner.spec.logdir)
 
     def on_experiment_start(self, runner):
         if runner.engine.is_main:  # temporary files of a write that a crash interrupted
@@ -67,19 +75,17 @@ class CheckpointCallback(Callback):
             self.best = entry
         kept, dropped = self._update_topk(runner, entry)
         last_due = epoch_due(self.periods, runner) or runner.epoch == runner.num_epochs
-        data = serialize(runner.state_dict()) if (last_due or is_best or kept) else None  # collective
+        folder = self.folder(runner)
+        targets = ([checkpoint_path(folder, "last")] if last_due else []) + \
+                  ([checkpoint_path(folder, "best")] if is_best else []) + \
+                  ([os.path.join(folder, entry["file"])] if kept else [])
+        if targets:  # independent files: damage to one cannot reach another (collective)
+            _check_finite(runner)
+            runner.engine.strategy.save_checkpoint(runner.state_dict(), targets, runner.engine)
         if last_due:
             self._saved_at = self._position(runner)
         if not runner.engine.is_main:
             return
-        folder = self.folder(runner)
-        targets = (["last.pth"] if last_due else []) + (["best.pth"] if is_best else []) + \
-                  ([entry["file"]] if kept else [])
-        for i, name in enumerate(targets):  # one write; the other names are hard links to it
-            if i == 0:
-                write_atomic(os.path.join(folder, name), data)
-            else:
-                link_atomic(os.path.join(folder, targets[0]), os.path.join(folder, name), data)
         for old in dropped:
             path = os.path.join(folder, old["file"])
             if os.path.exists(path):
@@ -87,31 +93,30 @@ class CheckpointCallback(Callback):
         summary = {"valid_loader": runner.valid_loader, "valid_metric": runner.valid_metric,
                    "minimize_valid_metric": runner.minimize_valid_metric, "best": self.best, "last": entry,
                    "topk": self.kept, "history": self.history}
-        write_atomic(os.path.join(folder, "metrics.json"), json.dumps(summary, indent=2).encode())
+        write_atomic(checkpoint_path(folder, "metrics"), json.dumps(summary, indent=2).encode())
 
     def save_last(self, runner) -> str:
         """Write ``last.pth`` for the current position unless already written there; collective."""
-        path = os.path.join(self.folder(runner), "last.pth")
+        path = checkpoint_path(self.folder(runner), "last")
         position = self._position(runner)
         if self._saved_at == position:
             return path
-        data = serialize(runner.state_dict())
+        _check_finite(runner)
+        runner.engine.strategy.save_checkpoint(runner.state_dict(), [path], runner.engine)
         self._saved_at = position
-        if runner.engine.is_main:
-            write_atomic(path, data)
         return path
 
     def on_experiment_end(self, runner):
-        if not self.load_best_on_end or getattr(runner, "stop_request", None) is not None or self.best is None:
+        if not self.load_best_on_end or runner.stop_request is not None or self.best is None:
             return
         runner.engine.barrier()  # the main rank has written best.pth
-        runner.load_state_dict(load_checkpoint(os.path.join(self.folder(runner), "best.pth")), weights_only=True)
+        runner.load_state_dict(load_checkpoint(checkpoint_path(self.folder(runner), "best")), weights_only=True)
 
     def _update_topk(self, runner, entry):
         """Add ``entry`` to the kept top-k if it belongs there; return (kept it?, entries to delete)."""
         if self.topk == 0 or "value" not in entry:
             return False, []
-        entry["file"] = f"epoch-{entry['global_epoch']:04d}.pth"
+        entry["file"] = os.path.basename(checkpoint_path("", entry["global_epoch"]))
         ranked = self.kept + [{"file": entry["file"], "value": entry["value"], "stage": entry["stage"],
                                "global_epoch": entry["global_epoch"]}]
         ranked.sort(key=lambda e: e["value"], reverse=not runner.minimize_valid_metric)  # stable: earlier wins ties
@@ -142,3 +147,17 @@ class CheckpointCallback(Callback):
 
     def load_state_dict(self, state):
         self.best, self.history, self.kept = state["best"], state["history"], state.get("kept", [])
+
+
+def _check_finite(runner) -> None:
+    """No checkpoint holds weights trained on a non-finite loss: read the watchers' flags first (collective)."""
+    for callback in runner.callbacks.values():
+        if isinstance(callback, NonFiniteLossCallback):
+            callback.check(runner)
+
+
+def checkpoint_folders(chain: dict, logdir) -> list:
+    """The folders the checkpoint callbacks of ``chain`` write to (``logdir``'s own folder if none names one)."""
+    folders = [checkpoint_folder(cb.logdir or logdir) for cb in chain.values()
+               if isinstance(cb, CheckpointCallback) and (cb.logdir or logdir) is not None]
+    return list(dict.fromkeys(folders))

@@ -1,22 +1,31 @@
 """The loss: ``criterion(batch[input_key], batch[target_key])`` as a tensor in ``batch_metrics``."""
-import logging
+import warnings
 
 from torchstage.callbacks.base import Callback, CallbackOrder
-
-logger = logging.getLogger("torchstage")
-_ELEMENTWISE = ("MSELoss", "L1Loss", "SmoothL1Loss", "HuberLoss", "BCELoss", "BCEWithLogitsLoss")
+from torchstage.callbacks.catalyst_keys import metric_name, resolve_keys
+from torchstage.callbacks.loss_checks import check_loss_inputs, explain_failure
 
 
 class CriterionCallback(Callback):
-    """Computes the loss on every batch; it stays a tensor until the optimizer callback backpropagates it."""
+    """Computes the loss on every batch; it stays a tensor until the optimizer callback backpropagates it.
+
+    ``criterion(batch[input_key], batch[target_key])`` (defaults ``"logits"``, ``"targets"``) lands in
+    ``batch_metrics[metric_key]`` (default ``"loss"``). Catalyst 20.12's spelling also works:
+    ``input_key=<target>, output_key=<model output>, prefix=<metric name>, multiplier=<scale>``.
+    """
 
     order = CallbackOrder.Metric
     name = "criterion"
 
-    def __init__(self, input_key: str = "logits", target_key: str = "targets", metric_key: str = "loss",
-                 criterion_key: str = None):
-        self.input_key, self.target_key = input_key, target_key
-        self.metric_key, self.criterion_key = metric_key, criterion_key
+    def __init__(self, input_key: str = None, target_key: str = None, metric_key: str = None,
+                 criterion_key: str = None, *, output_key: str = None, prefix: str = None, multiplier: float = 1.0):
+        owner = type(self).__name__
+        self.input_key, self.target_key = resolve_keys(owner, input_key, target_key, output_key,
+                                                       catalyst=prefix is not None)
+        self.metric_key, self.criterion_key = metric_name(owner, metric_key, prefix), criterion_key
+        if isinstance(multiplier, bool) or not isinstance(multiplier, (int, float)):
+            raise TypeError(f"{owner}: multiplier must be a number, got {multiplier!r}")
+        self.multiplier = multiplier
 
     @property
     def produces(self):
@@ -27,23 +36,30 @@ class CriterionCallback(Callback):
         if criterion is None:
             raise ValueError(f"{type(runner).__name__} has no criterion in stage {runner.stage_key!r}; pass "
                              f"criterion=... to train()")
-        self._criterion, self._checked = criterion, False
+        self._criterion, self._checked, self._quiet = criterion, False, False
 
     def on_batch_end(self, runner):
         outputs, targets = runner.batch[self.input_key], runner.batch[self.target_key]
-        if not self._checked:
+        if not self._checked:  # the first batch of the stage: say clearly what does not fit
+            self._quiet = check_loss_inputs(self._criterion, outputs, targets, self.input_key, self.target_key)
+            try:
+                self._loss(runner, outputs, targets)
+            except (RuntimeError, ValueError, IndexError, TypeError) as exc:
+                raise explain_failure(self._criterion, exc, outputs, targets, self.input_key,
+                                      self.target_key) from exc
             self._checked = True
-            _warn_broadcast(self._criterion, outputs, targets, self.input_key, self.target_key)
+        else:
+            self._loss(runner, outputs, targets)
+
+    def _loss(self, runner, outputs, targets):
+        if self._quiet:  # shapes that broadcast were reported once, by check_loss_inputs
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="Using a target size")
+                self._loss_now(runner, outputs, targets)
+        else:
+            self._loss_now(runner, outputs, targets)
+
+    def _loss_now(self, runner, outputs, targets):
         with runner.autocast():
-            runner.batch_metrics[self.metric_key] = self._criterion(outputs, targets)
-
-
-def _warn_broadcast(criterion, outputs, targets, input_key, target_key) -> None:
-    """Say once, clearly, when an elementwise loss will broadcast outputs against targets of another shape."""
-    if type(criterion).__name__ not in _ELEMENTWISE or not hasattr(outputs, "shape") or not hasattr(targets, "shape"):
-        return
-    if outputs.shape != targets.shape:
-        logger.warning("%s gets %r of shape %s and %r of shape %s: they broadcast to another shape, so every "
-                       "output is compared with every target. Reshape one of them (e.g. targets.view(-1, 1)) "
-                       "unless this is intended.", type(criterion).__name__, input_key, list(outputs.shape),
-                       target_key, list(targets.shape))
+            loss = self._criterion(outputs, targets)
+        runner.batch_metrics[self.metric_key] = loss if self.multiplier == 1 else loss * self.multiplier

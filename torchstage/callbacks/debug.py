@@ -2,12 +2,14 @@
 import io
 import itertools
 import logging
-import os
-
 import torch
 
-from torchstage.callbacks.base import Callback, CallbackOrder, CancelStage
-from torchstage.checkpoint import CheckpointError, load_checkpoint, serialize
+from torchstage.aliases import note_alias
+from torchstage.arguments import ArgumentError, check_int
+from torchstage.callbacks.base import Callback, CallbackOrder, CancelLoader, CancelStage
+from torchstage.callbacks.checkpoint_saver import checkpoint_folders
+from torchstage.checkpoint import CheckpointError, checkpoint_path, load_checkpoint, serialize
+from torchstage.named import named
 
 logger = logging.getLogger("torchstage")
 
@@ -24,10 +26,16 @@ class LimitBatchesCallback(Callback):
     name = "limit_batches"
 
     def __init__(self, num_batches: int, same_batches: bool = False):
-        if isinstance(num_batches, bool) or not isinstance(num_batches, int) or num_batches < 1:
-            raise ValueError(f"num_batches must be an integer >= 1, got {num_batches!r}")
-        self.num_batches, self.same_batches = num_batches, same_batches
+        self.num_batches, self.same_batches = check_int("num_batches", num_batches), same_batches
         self._cache = {}
+
+    @classmethod
+    def for_overfit(cls, overfit) -> "LimitBatchesCallback":
+        """``train(overfit=True)`` (one batch) or ``overfit=n``: the same first batches every epoch."""
+        if overfit is not True and (isinstance(overfit, bool) or not isinstance(overfit, int) or overfit < 1):
+            raise ArgumentError("overfit", f"must be True/False or the number of batches to repeat, >= 1, "
+                                           f"got {overfit!r}")
+        return cls(1 if overfit is True else overfit, same_batches=True)
 
     def on_loader_start(self, runner):
         if not self.same_batches:
@@ -37,6 +45,29 @@ class LimitBatchesCallback(Callback):
         if key not in self._cache:
             self._cache[key] = list(itertools.islice(runner.loader, self.num_batches))
         runner.loader = self._cache[key]
+
+
+class BatchOverfitCallback(LimitBatchesCallback):
+    """Per-loader overfitting, as Catalyst 20.12's: ``BatchOverfitCallback(train=10, valid=0.5)``.
+
+    An int is a number of batches, a float a share of the loader's batches; loaders not named take one.
+    Like ``train(overfit=n)``, each loader yields its first batches, the same ones every epoch (Catalyst
+    cycled them for the loader's full length).
+    """
+
+    def __init__(self, **loader_batches):
+        for loader, n in loader_batches.items():
+            ok = (isinstance(n, int) and not isinstance(n, bool) and n >= 1) or (isinstance(n, float) and 0 < n <= 1)
+            if not ok:
+                raise ValueError(f"BatchOverfitCallback({loader}={n!r}): expected a number of batches >= 1 or a "
+                                 f"share of the loader in (0, 1]")
+        super().__init__(1, same_batches=True)
+        self.loader_batches = loader_batches
+
+    def on_loader_start(self, runner):
+        n = self.loader_batches.get(runner.loader_key, 1)
+        self.num_batches = max(1, int(len(runner.loader) * n)) if isinstance(n, float) else n
+        super().on_loader_start(runner)
 
 
 class _Limited:
@@ -56,16 +87,42 @@ class _Limited:
 class CheckRunCallback(Callback):
     """``train(check=True)``: end each stage after ``num_epochs`` epochs, then verify a checkpoint round trip.
 
+    ``num_batch_steps`` (default 3, as Catalyst 20.12) ends each loader after that many batches
+    (``train(check=True)`` adds a 2-batch limit of its own); ``num_epoch_steps`` is 20.12's ``num_epochs``.
     At the end of the run the runner's state is serialized and loaded back with ``weights_only=True``;
-    with a logdir, ``checkpoints/last.pth`` is read back and loaded into the model, and its weights must
-    equal the model's. A failure raises :class:`~torchstage.CheckpointError`.
+    with a checkpoint callback, the ``last.pth`` it wrote is read back and loaded into the model, and its
+    weights must equal the model's. A failure raises :class:`~torchstage.CheckpointError`.
     """
 
     order = CallbackOrder.External
     name = "check"
 
-    def __init__(self, num_epochs: int = 2):
-        self.num_epochs = num_epochs
+    def __init__(self, num_epochs: int = None, num_batch_steps: int = 3, *, num_epoch_steps: int = None):
+        if num_epoch_steps is not None:
+            if num_epochs is not None:
+                raise TypeError("CheckRunCallback: give num_epochs=... or Catalyst 20.12's num_epoch_steps=..., "
+                                "not both")
+            note_alias("CheckRunCallback(num_epoch_steps=...)", "CheckRunCallback(num_epochs=...)")
+            num_epochs = num_epoch_steps
+        num_epochs = 2 if num_epochs is None else num_epochs
+        for name, value in (("num_epochs", num_epochs), ("num_batch_steps", num_batch_steps)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"CheckRunCallback: {name} must be an integer >= 1, got {value!r}")
+        self.num_epochs, self.num_batch_steps = num_epochs, num_batch_steps
+
+    def on_batch_end(self, runner):
+        if self.num_batch_steps is not None and runner.batch_step >= self.num_batch_steps:
+            raise CancelLoader()
+
+    def on_experiment_start(self, runner):
+        if runner.engine.is_main:
+            where = (f"; checkpoints and logs go to {runner.spec.logdir} (a scratch folder: the real run's "
+                     f"logdir stays untouched)" if runner.spec.logdir is not None else "")
+            logger.info("check run: at most %d epoch(s) per stage, a few batches per loader%s", self.num_epochs,
+                        where)
+
+    def on_stage_start(self, runner):
+        runner.num_epochs = min(runner.num_epochs, self.num_epochs)  # progress and logs show the real count
 
     def on_epoch_end(self, runner):
         if runner.epoch >= self.num_epochs and runner.epoch < runner.num_epochs:
@@ -74,18 +131,17 @@ class CheckRunCallback(Callback):
     def on_experiment_end(self, runner):
         state = torch.load(io.BytesIO(serialize(runner.state_dict())), weights_only=True)
         _load_and_compare(runner, state, "the serialized runner state")
-        logdir = runner.spec.logdir
-        if logdir is not None:
+        folders = checkpoint_folders(runner.callbacks, runner.spec.logdir)
+        if folders:
             runner.engine.barrier()  # the main rank has written last.pth
-            path = os.path.join(logdir, "checkpoints", "last.pth")
+            path = checkpoint_path(folders[0], "last")
             _load_and_compare(runner, load_checkpoint(path), path)
         logger.info("check run passed: %d batch(es) trained, checkpoint reloaded into the model",
                     runner.global_batch_step)
 
 
 def _load_and_compare(runner, checkpoint: dict, what: str) -> None:
-    models = runner.unwrapped_model
-    models = models if isinstance(models, dict) else {"model": models}
+    models = named(runner.unwrapped_model, "model")
     before = {name: {k: v.detach().clone() for k, v in m.state_dict().items()} for name, m in models.items()}
     runner.load_state_dict(checkpoint, weights_only=True)
     for name, model in models.items():

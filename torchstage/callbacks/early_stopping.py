@@ -2,6 +2,7 @@
 import logging
 import math
 
+from torchstage.aliases import note_alias
 from torchstage.callbacks.base import Callback, CallbackOrder, CancelRun
 
 logger = logging.getLogger("torchstage")
@@ -22,7 +23,16 @@ class EarlyStoppingCallback(Callback):
     name = "early_stopping"
 
     def __init__(self, patience: int, metric_key: str = None, loader_key: str = None, minimize: bool = None,
-                 min_delta: float = 0.0):
+                 min_delta: float = 0.0, *, metric: str = None):
+        if metric is not None:  # Catalyst 20.12's name
+            if metric_key is not None:
+                raise TypeError("EarlyStoppingCallback: give metric_key=... or Catalyst 20.12's metric=..., not both")
+            note_alias("EarlyStoppingCallback(metric=...)", "EarlyStoppingCallback(metric_key=...)")
+            metric_key = metric
+        for name, value in (("metric_key", metric_key), ("loader_key", loader_key)):
+            if value is not None and not isinstance(value, str):
+                raise TypeError(f"EarlyStoppingCallback: {name} must be a str, got {value!r} (Catalyst 20.12's "
+                                f"positional order was patience, metric, minimize: pass them by name)")
         if isinstance(patience, bool) or not isinstance(patience, int) or patience < 1:
             raise ValueError(f"patience must be an integer >= 1, got {patience!r}")
         if not isinstance(min_delta, (int, float)) or min_delta < 0:

@@ -2,6 +2,7 @@
 import torch
 
 from torchstage.callbacks.base import Callback, CallbackOrder
+from torchstage.named import each
 
 
 def batch_size_of(batch) -> int:
@@ -30,7 +31,7 @@ class LoopCallback(Callback):
 
     def on_loader_start(self, runner):
         training = runner.is_train_loader
-        for model in _models(runner.model):
+        for model in each(runner.model):
             model.train(training)
         self._grad_was = torch.is_grad_enabled()
         torch.set_grad_enabled(training)
@@ -50,14 +51,10 @@ class LoopCallback(Callback):
             runner.train_batches_done += 1
             runner.global_batch_step += 1
             runner.global_sample_step += runner.batch_size
-        runner.batch_metrics = {}
+        runner.batch_metrics, runner.batch_skipped = {}, False
 
     def on_loader_end(self, runner):
         torch.set_grad_enabled(self._grad_was)
 
     def on_epoch_end(self, runner):
         runner.epoch_done = True
-
-
-def _models(model):
-    return model.values() if isinstance(model, dict) else (model,)

@@ -2,7 +2,9 @@
 import torch
 
 from torchstage.callbacks.base import Callback, CallbackOrder
-from torchstage.metrics import AccuracyMetric, AUCMetric, FunctionalMetric, Metric, PrecisionRecallF1Metric
+from torchstage.callbacks.catalyst_keys import catalyst_accuracy, catalyst_metric_args, resolve_keys
+from torchstage.metrics import (AccuracyMetric, AUCMetric, FunctionalMetric, Metric, MultiLabelAccuracyMetric,
+                                PrecisionRecallF1Metric)
 
 
 class MetricCallback(Callback):
@@ -10,15 +12,28 @@ class MetricCallback(Callback):
 
     Updates stay on the device; at loader end the state is reduced across ranks once and turned into
     floats with one host copy. ``loaders`` limits it to some loaders (default: all).
+    Catalyst 20.12's ``MetricCallback(prefix, metric_fn, input_key=<target>, output_key=<model output>,
+    multiplier=1.0, **metric_kwargs)`` also works: ``metric_fn`` averaged over the loader by batch size.
     """
 
     order = CallbackOrder.Metric
+    state_per_rank = True  # the partial state of a mid-loader checkpoint differs between ranks
 
-    def __init__(self, metric: Metric, input_key: str = "logits", target_key: str = "targets", loaders=None):
+    def __init__(self, metric: Metric = None, input_key: str = None, target_key: str = None, loaders=None, *,
+                 metric_fn=None, output_key: str = None, prefix: str = None, multiplier: float = 1.0,
+                 **metric_kwargs):
+        if isinstance(metric, str) or metric_fn is not None or prefix is not None:
+            metric, input_key, target_key, loaders = catalyst_metric_args(
+                metric, input_key, target_key, loaders, metric_fn, output_key, prefix, multiplier, metric_kwargs)
+        else:
+            if metric_kwargs:
+                raise TypeError(f"{type(self).__name__}() got unexpected argument(s) {sorted(metric_kwargs)}")
+            input_key, target_key = resolve_keys(type(self).__name__, input_key, target_key, output_key)
         if not isinstance(metric, Metric):
             raise TypeError(f"metric must be a torchstage.metrics.Metric, got {type(metric).__name__}")
         self.metric, self.input_key, self.target_key = metric, input_key, target_key
         self.loaders = None if loaders is None else ({loaders} if isinstance(loaders, str) else set(loaders))
+        self._in_loader, self._resumed = False, None
 
     @property
     def produces(self):
@@ -29,6 +44,17 @@ class MetricCallback(Callback):
 
     def on_loader_start(self, runner):
         self.metric.reset()
+        if self._resumed is not None:  # a run resumed mid-loader continues the partial state
+            self.metric.load_state_dict({k: v.to(runner.engine.device) for k, v in self._resumed.items()})
+            self._resumed = None
+        self._in_loader = True
+
+    def state_dict(self):
+        """The metric's partial state while a loader runs (a mid-loader checkpoint), else nothing."""
+        return self.metric.state_dict() if self._in_loader else {}
+
+    def load_state_dict(self, state):
+        self._resumed = state
 
     def on_batch_end(self, runner):
         if self._active(runner):
@@ -36,6 +62,7 @@ class MetricCallback(Callback):
                 self.metric.update(runner.batch[self.input_key], runner.batch[self.target_key])
 
     def on_loader_end(self, runner):
+        self._in_loader = False
         if not self._active(runner):
             return
         self.metric.sync(runner.engine)
@@ -47,10 +74,24 @@ class MetricCallback(Callback):
 class AccuracyCallback(MetricCallback):
     """Top-k accuracy (multi-class logits) or thresholded binary accuracy: ``accuracy``, ``accuracy_top{k}``."""
 
-    def __init__(self, input_key="logits", target_key="targets", topk=(1,), threshold=0.5, from_logits=True,
-                 prefix="", loaders=None):
-        super().__init__(AccuracyMetric(topk=topk, threshold=threshold, from_logits=from_logits, prefix=prefix),
-                         input_key, target_key, loaders)
+    def __init__(self, input_key=None, target_key=None, topk=(1,), threshold=0.5, from_logits=True,
+                 prefix="", loaders=None, *, output_key=None, num_classes=None, accuracy_args=None, topk_args=None):
+        catalyst = any(v is not None for v in (num_classes, accuracy_args, topk_args, output_key))
+        metric = (catalyst_accuracy(topk, prefix, num_classes, accuracy_args, topk_args) if catalyst else
+                  AccuracyMetric(topk=topk, threshold=threshold, from_logits=from_logits, prefix=prefix))
+        super().__init__(metric, *resolve_keys("AccuracyCallback", input_key, target_key, output_key, catalyst),
+                         loaders)
+
+
+class MultiLabelAccuracyCallback(MetricCallback):
+    """Share of (sample, label) pairs right, ``activation(outputs) > threshold`` vs 0/1 targets ``(N, K)``:
+    ``multilabel_accuracy`` (Catalyst 20.12's spelling with ``output_key=``: ``prefix`` is the whole name)."""
+
+    def __init__(self, input_key=None, target_key=None, threshold=0.5, activation="sigmoid", prefix="",
+                 loaders=None, *, output_key=None):
+        name = (prefix or "multilabel_accuracy") if output_key is not None else prefix + "multilabel_accuracy"
+        super().__init__(MultiLabelAccuracyMetric(threshold=threshold, activation=activation, name=name),
+                         *resolve_keys("MultiLabelAccuracyCallback", input_key, target_key, output_key), loaders)
 
 
 class PrecisionRecallF1Callback(MetricCallback):

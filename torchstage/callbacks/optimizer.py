@@ -1,10 +1,9 @@
 """Backward and optimizer step on train loaders: gradient accumulation, clipping, AMP loss scaling."""
 import contextlib
-import numbers
 
-import torch
-
+from torchstage.arguments import check_int, check_positive
 from torchstage.callbacks.base import Callback, CallbackOrder
+from torchstage.callbacks.catalyst_keys import grad_clip_from_params, refuse_catalyst_optimizer_args
 
 
 class OptimizerCallback(Callback):
@@ -15,7 +14,8 @@ class OptimizerCallback(Callback):
     loader may be shorter; with a loader of known length it is divided by its own size. Intermediate
     batches (forward and backward) run inside ``runner.engine.no_sync(model)`` when the engine has one (DDP: no
     gradient all-reduce until the last micro-batch). Clipping is by value (``grad_clip_value``) and/or
-    by total norm (``grad_clip_norm``), on unscaled gradients under fp16 AMP (``runner.scaler``).
+    by total norm (``grad_clip_norm``), on unscaled gradients under fp16 AMP (``runner.scaler``), through the
+    engine's strategy (which knows where the gradients live).
     Gradients are reset with ``zero_grad(set_to_none=True)``. One scaler shared by several optimizer
     callbacks is updated after each of their steps; a multi-optimizer AMP run should step in handle_batch.
     """
@@ -24,12 +24,16 @@ class OptimizerCallback(Callback):
     name = "optimizer"
 
     def __init__(self, metric_key: str = "loss", optimizer_key: str = None, accumulation_steps: int = 1,
-                 grad_clip_norm: float = None, grad_clip_value: float = None):
-        if isinstance(accumulation_steps, bool) or not isinstance(accumulation_steps, int) or accumulation_steps < 1:
-            raise ValueError(f"accumulation_steps must be an integer >= 1, got {accumulation_steps!r}")
-        for name, value in (("grad_clip_norm", grad_clip_norm), ("grad_clip_value", grad_clip_value)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real) or value <= 0):
-                raise ValueError(f"{name} must be a number > 0 or None, got {value!r}")
+                 grad_clip_norm: float = None, grad_clip_value: float = None, *, grad_clip_params: dict = None,
+                 loss_key: str = None, decouple_weight_decay: bool = False, use_fast_zero_grad: bool = False,
+                 use_amp: bool = None, use_apex: bool = None):
+        # Catalyst 20.12's arguments (grad_clip_params, loss_key...): translated or refused in catalyst_keys.
+        grad_clip_norm, grad_clip_value = grad_clip_from_params(grad_clip_params, grad_clip_norm, grad_clip_value)
+        refuse_catalyst_optimizer_args(decouple_weight_decay, use_amp, use_apex)
+        metric_key = metric_key if loss_key is None else loss_key
+        check_int("accumulation_steps", accumulation_steps)
+        check_positive("grad_clip_norm", grad_clip_norm)
+        check_positive("grad_clip_value", grad_clip_value)
         self.metric_key, self.optimizer_key = metric_key, optimizer_key
         self.accumulation_steps = accumulation_steps
         self.grad_clip_norm, self.grad_clip_value = grad_clip_norm, grad_clip_value
@@ -65,6 +69,9 @@ class OptimizerCallback(Callback):
 
     def on_batch_end(self, runner):
         if not runner.is_train_loader:
+            return
+        if runner.batch_skipped:  # e.g. a non-finite loss under NonFiniteLossCallback(mode="skip")
+            self._leave_no_sync()
             return
         try:
             loss = runner.batch_metrics[self.metric_key]
@@ -103,24 +110,19 @@ class OptimizerCallback(Callback):
 
     def _finish_partial_group(self, runner):
         """Rescale to the group's real size and, under DDP, average the gradients ``no_sync`` skipped."""
-        scale = self._group / self._pending
-        world = runner.engine.world_size
-        for p in _params(self._optimizer_now):
-            if world > 1:
-                runner.engine.all_reduce_(p.grad)
-            if scale != 1 or world > 1:
-                p.grad.mul_(scale / world)
+        runner.engine.strategy.finish_partial_group(_params(self._optimizer_now), runner.engine,
+                                                    self._group / self._pending)
 
     def _step(self, runner):
         optimizer, scaler = self._optimizer_now, runner.scaler
         if self.grad_clip_norm is not None or self.grad_clip_value is not None:
             if scaler is not None:
                 scaler.unscale_(optimizer)
-            params = _params(optimizer)
+            params, strategy = _params(optimizer), runner.engine.strategy
             if self.grad_clip_value is not None:
-                torch.nn.utils.clip_grad_value_(params, self.grad_clip_value)
+                strategy.clip_grad_value_(params, self.grad_clip_value)
             if self.grad_clip_norm is not None:
-                torch.nn.utils.clip_grad_norm_(params, self.grad_clip_norm)
+                strategy.clip_grad_norm_(params, self.grad_clip_norm)
         if scaler is not None:
             scaler.step(optimizer)
             scaler.update()

@@ -1,7 +1,9 @@
 """Learning-rate schedulers stepped per epoch (default) or per train batch; plateau ones get the valid metric."""
 from torch.optim.lr_scheduler import ReduceLROnPlateau
 
+from torchstage.arguments import ArgumentError
 from torchstage.callbacks.base import Callback, CallbackOrder
+from torchstage.named import each
 
 
 class SchedulerCallback(Callback):
@@ -12,14 +14,13 @@ class SchedulerCallback(Callback):
 
     def __init__(self, mode: str = "epoch", scheduler_key: str = None):
         if mode not in ("epoch", "batch"):
-            raise ValueError(f"mode must be 'epoch' or 'batch', got {mode!r}")
+            raise ArgumentError("mode", f"must be 'epoch' or 'batch', got {mode!r}")
         self.mode, self.scheduler_key = mode, scheduler_key
 
     def _schedulers(self, runner):
-        scheduler = runner.scheduler
-        if isinstance(scheduler, dict):
-            return list(scheduler.values()) if self.scheduler_key is None else [scheduler[self.scheduler_key]]
-        return [] if scheduler is None else [scheduler]
+        if self.scheduler_key is not None and isinstance(runner.scheduler, dict):
+            return [runner.scheduler[self.scheduler_key]]
+        return each(runner.scheduler)
 
     def on_batch_end(self, runner):
         if self.mode == "batch" and runner.is_train_loader:

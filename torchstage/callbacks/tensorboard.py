@@ -1,75 +1,63 @@
-"""TensorBoard scalars through tensorboardX: ``logdir/tensorboard/<loader>/``, per epoch and per N batches."""
+"""TensorBoard through tensorboardX: scalars in ``logdir/tensorboard/<loader>/``, hparams in ``logdir/tensorboard/``."""
 import os
+import time
 
-import torch
-
-from torchstage.callbacks.base import Callback, CallbackOrder, CallbackScope
-from torchstage.periods import Batch, as_periods, batch_due
+from torchstage.callbacks.logger_base import BATCH, EPOCH, LoggerCallback
 
 
-def check_batch_period(period) -> tuple:
-    """The periods of ``log_period``: only ``Batch(n)`` (epoch values are always logged)."""
-    periods = as_periods(period, "log_period")
-    if not periods or not all(isinstance(p, Batch) for p in periods):
-        raise ValueError(f"log_period must be Batch(n) (train batch metrics every n batches), got {period!r}")
-    return periods
+class TensorBoardLogger(LoggerCallback):
+    """Every loader metric as a scalar at the global epoch step (tensorboardX is imported lazily).
 
-
-class TensorBoardLogger(Callback):
-    """Adds every loader metric as a scalar at the global epoch step (tensorboardX is imported lazily).
-
-    With ``batch_period=Batch(n)`` the train batch metrics are also written every ``n`` train batches as
-    ``batch/<metric>`` at the global batch step (one host read per period, never per batch), and
-    mid-epoch validation results (``valid_period``) as ``periodic/<metric>``.
+    Train batch metrics (``log_period=Batch(n)``) are ``batch/<metric>`` at the global batch step,
+    mid-epoch validation results (``valid_period``) ``periodic/<metric>``. The run's hyperparameters
+    appear in TensorBoard's HParams tab, next to the stage's valid metric.
     """
 
-    order = CallbackOrder.Logging
-    scope = CallbackScope.Main
     name = "tensorboard"
 
-    def __init__(self, logdir: str = None, batch_period=None, periodic_validation: bool = False):
-        self.logdir, self.writers, self.periodic_validation = logdir, {}, periodic_validation
-        self.periods = check_batch_period(batch_period) if batch_period is not None else ()
+    def __init__(self, logdir: str = None, log_period=None):
+        super().__init__(log_period)
+        self.logdir, self.writers = logdir, {}
 
     def _writer(self, runner, loader: str):
         writer = self.writers.get(loader)
         if writer is None:
-            from tensorboardX import SummaryWriter
+            from tensorboardX import SummaryWriter  # imported when a run first logs
             folder = os.path.join(self.logdir or runner.spec.logdir, "tensorboard", loader)
-            writer = self.writers[loader] = SummaryWriter(folder)
+            # tensorboardX names files by the second: a run resumed within it would overwrite the old file
+            writer = self.writers[loader] = SummaryWriter(os.path.normpath(folder),
+                                                          filename_suffix=f".{os.getpid()}.{time.time_ns()}")
         return writer
 
-    def handles(self, event: str) -> bool:
-        if event == "on_batch_end":
-            return bool(self.periods) or self.periodic_validation
-        return super().handles(event)
-
-    def on_batch_end(self, runner):
-        step = runner.global_batch_step
-        if batch_due(self.periods, runner):
-            values = {k: v for k, v in runner.batch_metrics.items() if isinstance(v, (torch.Tensor, float, int))}
-            floats = torch.stack([torch.as_tensor(v).detach().reshape(()).double().cpu() for v in values.values()])
-            writer = self._writer(runner, runner.loader_key)
-            for key, value in zip(values, floats.tolist()):
-                writer.add_scalar(f"batch/{key}", value, step)
-        if getattr(runner, "periodic_step", None) == step and runner.is_train_loader:
-            for loader, metrics in runner.periodic_metrics.items():
-                for key, value in metrics.items():
-                    self._writer(runner, loader).add_scalar(f"periodic/{key}", value, step)
-
-    def on_loader_end(self, runner):
-        writer = self._writer(runner, runner.loader_key)
-        for key, value in runner.loader_metrics.items():
-            writer.add_scalar(key, value, runner.global_epoch_step)
+    def log_hparams(self, hparams, runner):
+        # tensorboardX is imported when a run first logs, not with torchstage
+        from tensorboardX.proto.api_pb2 import MetricInfo, MetricName
+        from tensorboardX.proto.plugin_hparams_pb2 import HParamsPluginData
+        from tensorboardX.summary import hparams as hparams_summary
+        experiment, start, self._session_end = hparams_summary(hparams, {})
+        metadata = experiment.value[0].metadata.plugin_data  # declare the valid metric, read from its loader's run
+        content = HParamsPluginData.FromString(metadata.content)
+        content.experiment.metric_infos.append(MetricInfo(name=MetricName(group=runner.valid_loader,
+                                                                          tag=runner.valid_metric)))
+        metadata.content = content.SerializeToString()
+        writer = self._writer(runner, ".").file_writer
+        for summary in (experiment, start):
+            writer.add_summary(summary)
         writer.flush()
 
-    def on_experiment_end(self, runner):
-        self.close()
+    def log_metrics(self, metrics, step, loader, scope, runner):
+        writer = self._writer(runner, loader)
+        prefix = "" if scope == EPOCH else f"{scope}/"
+        for key, value in metrics.items():
+            if isinstance(value, (int, float)):
+                writer.add_scalar(f"{prefix}{key}", value, step)
+        if scope != BATCH:
+            writer.flush()
 
-    def on_exception(self, runner):
-        self.close()
-
-    def close(self):
+    def close(self, runner, status):
+        session_end = getattr(self, "_session_end", None)
+        if session_end is not None and status == "FINISHED":
+            self._writer(runner, ".").file_writer.add_summary(session_end)
         for writer in self.writers.values():
             writer.close()
         self.writers = {}

@@ -1,4 +1,5 @@
 """``train(valid_every=N)``: run the non-train loaders only every N epochs (and at each stage's last epoch)."""
+from torchstage.arguments import check_int
 from torchstage.callbacks.base import Callback, CallbackOrder
 
 
@@ -13,9 +14,7 @@ class ValidEveryCallback(Callback):
     name = "valid_every"
 
     def __init__(self, every: int):
-        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            raise ValueError(f"every must be an integer >= 1, got {every!r}")
-        self.every, self._all = every, None
+        self.every, self._all = check_int("every", every), None
 
     def on_epoch_start(self, runner):
         if runner.epoch % self.every and runner.epoch != runner.num_epochs:

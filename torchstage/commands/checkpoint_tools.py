@@ -1,5 +1,10 @@
-"""``torchstage checkpoint inspect PATH``: what a checkpoint holds, read safely, without building a model."""
+"""``torchstage checkpoint inspect PATH`` and ``consolidate DIR OUT.pth``: read checkpoints safely, without a model.
+
+Both read single-file and sharded (FSDP, directory) checkpoints; ``consolidate`` turns a sharded one
+into one file that ``torch.load(..., weights_only=True)`` reads.
+"""
 import json
+import os
 import sys
 
 import torch
@@ -16,6 +21,14 @@ def add_parser(subparsers) -> None:
     inspect.add_argument("path", help="a .pth file written by torchstage")
     inspect.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     inspect.set_defaults(func=run_inspect)
+    consolidate = sub.add_parser("consolidate", help="write a sharded (FSDP) checkpoint as one .pth file",
+                                 description="Read a sharded checkpoint directory (any world size wrote it) into "
+                                             "full tensors and write it as one torchstage checkpoint file, "
+                                             "atomically. A plain model loads its weights with "
+                                             "torch.load(OUT, weights_only=True)['models']['model'].")
+    consolidate.add_argument("path", metavar="DIR", help="a sharded checkpoint (e.g. logs/checkpoints/last.pth)")
+    consolidate.add_argument("out", metavar="OUT.pth", help="the file to write")
+    consolidate.set_defaults(func=run_consolidate)
 
 
 def summarize(checkpoint: dict) -> dict:
@@ -32,6 +45,7 @@ def summarize(checkpoint: dict) -> dict:
         "scaler": bool(checkpoint.get("scaler")),
         "callbacks": sorted(checkpoint.get("callbacks", {})),
         "ranks": len(checkpoint.get("rng", [])),
+        "sharded": bool(checkpoint.get("meta", {}).get("sharded")),
     }
 
 
@@ -51,7 +65,8 @@ def format_summary(path: str, info: dict) -> str:
              f"counters    global epoch {loop.get('global_epoch_step')}, global batch {loop.get('global_batch_step')}, "
              f"global sample {loop.get('global_sample_step')}",
              f"written     {meta.get('time')} by torchstage {meta.get('torchstage')}, torch {meta.get('torch')}, "
-             f"world size {meta.get('world_size')}"]
+             f"world size {meta.get('world_size')}" + (" (sharded: one directory, read whole)" if info["sharded"]
+                                                       else "")]
     for name, summary in info["models"].items():
         lines.append(f"model       {name}: {summary['tensors']} tensors, {summary['parameters']:,} values, "
                      f"{summary['bytes'] / 2**20:.2f} MiB")
@@ -76,4 +91,24 @@ def run_inspect(args) -> int:
     info = summarize(checkpoint)
     text = json.dumps(info, indent=2, default=str) if args.json else format_summary(args.path, info)
     sys.stdout.write(text + "\n")
+    return 0
+
+
+def run_consolidate(args) -> int:
+    from torchstage.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+    if not os.path.isdir(args.path):
+        sys.stderr.write(f"torchstage checkpoint consolidate: {args.path!r} is not a sharded checkpoint directory "
+                         f"(a single-file checkpoint needs no consolidation)\n")
+        return 2
+    try:
+        checkpoint = load_checkpoint(args.path)
+        checkpoint["meta"] = {**checkpoint.get("meta", {}), "sharded": False, "consolidated_from": args.path}
+        save_checkpoint(checkpoint, args.out)
+    except CheckpointError as e:
+        sys.stderr.write(f"torchstage checkpoint consolidate: {e}\n")
+        return 2
+    models = ", ".join(f"{name} ({sum(t.numel() for t in state.values() if hasattr(t, 'numel')):,} values)"
+                       for name, state in checkpoint["models"].items())
+    sys.stdout.write(f"wrote {args.out}: models {models}, from a checkpoint of "
+                     f"{checkpoint['meta'].get('world_size')} process(es)\n")
     return 0

@@ -27,6 +27,6 @@ def plot_command(args) -> int:
         path = plot_logs(args.logdir, args.output)
     except (ImportError, OSError, ValueError) as exc:
         sys.stderr.write(f"torchstage plot: error: {exc}\n")
-        return 1
+        return 2
     sys.stdout.write(f"wrote {path}\n")
     return 0

@@ -2,6 +2,7 @@
 import argparse
 import contextlib
 import logging
+import os
 import sys
 
 DESCRIPTION = """\
@@ -18,7 +19,10 @@ examples:
   torchstage run -C base.yml --dry-run                        # check and show, train nothing
   torchrun --nproc_per_node 2 -m torchstage run -C ddp.yml    # one process per rank
 
-exit status: 0 on success, 2 on a config error (the message names its YAML path)."""
+modules named by _target_ are imported from each config file's folder and the current directory.
+
+exit status: 0 on success, 2 on a config error (the message names its YAML path) or any other
+user error found before or at the first batch (one line on stderr, no traceback)."""
 
 
 def add_parser(subparsers) -> None:
@@ -33,11 +37,21 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--dry-run", action="store_true",
                         help="print the merged config and the callback chain of each stage, build every "
                              "component, and exit without training")
+    parser.add_argument("--allow-targets", metavar="PREFIXES",
+                        help="comma-separated module prefixes every _target_ must start with (e.g. "
+                             "torch,torchstage,mypkg); anything else is refused before it is imported. A config is "
+                             "code: only run configs you trust")
     parser.set_defaults(func=run_command)
 
 
 def run_command(args) -> int:
-    from torchstage.config import ConfigError, dump_config, load_config, train_from_config, with_defaults
+    from torchstage.config.train_call import train_from_config, with_defaults
+    from torchstage.config.yaml_files import dump_config, load_config
+    from torchstage.instantiate import ConfigError
+    add_import_paths(args.config)
+    if args.allow_targets:
+        from torchstage.instantiate import ALLOWED_TARGETS_VAR
+        os.environ[ALLOWED_TARGETS_VAR] = args.allow_targets
     try:
         config = load_config(args.config, args.overrides)
         if not args.dry_run:
@@ -57,6 +71,13 @@ def run_command(args) -> int:
                          f"scheduler {_kind(stage.scheduler)}\n# callbacks:\n{describe_chain(chain)}\n")
     sys.stdout.write("\ndry run: every component was built; nothing was trained\n")
     return 0
+
+
+def add_import_paths(configs) -> None:
+    """``_target_: mycnn.SmallCNN`` finds ``mycnn.py`` beside a config file or in the current directory,
+    as ``python -m torchstage`` would (the ``torchstage`` script alone puts neither on ``sys.path``)."""
+    folders = [os.path.dirname(os.path.abspath(path)) for path in configs] + [os.getcwd()]
+    sys.path[0:0] = [folder for folder in dict.fromkeys(folders) if folder not in sys.path]
 
 
 def _batches(loader) -> str:

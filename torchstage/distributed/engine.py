@@ -1,9 +1,10 @@
-"""The engine: where tensors live and who this process is, with collectives that are no-ops alone."""
-import contextlib
+"""The engine: where tensors live, who this process is, its strategy, and collectives that are no-ops alone."""
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from torchstage.distributed.strategies.single import SingleDevice
 
 
 def default_device() -> torch.device:
@@ -13,7 +14,7 @@ def default_device() -> torch.device:
 
 @dataclass
 class Engine:
-    """Device placement and process-group operations for one process of a run (world of 1 by default)."""
+    """Device, place in the world and strategy of one process of a run (a world of 1 by default), with collectives."""
 
     device: torch.device = None
     rank: int = 0
@@ -21,9 +22,12 @@ class Engine:
     local_rank: int = 0
     channels_last: bool = False  # 4-D inputs and models in NHWC memory format (faster convolutions)
     prefetch: bool = False  # copy the next batch to the GPU while the current one trains
+    strategy: Any = None  # placement, wrapping, sync, clipping, checkpoint state (default: SingleDevice())
 
     def __post_init__(self):
         self.device = torch.device(self.device) if self.device is not None else default_device()
+        if self.strategy is None:
+            self.strategy = SingleDevice()
 
     @property
     def is_main(self) -> bool:
@@ -45,28 +49,13 @@ class Engine:
             return obj
         return _move(obj, self.device, self.device.type == "cuda", self.channels_last)
 
-    def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        """Put a model on the device; a distributed engine also wraps it (DDP/FSDP)."""
-        if self.channels_last:
-            return model.to(self.device, memory_format=torch.channels_last)
-        return model.to(self.device)
-
-    def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        """Wrap a placed model for the run (DDP under several processes); identity on one process."""
-        return model
-
     def no_sync(self, model):
-        """A context in which backward passes skip gradient sync (accumulation steps); a no-op alone."""
-        return contextlib.nullcontext()
+        """The strategy's context in which backward passes skip gradient sync (accumulation steps)."""
+        return self.strategy.no_sync(model)
 
-    @staticmethod
-    def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-        """The plain module under DDP/FSDP or ``torch.compile`` wrappers."""
-        while True:
-            inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
-            if not isinstance(inner, torch.nn.Module):
-                return model
-            model = inner
+    def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The plain module under the strategy's and ``torch.compile``'s wrappers."""
+        return self.strategy.unwrap(model)
 
     # ---- collectives (identity on one process) ---------------------------------------------
     def all_reduce_(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:

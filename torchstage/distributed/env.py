@@ -1,17 +1,34 @@
 """Who am I and with whom: one place that resolves rank, world size and master address of a run.
 
 Precedence: explicit arguments > torchrun variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
-MASTER_PORT; the torchstage launcher sets the same ones) > a SLURM job step > processes to spawn on
-this host (``nprocs``, env ``TORCHSTAGE_NPROC``, or one per visible GPU) > a single process.
+MASTER_PORT; the torchstage launcher sets the same ones) > a SLURM job step > an MPI launch (LSF
+jsrun, PBS/PALS, Open MPI, MPICH hydra) > processes to spawn on this host (``nprocs``, env
+``TORCHSTAGE_NPROC``, or one per visible GPU) > a single process. Each launcher is one object of
+:mod:`torchstage.distributed.environments`; :data:`ENVIRONMENTS` is the order they are asked in.
 """
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Mapping, Optional
+
+from torchstage.distributed import slurm
+from torchstage.distributed.environments.base import check_place, int_var
+from torchstage.distributed.environments.lsf import LsfEnvironment
+from torchstage.distributed.environments.mpich import MpichEnvironment
+from torchstage.distributed.environments.openmpi import OpenMpiEnvironment
+from torchstage.distributed.environments.pals import PalsEnvironment
+from torchstage.distributed.environments.slurm import SlurmEnvironment
+from torchstage.distributed.environments.slurm_checks import (check_not_batch_script, check_second_launcher,
+                                                              check_visible_gpus)
+from torchstage.distributed.environments.torchrun import TorchrunEnvironment, parse_port
 
 NPROC_ENV = "TORCHSTAGE_NPROC"
 #: Set by the torchstage launcher in the processes it starts.
 LAUNCHED_ENV = "TORCHSTAGE_LAUNCHED"
-TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+#: MPI launchers, most specific first: jsrun and PALS also set Open MPI's or MPICH's variables.
+MPI_ENVIRONMENTS = (LsfEnvironment(), PalsEnvironment(), OpenMpiEnvironment(), MpichEnvironment())
+#: Launcher environments in precedence order (explicit arguments come before all, local spawn after).
+ENVIRONMENTS = (TorchrunEnvironment(), SlurmEnvironment()) + MPI_ENVIRONMENTS
+LAUNCHERS = tuple(e.name for e in ENVIRONMENTS)
 
 
 @dataclass(frozen=True)
@@ -29,9 +46,11 @@ class World:
     local_rank: int = 0
     master_addr: str = "127.0.0.1"
     master_port: Optional[int] = None
-    source: str = "single"  # 'arguments' | 'torchrun' | 'slurm' | 'local' | 'single'
+    source: str = "single"  # 'arguments' | a launcher (LAUNCHERS) | 'local' | 'single'
     spawn: int = 0
     backend: str = "gloo"  # 'nccl' when the processes use GPUs
+    node_rank: int = 0
+    why: str = field(default="", compare=False)  # the variables or arguments that decided
 
     @property
     def is_distributed(self) -> bool:
@@ -56,9 +75,9 @@ def local_gpus() -> int:
 
 
 def launched_into_world(environ: Mapping = None) -> bool:
-    """True when torchrun or a SLURM job step started this process as one of a world of several."""
+    """True when a launcher (torchrun, a SLURM step, an MPI launch) started this process as one of several."""
     world = resolve_world(environ=environ)
-    return world.source in ("torchrun", "slurm") and (world.is_distributed or world.spawn > 1)
+    return world.source in LAUNCHERS and (world.is_distributed or world.spawn > 1)
 
 
 def resolve_world(nprocs: Optional[int] = None, environ: Mapping = None, *, rank: int = None,
@@ -76,53 +95,76 @@ def resolve_world(nprocs: Optional[int] = None, environ: Mapping = None, *, rank
     if rank is not None or world_size is not None:
         if rank is None or world_size is None:
             raise ValueError(f"give both rank and world_size explicitly, got rank={rank!r}, world_size={world_size!r}")
-        _check_place(rank, world_size, "rank", "world_size")
+        check_place(rank, world_size, "rank", "world_size")
         return World(rank=rank, world_size=world_size, local_rank=rank if local_rank is None else local_rank,
                      master_addr=master_addr or environ.get("MASTER_ADDR", "127.0.0.1"),
-                     master_port=_port(master_port or environ.get("MASTER_PORT"), "master_port"),
-                     source="arguments", backend=backend)
-    if "RANK" in environ and "WORLD_SIZE" in environ:
-        return _from_torchrun(environ, backend)
+                     master_port=parse_port(master_port or environ.get("MASTER_PORT"), "master_port"),
+                     source="arguments", backend=backend, why=f"rank={rank}, world_size={world_size} given")
+    launched = _from_launcher(nprocs, environ, gpus, backend)
+    if launched is not None:
+        return launched
+    check_not_batch_script(environ)
     count, source = _local_count(nprocs, environ, gpus)
-    slurm = _from_slurm(environ, count, backend)
-    if slurm is not None:
-        return slurm
     if count <= 1:
-        return World(source=source if nprocs is not None else "single", backend=backend)
+        return World(source=source if nprocs is not None else "single", backend=backend,
+                     why=f"nprocs={nprocs}" if nprocs is not None else "no launcher variables")
     return World(rank=0, world_size=count, master_addr=master_addr or "127.0.0.1",
-                 master_port=_port(master_port, "master_port"), source=source, spawn=count, backend=backend)
+                 master_port=parse_port(master_port, "master_port"), source=source, spawn=count, backend=backend,
+                 why=f"nprocs={nprocs}" if nprocs is not None else
+                 f"{NPROC_ENV}={environ[NPROC_ENV]}" if environ.get(NPROC_ENV, "").strip() else f"{gpus} visible GPUs")
 
 
-def _from_torchrun(environ, backend) -> World:
-    rank, world_size = _int(environ, "RANK"), _int(environ, "WORLD_SIZE")
-    _check_place(rank, world_size, "RANK", "WORLD_SIZE")
-    local_rank = _int(environ, "LOCAL_RANK") if "LOCAL_RANK" in environ else rank
-    if world_size > 1 and ("MASTER_ADDR" not in environ or "MASTER_PORT" not in environ):
-        raise ValueError(f"RANK={rank} and WORLD_SIZE={world_size} are set but MASTER_ADDR/MASTER_PORT are not; "
-                         f"set both (torchrun does) so the processes can meet")
-    return World(rank=rank, world_size=world_size, local_rank=local_rank,
-                 master_addr=environ.get("MASTER_ADDR", "127.0.0.1"),
-                 master_port=_port(environ.get("MASTER_PORT"), "MASTER_PORT"), source="torchrun", backend=backend)
+def _from_launcher(nprocs, environ, gpus, backend) -> Optional[World]:
+    """The World a launcher gives this process, or None when no launcher started it.
 
-
-def _from_slurm(environ, local_devices: int, backend: str) -> Optional[World]:
-    """SLURM PLUG-IN POINT: the World of a SLURM job step task, or None outside a step.
-
-    ``local_devices`` is what one node offers: visible GPUs, or on CPU ``nprocs``/TORCHSTAGE_NPROC
-    (so one task per node spawns that many processes). Layout, address and port rules live in
-    :mod:`torchstage.distributed.slurm`.
+    The first environment (in :data:`ENVIRONMENTS` order) that applies decides; a SLURM step beside
+    another launcher is checked so that the two cannot build mismatched worlds.
     """
+    winner = next((env for env in ENVIRONMENTS if env.applies(environ)), None)
+    if winner is None:
+        return None
+    why = f"{winner.name}: {winner.why(environ)}"
+    if isinstance(winner, TorchrunEnvironment):
+        step = _slurm_step_or_none(environ)
+        if step is not None and step.ntasks > 1:
+            place = winner.place(environ, 0)
+            check_second_launcher(environ, "torchrun", place.rank, place.world_size, step)
+            why += f"; inside SLURM step {step.job_id}.{step.step_id} of {step.ntasks} tasks, torchrun's variables win"
+    elif isinstance(winner, SlurmEnvironment):
+        mpi = next((env for env in MPI_ENVIRONMENTS if env.applies(environ)), None)
+        if mpi is not None:
+            step = slurm.slurm_step(environ)
+            rank, size = int_var(environ, mpi.rank_var), int_var(environ, mpi.size_var)
+            if check_second_launcher(environ, mpi.name, rank, size, step) == "ignore-slurm":
+                winner, why = mpi, f"{mpi.name}: {mpi.why(environ)}; started inside SLURM job {step.job_id}"
+    local_devices = _local_count(nprocs, environ, gpus)[0] if isinstance(winner, SlurmEnvironment) else gpus
+    place = winner.place(environ, local_devices)
+    if backend == "nccl":
+        check_visible_gpus(environ, place, gpus)
+    return World(rank=place.rank, world_size=place.world_size, local_rank=place.local_rank,
+                 master_addr=place.master_addr, master_port=place.master_port, source=winner.name,
+                 spawn=place.spawn, backend=backend, node_rank=place.node_rank, why=why)
+
+
+def _slurm_step_or_none(environ):
+    """The SLURM step around a torchrun worker, or None (its variables are not needed when torchrun decides)."""
     try:
-        from torchstage.distributed import slurm
-    except ImportError:  # a build without SLURM support
+        return slurm.slurm_step(environ)
+    except ValueError:
         return None
-    step = slurm.slurm_step(environ)
-    if step is None:
-        return None
-    layout = slurm.slurm_world(step, local_devices)
-    return World(rank=layout.rank, world_size=layout.world_size, local_rank=layout.local_rank,
-                 master_addr=slurm.master_addr(step, environ), master_port=slurm.master_port(step.job_id, environ),
-                 source="slurm", spawn=layout.spawn_local, backend=backend)
+
+
+def detected(environ: Mapping = None) -> list:
+    """``(environment, applies, why)`` for every launcher environment, in precedence order (for ``torchstage env``)."""
+    environ = os.environ if environ is None else environ
+    rows = []
+    for env in ENVIRONMENTS:
+        try:
+            applies = env.applies(environ)
+        except ValueError as exc:
+            applies = f"error: {exc}"
+        rows.append((env, applies, env.why(environ)))
+    return rows
 
 
 def _local_count(nprocs, environ, gpus):
@@ -148,21 +190,3 @@ def _int(environ, name) -> int:
         return int(environ[name])
     except ValueError:
         raise ValueError(f"environment variable {name} must be an integer, got {environ[name]!r}") from None
-
-
-def _port(value, name) -> Optional[int]:
-    if value is None or value == "":
-        return None
-    try:
-        port = int(value)
-    except (TypeError, ValueError):
-        port = -1
-    if not 0 < port < 65536:
-        raise ValueError(f"{name} must be a TCP port number 1-65535, got {value!r}")
-    return port
-
-
-def _check_place(rank, world_size, rank_name, size_name) -> None:
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"{rank_name}={rank} and {size_name}={world_size} do not form a world: expected "
-                         f"{size_name} >= 1 and 0 <= {rank_name} < {size_name}")

@@ -93,9 +93,10 @@ def distribute_loader(loader, engine, is_train: bool, seed: int = 0):
     if hasattr(loader, "in_order"):
         options["in_order"] = loader.in_order
     world, rank = engine.world_size, engine.rank
+    cls = type(loader) if hasattr(loader, "load_state_dict") else DataLoader  # keep a StatefulDataLoader stateful
     if loader.batch_size is None and loader.batch_sampler is not None:  # a custom batch sampler
         batches = ShardedSampler(loader.batch_sampler, world, rank, seed, pad=is_train)
-        return DataLoader(loader.dataset, batch_sampler=batches, **options)
+        return cls(loader.dataset, batch_sampler=batches, **options)
     sampler = loader.sampler
     plain = type(sampler) is SequentialSampler or (
         type(sampler) is RandomSampler and not sampler.replacement and sampler._num_samples is None
@@ -106,5 +107,4 @@ def distribute_loader(loader, engine, is_train: bool, seed: int = 0):
         sampler = StridedEvalSampler(loader.dataset, world, rank)
     else:
         sampler = ShardedSampler(sampler, world, rank, seed, pad=is_train)
-    return DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=sampler, drop_last=loader.drop_last,
-                      **options)
+    return cls(loader.dataset, batch_size=loader.batch_size, sampler=sampler, drop_last=loader.drop_last, **options)

@@ -122,11 +122,11 @@ class Launcher:
                      proc.rank, reason, proc.rank, tail.rstrip() or "(none)")
         return exit_code
 
-    def _stop_all(self) -> None:
-        """TERM every live worker's process group, wait ``grace`` seconds, then KILL what is left."""
+    def _stop_all(self, sig=signal.SIGTERM) -> None:
+        """``sig`` (TERM) to every live worker's process group, wait ``grace`` seconds, then KILL what is left."""
         live = [p for p in self.procs if p.poll() is None]
         for proc in live:
-            _signal_group(proc, signal.SIGTERM)
+            _signal_group(proc, sig)
         deadline = time.monotonic() + self.grace
         for proc in live:
             try:
@@ -148,7 +148,9 @@ class Launcher:
                     pass
 
     def _on_signal(self, signum, frame):
-        self._stop_all()
+        # Ctrl-C reaches the workers as SIGINT, so they log the launcher's exit code (130) and a second
+        # Ctrl-C (this handler again, during the grace period) interrupts them at once.
+        self._stop_all(signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
         raise SystemExit(128 + signum)
 
 
@@ -169,6 +171,8 @@ def _relay(pipe, out, prefix: str, tail) -> None:
     for line in iter(pipe.readline, b""):
         if line.startswith(data):
             line = line[len(data):]
+        if not line.strip():
+            continue  # a blank line (a closed progress bar, a print()) would show as a bare "[rankN]: "
         if tail is not None:
             tail.append(line.decode(errors="replace"))
         if target is not None:

@@ -10,7 +10,7 @@ import socket
 import subprocess
 from dataclasses import dataclass, replace
 from itertools import product
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, Optional
 
 logger = logging.getLogger(__name__)
 

@@ -1,5 +1,7 @@
 """Entering a world: spawn local workers, or join the process group this process belongs to.
 
+:func:`run_in_world` is the one way in, for ``train()`` and :func:`distributed_cmd_run` alike.
+
 Workers are started by running this program's command line again with the torchrun variables set
 (see :mod:`torchstage.distributed.local_launcher`); each worker then finds itself inside the world and trains.
 The launching process never trains: it waits for the workers and exits with their exit code.
@@ -10,7 +12,7 @@ import os
 
 import torch
 
-from torchstage.distributed.ddp import DistributedEngine
+from torchstage.distributed.engine import Engine
 from torchstage.distributed.env import LAUNCHED_ENV, World, resolve_world
 from torchstage.distributed.local_launcher import Launcher, relaunch_command, watch_parent
 
@@ -41,12 +43,15 @@ def launch_and_exit(world: World) -> None:
 def joined(world: World, timeout=None):
     """Initialise this rank's process group for the block; destroy it when the block succeeds.
 
+    ``timeout`` (a ``timedelta``, None: torch's default) ends a collective that waits longer for a peer.
+
     A failing block leaves the group alone: the process is about to exit and the launcher stops the
     other ranks, so nobody waits on a collective with a dead peer.
     """
     import torch.distributed as dist
     if os.environ.get(LAUNCHED_ENV):
         watch_parent()
+    os.environ.setdefault("LOCAL_RANK", str(world.local_rank))  # MPI launchers set none; current_engine reads it
     if world.backend == "nccl":
         torch.cuda.set_device(world.local_rank)
     kwargs = {} if timeout is None else {"timeout": timeout}
@@ -69,18 +74,46 @@ def _attempt_store(world: World, timeout):
 
     import torch.distributed as dist
     store = dist.TCPStore(world.master_addr, world.master_port, world.world_size, is_master=False,
-                          timeout=timeout or timedelta(minutes=5))
+                          timeout=max(timeout or timedelta(0), timedelta(minutes=5)))  # a slow start is no hang
     return dist.PrefixStore(f"torchstage/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
-def current_engine(strategy: str = "ddp") -> DistributedEngine:
+def current_engine(strategy=None) -> Engine:
     """The engine of this rank in the initialised process group (device: its GPU under NCCL, else CPU)."""
     import torch.distributed as dist
     rank, world_size = dist.get_rank(), dist.get_world_size()
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     device = torch.device("cuda", local_rank) if dist.get_backend() == "nccl" else torch.device("cpu")
-    return DistributedEngine(device=device, rank=rank, world_size=world_size, local_rank=local_rank,
-                             strategy=strategy)
+    return Engine(device=device, rank=rank, world_size=world_size, local_rank=local_rank, strategy=strategy)
+
+
+def run_in_world(fn, distributed=True, nprocs: int = None, timeout=None):
+    """Call ``fn()`` as this process's rank of the world it belongs to, entering that world first.
+
+    Already in an initialised process group: calls ``fn`` here. ``distributed=False``: calls ``fn`` as
+    one process. Otherwise the world is resolved once (:func:`~torchstage.distributed.env.resolve_world`):
+    with processes to start on this host (only with ``distributed=True``, or when a SLURM task spawns
+    one per device) they are launched and this process exits with their code (``SystemExit``); as one
+    rank of several, the process group is joined around ``fn`` with collective ``timeout`` (a ``timedelta``;
+    None: torch's default). ``distributed=None`` enters only a world that torchrun or a SLURM step started
+    this process into; a plain script runs as one process.
+    """
+    if in_world() or distributed is False:
+        return fn()
+    world = resolve_world(nprocs)
+    if distributed is None and not _started_into(world):
+        return fn()
+    if world.spawn:
+        launch_and_exit(world)
+    if not world.is_distributed:
+        return fn()
+    with joined(world, timeout):
+        return fn()
+
+
+def _started_into(world: World) -> bool:
+    """True when torchrun or a SLURM job step started this process as one of several."""
+    return world.source in ("torchrun", "slurm") and (world.is_distributed or world.spawn > 1)
 
 
 def distributed_cmd_run(fn, *args, distributed: bool = True, nprocs: int = None, **kwargs):
@@ -92,12 +125,4 @@ def distributed_cmd_run(fn, *args, distributed: bool = True, nprocs: int = None,
     after this call never runs in the launching process. Otherwise (one device, or
     ``distributed=False``) calls ``fn`` here. ``train(...)`` calls inside ``fn`` use the world.
     """
-    if not distributed or in_world():
-        return fn(*args, **kwargs)
-    world = resolve_world(nprocs)
-    if world.spawn:
-        launch_and_exit(world)
-    if not world.is_distributed:
-        return fn(*args, **kwargs)
-    with joined(world):
-        return fn(*args, **kwargs)
+    return run_in_world(lambda: fn(*args, **kwargs), bool(distributed), nprocs)

@@ -1,11 +1,13 @@
 """Pure metric accumulators: ``update`` per batch on the device, ``sync(engine)`` across ranks, ``compute``."""
-from torchstage.metrics.accuracy import AccuracyMetric
+from torchstage.metrics.accuracy import AccuracyMetric, accuracy
 from torchstage.metrics.auc import AUCMetric, roc_auc
 from torchstage.metrics.average import AverageMetric, FunctionalMetric
 from torchstage.metrics.base import AdditiveMetric, Metric
+from torchstage.metrics.multilabel import MultiLabelAccuracyMetric
 from torchstage.metrics.precision_recall_f1 import PrecisionRecallF1Metric
+from torchstage.metrics.renamed import RenamedMetric
 
 __all__ = [
-    "AccuracyMetric", "AdditiveMetric", "AUCMetric", "AverageMetric", "FunctionalMetric", "Metric",
-    "PrecisionRecallF1Metric", "roc_auc",
+    "AccuracyMetric", "accuracy", "AdditiveMetric", "AUCMetric", "AverageMetric", "FunctionalMetric", "Metric",
+    "MultiLabelAccuracyMetric", "PrecisionRecallF1Metric", "RenamedMetric", "roc_auc",
 ]

@@ -60,3 +60,11 @@ class AccuracyMetric(AdditiveMetric):
             raise self._empty_error()
         return {("accuracy" if k == 1 else f"accuracy_top{k}"): state[i] / state[-1]
                 for i, k in enumerate(self.topk)}
+
+
+def accuracy(outputs: torch.Tensor, targets: torch.Tensor, topk: Sequence[int] = (1,)) -> list:
+    """Top-k accuracy of one batch, one 0-dim tensor per k (no host sync); Catalyst 20.12's
+    ``metrics.accuracy``. For a loader-level value use :class:`AccuracyMetric` or ``AccuracyCallback``."""
+    scores, targets = multiclass_inputs(outputs, targets, "accuracy")
+    hits = scores.topk(max(topk), dim=1).indices == targets[:, None]
+    return [hits[:, :k].any(dim=1).float().mean() for k in topk]

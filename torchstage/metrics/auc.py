@@ -48,6 +48,14 @@ class AUCMetric(Metric):
         self._chunks: List[torch.Tensor] = []  # each (n, 2C) float64: scores then 0/1 targets
         self._gathered: Optional[torch.Tensor] = None
 
+    def state_dict(self) -> dict:
+        return {"chunks": self._local().detach().cpu()} if self._chunks else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.reset()
+        if "chunks" in state:
+            self._chunks = [state["chunks"].clone()]
+
     def _update(self, outputs, targets) -> None:
         owner = "AUCMetric"
         outputs, targets = _tensor(outputs, "outputs", owner), _tensor(targets, "targets", owner)

@@ -49,6 +49,14 @@ class Metric(ABC):
             self._sync(engine)
         self._synced = True
 
+    def state_dict(self) -> dict:
+        """This rank's partial state (tensors on the CPU), for a checkpoint written in the middle of a loader."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from :meth:`state_dict`'s partial state (the metric is reset first)."""
+        self.reset()
+
     @property
     def names(self) -> tuple:
         """The result keys known before any data (``prefix`` included), to check ``valid_metric`` early."""
@@ -96,6 +104,14 @@ class AdditiveMetric(Metric):
         if self._state is None:
             self._state = torch.zeros(self._state_size, dtype=torch.float64, device=ref.device)
         return self._state
+
+    def state_dict(self) -> dict:
+        return {} if self._state is None else {"state": self._state.detach().cpu()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.reset()
+        if "state" in state:
+            self._state = state["state"].clone()
 
     def _add(self, vector: torch.Tensor) -> None:
         self._state_like(vector).add_(vector.detach().to(torch.float64))

@@ -1,34 +1,129 @@
-"""The default callback chain of a run, by name, so a user callback of the same name replaces one."""
+"""The default callback chain of every run, decided here and nowhere else.
+
+Each callback checks its own arguments in its constructor; a ``train()`` argument that configures one is
+passed to it, and a malformed value is reported under the name given to ``train()`` (:func:`named_as`).
+A runner adds the callbacks of its training step through one hook, :meth:`Runner.step_callbacks`
+(SupervisedRunner: the loss and the optimizer step). Users replace a default by giving its name.
+"""
+from torchstage.arguments import named_as
 from torchstage.callbacks.averaging import MetricsAveragingCallback
 from torchstage.callbacks.checkpoint_saver import CheckpointCallback
+from torchstage.callbacks.config_saver import ConfigSaver
 from torchstage.callbacks.console import ConsoleLogger
 from torchstage.callbacks.csv_logger import CSVLogger
+from torchstage.callbacks.debug import CheckRunCallback, LimitBatchesCallback
+from torchstage.callbacks.loader_state import LoaderStateCallback, is_stateful_loader
+from torchstage.callbacks.even_batches import EvenBatchesCallback
 from torchstage.callbacks.loop import LoopCallback
+from torchstage.callbacks.optimizer import OptimizerCallback
+from torchstage.callbacks.periodic_validation import PeriodicValidationCallback
+from torchstage.callbacks.model_summary import ModelSummary
+from torchstage.callbacks.monitor import ThroughputMonitor
+from torchstage.callbacks.nonfinite import NonFiniteLossCallback
 from torchstage.callbacks.progress import ProgressBar
 from torchstage.callbacks.requeue import RequeueCallback
 from torchstage.callbacks.scheduler import SchedulerCallback
 from torchstage.callbacks.stop import StopCallback
 from torchstage.callbacks.tensorboard import TensorBoardLogger
+from torchstage.callbacks.timer import TimerCallback
+from torchstage.callbacks.validation import ValidEveryCallback
+from torchstage.callbacks.watchdog import HangWatchdog
 from torchstage.distributed.slurm_requeue import slurm_job_id
+from torchstage.periods import Epoch
+from torchstage.runner.chain import merge_chain
+
+#: ``check=True``: batches per loader and epochs per stage of a smoke run.
+CHECK_BATCHES, CHECK_EPOCHS = 2, 2
+#: ``train()`` arguments that configure the default :class:`OptimizerCallback`, with their defaults.
+OPTIMIZER_ARGS = {"accumulation_steps": 1, "grad_clip_norm": None, "grad_clip_value": None}
+
+
+def stage_chains(runner, spec) -> list:
+    """Each stage's chain: the defaults, then ``train(callbacks=...)``, then the stage's own, by name."""
+    defaults = runner.get_default_callbacks(spec)
+    chains = [merge_chain(defaults, spec.callbacks, stage.callbacks if stage.callbacks is not spec.callbacks else None)
+              for stage in spec.stage_specs]
+    _check_optimizer_args(spec, defaults, chains)
+    return chains
 
 
 def default_callbacks(runner, spec) -> dict:
-    """Bookkeeping, metric averaging, scheduler (if any), checkpoints and logs (with a logdir), graceful stop,
-    SLURM requeue (inside a SLURM job), progress."""
-    chain = {"loop": LoopCallback(), "averaging": MetricsAveragingCallback()}
+    """Bookkeeping, the hang watchdog and the even-batches check (both act under several processes only),
+    non-finite loss detection, the runner's step, metric averaging, scheduler (if any), checkpoints and logs
+    (with a logdir), the feature switches (valid_every, valid_period, check, overfit, timeit, monitor),
+    console, graceful stop, SLURM requeue (inside a SLURM job), model summary, progress (verbose), the config
+    copy (config runs)."""
+    with named_as(mode="scheduler_step"):
+        scheduler = SchedulerCallback(mode=spec.scheduler_step)
+    with named_as(period="checkpoint_period"):
+        checkpoint = CheckpointCallback(period=Epoch(1) if spec.checkpoint_period is None else spec.checkpoint_period,
+                                        topk=spec.topk,
+                                        load_best_on_end=spec.load_best_on_end)
+    csv, tensorboard = CSVLogger(log_period=spec.log_period or ()), TensorBoardLogger(log_period=spec.log_period or ())
+    with named_as(every="valid_every"):
+        valid_every = ValidEveryCallback(spec.valid_every)
+    with named_as(timeout="hang_timeout"):
+        watchdog = HangWatchdog(spec.hang_timeout)
+    _check_needs_logdir(spec)
+    chain = {"loop": LoopCallback(), "watchdog": watchdog, "even_batches": EvenBatchesCallback(),
+             "nonfinite": NonFiniteLossCallback(), "averaging": MetricsAveragingCallback()}
+    if any(is_stateful_loader(loader) for stage in spec.stage_specs for loader in (stage.loaders or {}).values()):
+        chain["loader_state"] = LoaderStateCallback()
     if any(stage.scheduler is not None for stage in spec.stage_specs):
-        chain["scheduler"] = SchedulerCallback(mode=spec.scheduler_step)
+        chain["scheduler"] = scheduler
     if spec.logdir is not None:
-        chain.update(checkpoint=CheckpointCallback(period=spec.checkpoint_period, topk=spec.topk,
-                                                   load_best_on_end=spec.load_best_on_end),
-                     csv=CSVLogger(), tensorboard=TensorBoardLogger(
-                         batch_period=spec.log_period, periodic_validation=spec.valid_period is not None))
-    from torchstage.runner.features import feature_callbacks
-    chain.update(feature_callbacks(spec))  # valid_every, check, overfit, timeit
+        chain.update(checkpoint=checkpoint, csv=csv, tensorboard=tensorboard)
+    if valid_every.every > 1:
+        chain["valid_every"] = valid_every
+    if spec.valid_period is not None:
+        with named_as(period="valid_period"):
+            chain["periodic_validation"] = PeriodicValidationCallback(spec.valid_period)
+    if spec.check:
+        chain["check"] = CheckRunCallback(num_epochs=CHECK_EPOCHS)
+        chain["limit_batches"] = LimitBatchesCallback(CHECK_BATCHES)
+    if spec.overfit is not False:
+        chain["limit_batches"] = LimitBatchesCallback.for_overfit(spec.overfit)
+    if spec.timeit:
+        chain["timer"] = TimerCallback()
+    if spec.monitor:
+        chain["monitor"] = ThroughputMonitor()
     chain["console"] = ConsoleLogger()
     chain["stop"] = StopCallback()
     if spec.requeue is not False and slurm_job_id() is not None:
         chain["requeue"] = RequeueCallback(required=spec.requeue is True)
+    if spec.verbose or spec.logdir is not None:
+        chain["model_summary"] = ModelSummary(verbose=spec.verbose)
     if spec.verbose:
         chain["progress"] = ProgressBar()
+    chain.update(runner.step_callbacks(spec, {name: getattr(spec, name) for name in OPTIMIZER_ARGS}))
+    if spec.config_text is not None and spec.logdir is not None:
+        chain["config"] = ConfigSaver(spec.config_text)
     return chain
+
+
+def _check_needs_logdir(spec) -> None:
+    """Arguments that only configure a logdir's files are refused without one (they would do nothing)."""
+    if spec.logdir is not None:
+        return
+    if spec.load_best_on_end:
+        raise ValueError("load_best_on_end=True needs a logdir to write best.pth in; pass logdir=...")
+    if spec.log_period is not None:
+        raise ValueError(f"log_period={spec.log_period!r} writes TensorBoard scalars and needs a logdir")
+
+
+def _check_optimizer_args(spec, defaults: dict, chains: list) -> None:
+    """``train()``'s optimizer arguments configure the default OptimizerCallback, never a user's one."""
+    given = {name: getattr(spec, name) for name, default in OPTIMIZER_ARGS.items() if getattr(spec, name) != default}
+    if not given:
+        return
+    text = ", ".join(f"{name}={value!r}" for name, value in given.items())
+    for chain in chains:
+        mine = {key: cb for key, cb in chain.items() if isinstance(cb, OptimizerCallback)}
+        for key, callback in mine.items():
+            if defaults.get(key) is not callback:
+                raise ValueError(f"{text} was given to train() but the OptimizerCallback in callbacks[{key!r}] has "
+                                 f"its own arguments; set them in one place: on OptimizerCallback(...) or in train()")
+        if not mine:
+            raise ValueError(f"{text} is applied by an OptimizerCallback, and this run's callbacks have none (a "
+                             f"custom handle_batch steps its own optimizers); pass callbacks=[OptimizerCallback"
+                             f"({text})] instead, or apply it in handle_batch")

@@ -4,11 +4,10 @@ import torch
 from torchstage.callbacks.averaging import MetricsAveragingCallback
 from torchstage.callbacks.base import Callback, CancelStage
 from torchstage.callbacks.loop import LoopCallback
+from torchstage.callbacks.watchdog import HangWatchdog
+from torchstage.named import each
 from torchstage.runner.chain import merge_chain
-
-
-def _models(runner) -> list:
-    return list(runner.model.values()) if isinstance(runner.model, dict) else [runner.model]
+from torchstage.runner.loop_state import LoopState
 
 
 def _ready(runner, what: str) -> None:
@@ -18,15 +17,15 @@ def _ready(runner, what: str) -> None:
     if runner.engine is None:
         from torchstage.distributed.engine import Engine
         runner.engine = Engine()
-    if getattr(runner, "spec", None) is None:  # train() has not placed the models
-        for model in _models(runner):
+    if runner.spec is None:  # train() has not placed the models
+        for model in each(runner.model):
             model.to(runner.engine.device)
 
 
 def predict_loader(runner, loader, to_cpu: bool = False):
     """Yield ``runner.predict_batch(batch)`` per batch in eval mode without grad; model modes restored at the end."""
     _ready(runner, "predict_loader")
-    models = _models(runner)
+    models = each(runner.model)
     modes = [model.training for model in models]
     try:
         for model in models:
@@ -50,22 +49,20 @@ def evaluate_loader(runner, loader, callbacks=None, criterion=None) -> dict:
     for key, callback in items:
         if not isinstance(callback, Callback):
             raise TypeError(f"callbacks[{key!r}] must be a torchstage Callback, got {type(callback).__name__}")
-    saved = dict(vars(runner))
+    saved = runner.loop, runner.callbacks, runner._handlers, runner.criterion
     try:
-        runner.criterion = criterion if criterion is not None else getattr(runner, "criterion", None)
+        runner.loop = LoopState(stage_key="evaluate", num_epochs=1, loaders={"valid": loader})
+        if criterion is not None:
+            runner.criterion = criterion
         chain = {"loop": LoopCallback(), "averaging": MetricsAveragingCallback()}
-        make_loss = getattr(runner, "loss_callback", None)
-        if make_loss is not None and runner.criterion is not None:
-            chain["criterion"] = make_loss()
+        chain.update({k: cb for k, cb in saved[1].items() if isinstance(cb, HangWatchdog)})  # beats on
+        if runner.loss_callback is not None and runner.criterion is not None:
+            chain["criterion"] = runner.loss_callback()
         runner.set_callbacks(merge_chain(chain, callbacks))
-        runner.stage_key, runner.num_epochs, runner.epoch, runner.loaders = "evaluate", 1, 0, {"valid": loader}
-        runner.global_epoch_step = runner.global_batch_step = runner.global_sample_step = 0
-        runner.epoch_metrics = {}
         runner._run_event("stage", runner._run_epochs, CancelStage)
         return dict(runner.epoch_metrics.get("valid", {}))
     finally:
-        runner.__dict__.clear()
-        runner.__dict__.update(saved)
+        runner.loop, runner.callbacks, runner._handlers, runner.criterion = saved
 
 
 def _to_cpu(obj):

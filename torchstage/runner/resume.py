@@ -5,13 +5,60 @@ after a train batch) resumes in the same epoch and loader: loaders the old run h
 epoch are not run again, and the interrupted loader skips its done batches by index (see
 :mod:`torchstage.resume_sampler`), with the counters, partial metrics and RNG the old run had.
 """
-from torchstage.checkpoint import CheckpointError
-from torchstage.resume_sampler import capture_loader_rng, resume_iterator
+import logging
+import os
 
+from torchstage.callbacks.checkpoint_saver import checkpoint_folders
+from torchstage.checkpoint import CheckpointError, checkpoint_files, load_checkpoint, load_newest_intact
+from torchstage.resume_sampler import capture_loader_rng, resume_iterator
+from torchstage.runner.resume_checks import apply_after_load, check_before_load, report_epochs
+from torchstage.runner.loop_state import ResumePoint
+from torchstage.rng import set_rng_state
+
+logger = logging.getLogger("torchstage")
 _COUNTERS = ("global_epoch_step", "global_batch_step", "global_sample_step")
 
 
-def restore(runner, checkpoint: dict) -> None:
+def checkpoint_to_resume(spec, engine, chains):
+    """``(path, checkpoint)`` to resume from, or None; refuses to overwrite an earlier run's checkpoints.
+
+    ``resume='last'`` looks where the run's checkpoint callbacks write (the latest stage's folder first)
+    and takes ``last.pth``, or, if it is missing or damaged, the newest intact checkpoint there, saying so.
+    """
+    if spec.resume not in (None, "last"):
+        return os.fspath(spec.resume), load_checkpoint(os.fspath(spec.resume))
+    folders = list(dict.fromkeys(f for chain in reversed(chains) for f in checkpoint_folders(chain, spec.logdir)))
+    # The main rank looks before anyone can write, and every rank acts on what it saw: a slower rank
+    # must not find the last.pth that this very run has just written.
+    found = next((f for f in folders if checkpoint_files(f)), None) if engine.is_main else None
+    found = engine.broadcast_object(found)
+    if spec.resume is None:
+        if found is not None and not spec.overwrite:
+            raise FileExistsError(f"logdir {str(spec.logdir)!r} already holds a run ({checkpoint_files(found)[0]}); "
+                                  f"pass resume='last' to continue it, overwrite=True to replace it, or another logdir")
+        return None
+    if not folders:
+        raise ValueError("resume='last' needs a logdir (or a CheckpointCallback with one) to find last.pth in")
+    if found is None:
+        logger.info("resume='last': no checkpoint in %s yet, starting a new run", folders[0])
+        return None
+    checkpoint, choice = None, None
+    if engine.is_main:
+        try:
+            path, checkpoint, skipped = load_newest_intact(found)
+            choice = (path, skipped, None)
+        except CheckpointError as e:
+            choice = (None, [], str(e))
+    path, skipped, error = engine.broadcast_object(choice)
+    if error is not None:
+        raise CheckpointError(error)
+    if skipped and engine.is_main:
+        logger.warning("resume='last': %s; resuming from %s, the newest intact checkpoint",
+                       "; ".join(f"{p} was passed over ({why})" for p, why in skipped), path)
+    return path, checkpoint if checkpoint is not None else load_checkpoint(path)
+
+
+def restore(runner, checkpoint: dict, path: str = "the checkpoint") -> None:
     """Continue where ``checkpoint`` stopped; the next event is the first one the old run did not reach."""
     loop = checkpoint["loop"]
     names = [stage.name for stage in runner.spec.stage_specs]
@@ -20,7 +67,10 @@ def restore(runner, checkpoint: dict) -> None:
                               f"(stages: {names})")
     index = names.index(loop["stage"])
     runner.enter_stage(index)
+    given = check_before_load(runner, checkpoint, path)
     runner.load_state_dict(checkpoint)
+    apply_after_load(runner, given)
+    report_epochs(runner, checkpoint, path)
     for key in _COUNTERS:
         setattr(runner, key, loop[key])
     runner.epoch_metrics = checkpoint.get("metrics", {})
@@ -39,17 +89,17 @@ def restore(runner, checkpoint: dict) -> None:
                               "be resumed exactly")
     runner.epoch = loop["epoch"] - 1  # the loop runs this epoch again...
     runner.global_epoch_step -= 1  # ...and its start counts it again
-    runner.resume_point = {"loader": loader, "batch": loop["loader_batch"], "train_batches_done": loop["batch"],
-                           "loader_sample_step": loop["loader_sample_step"], "metrics": runner.epoch_metrics,
-                           "loader_rng": rng["loader_start"], "rng": rng}
+    runner.resume_point = ResumePoint(loader=loader, batch=loop["loader_batch"], train_batches_done=loop["batch"],
+                                      loader_sample_step=loop["loader_sample_step"], metrics=runner.epoch_metrics,
+                                      loader_rng=rng["loader_start"], rng=rng)
 
 
 def remaining_loaders(runner) -> list:
     """The current epoch's ``(name, loader)`` pairs, less those a resumed epoch had already finished."""
     items = list(runner.loaders.items())
-    point = getattr(runner, "resume_point", None)
+    point = runner.resume_point
     if point is not None:
-        items = items[[name for name, _ in items].index(point["loader"]):]
+        items = items[[name for name, _ in items].index(point.loader):]
     return items
 
 
@@ -59,15 +109,19 @@ def loader_batches(runner):
     Also records in ``runner.loader_start_rng`` the random state the pass starts from, which every
     checkpoint keeps so that a mid-epoch resume replays the same order.
     """
-    point = getattr(runner, "resume_point", None)
-    if point is None or point["loader"] != runner.loader_key:
+    point = runner.resume_point
+    if point is None or point.loader != runner.loader_key:
         runner.loader_start_rng = capture_loader_rng(runner.loader)
         return enumerate(runner.loader, 1)
     runner.resume_point = None
-    runner.loader_start_rng = point["loader_rng"]
-    runner.train_batches_done = point["train_batches_done"]
-    runner.loader_sample_step = point["loader_sample_step"]
-    done = {name: metrics for name, metrics in point["metrics"].items() if name != runner.loader_key}
+    runner.loader_start_rng = point.loader_rng
+    runner.train_batches_done = point.train_batches_done
+    runner.loader_sample_step = point.loader_sample_step
+    done = {name: metrics for name, metrics in point.metrics.items() if name != runner.loader_key}
     runner.epoch_metrics = {**done, runner.loader_key: runner.loader_metrics}
-    batches = resume_iterator(runner.loader, point["batch"], point["loader_rng"], point["rng"])
-    return enumerate(batches, point["batch"] + 1)
+    if point.loader_restored:  # a stateful loader was put back where it was (LoaderStateCallback)
+        batches = iter(runner.loader)
+        set_rng_state(point.rng)
+    else:
+        batches = resume_iterator(runner.loader, point.batch, point.loader_rng, point.rng)
+    return enumerate(batches, point.batch + 1)

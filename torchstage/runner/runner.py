@@ -6,28 +6,61 @@ import torch
 
 from torchstage.callbacks.base import (EVENTS, CallbackScope, CancelBatch, CancelEpoch, CancelLoader, CancelRun,
                                        CancelStage)
+from torchstage.distributed.engine import Engine
 from torchstage.distributed.prefetch import prefetch_to_device
+from torchstage.logdir_lock import LogdirLock
+from torchstage.runner.defaults import default_callbacks
+from torchstage.named import map_named
+from torchstage.runner.catalyst import CatalystAttributes, adopt_catalyst_handle_batch, translate_train_kwargs
+from torchstage.runner.loop_state import LoopState, expose_loop_state
 from torchstage.runner.resume import loader_batches, remaining_loaders
+from torchstage.runner.setup import train_in_world
 from torchstage.runner.spec import TrainSpec, make_spec
+from torchstage.runner.state import load_runner_state_dict, runner_state_dict
 from torchstage.stop_request import RunStopped
 
 logger = logging.getLogger("torchstage")
 
 
-class Runner:
+@expose_loop_state
+class Runner(CatalystAttributes):
     """Drives a run and fires every event through the callback chain.
 
     Subclass and override :meth:`handle_batch` for custom training steps (GANs, multi-model runs);
     :class:`~torchstage.SupervisedRunner` is the ready-made one for ``model(input) -> output`` tasks.
+    The loop's position and counters live in ``runner.loop`` (a :class:`~torchstage.runner.loop_state.LoopState`),
+    each field also readable and writable as an attribute (``runner.epoch``, ``runner.batch_step``...).
+    Catalyst 20.12's ``_handle_batch(batch)`` override and attribute names also work (see
+    :mod:`torchstage.runner.catalyst`).
     """
 
     #: Metric names this runner's handle_batch writes; ``None`` means unknown until the first loader.
     produces = None
+    #: ``train()`` arguments this runner cannot run without (e.g. ``("criterion", "optimizer")``).
+    requires = ()
+    #: A method making the loss callback that ``evaluate_loader`` adds when there is a criterion (None: no loss).
+    loss_callback = None
     #: Autocast dtype of ``train(amp=...)`` (None: full precision) and the fp16 grad scaler, set by setup.
     amp_dtype = scaler = None
 
-    def __init__(self, model=None, engine=None):
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        adopt_catalyst_handle_batch(cls)
+
+    def __init__(self, model=None, engine=None, device=None):
+        if isinstance(engine, (str, torch.device)):  # Catalyst 20.12's Runner(model, device)
+            engine, device = None, engine
+        if device is not None:
+            if engine is not None:
+                raise TypeError("give engine=... or device=..., not both")
+            engine = Engine(device=device)
         self.model, self.engine = model, engine
+        self.loop = LoopState()
+        self.spec = self.criterion = self.optimizer = self.scheduler = None
+        self.valid_loader = self.valid_metric = self.minimize_valid_metric = None
+        self.stage_loaders, self.stage_callbacks = [], []
+        self.exception = self.requeued = None  #: what ended the run; whether SLURM requeued the job
+        self.logdir_lock = None  #: the held lock of the logdir while a run writes it
         self.callbacks = {}
         self._handlers = {event: [] for event in EVENTS}
 
@@ -47,10 +80,25 @@ class Runner:
         self.handle_batch(batch)
         return self.batch
 
-    def predict_loader(self, loader, to_cpu: bool = False):
-        """Yield :meth:`predict_batch` for each batch of ``loader`` (eval mode, no grad; on CPU if ``to_cpu``)."""
+    def predict_loader(self, loader, to_cpu: bool = False, *, model=None, resume=None):
+        """Yield :meth:`predict_batch` for each batch of ``loader`` (eval mode, no grad; on CPU if ``to_cpu``);
+        ``model=``/``resume=`` (a checkpoint path) set the model first."""
         from torchstage.runner.inference import predict_loader
+        if model is not None or resume is not None:
+            from torchstage.runner.export import use_model
+            use_model(self, model, resume, "predict_loader")
         return predict_loader(self, loader, to_cpu=to_cpu)
+
+    def trace(self, *, model=None, batch=None, loader=None, logdir=None, backend: str = "jit", **options):
+        """The model traced through :meth:`predict_batch` on ``batch`` (or ``loader``'s first): TorchScript, or
+        ``backend="export"`` for ``torch.export``; saved under ``logdir/trace/`` (see ``runner/export.py``)."""
+        from torchstage.runner.export import trace
+        return trace(self, model=model, batch=batch, loader=loader, logdir=logdir, backend=backend, **options)
+
+    def infer(self, *, loaders, model=None, callbacks=None, resume=None, **unsupported) -> "Runner":
+        """One pass of ``handle_batch`` and ``callbacks`` over inference ``loaders`` (eval mode, no grad)."""
+        from torchstage.runner.export import infer
+        return infer(self, model=model, loaders=loaders, callbacks=callbacks, resume=resume, **unsupported)
 
     def evaluate_loader(self, loader, callbacks=None, criterion=None) -> dict:
         """The loader metrics of one pass over ``loader`` without training (loss with ``criterion`` or the runner's)."""
@@ -58,19 +106,27 @@ class Runner:
         return evaluate_loader(self, loader, callbacks=callbacks, criterion=criterion)
 
     def get_default_callbacks(self, spec: TrainSpec) -> dict:
-        """Name -> callback for the default chain; users replace one by passing the same name."""
-        from torchstage.runner.defaults import default_callbacks
+        """Name -> callback for the default chain (:mod:`torchstage.runner.defaults`); users replace one by name."""
         return default_callbacks(self, spec)
+
+    def step_callbacks(self, spec: TrainSpec, optimizer_options: dict) -> dict:
+        """Name -> callback of this runner's training step, added to the default chain; none by default (a
+        custom handle_batch steps its own optimizers). ``optimizer_options`` are ``train()``'s
+        ``accumulation_steps``/``grad_clip_norm``/``grad_clip_value``, for an :class:`OptimizerCallback`."""
+        return {}
 
     # ---- entry point ---------------------------------------------------------------------
     def train(self, **kwargs) -> "Runner":
         """Check every argument, then run all stages; see :class:`~torchstage.runner.spec.TrainSpec`."""
-        spec = make_spec(self, kwargs)
-        from torchstage.runner.setup import launch_or_run
-        return launch_or_run(self, spec)
+        return train_in_world(self, make_spec(self, translate_train_kwargs(kwargs)))
 
     def run(self) -> "Runner":
-        """Run the prepared experiment; fires ``on_exception`` (then re-raises) if anything fails."""
+        """Run the prepared experiment; fires ``on_exception`` (then re-raises) if anything fails.
+
+        With a logdir, the main rank holds its lock (one writer per logdir) from here until the run ends.
+        """
+        if self.spec is not None and self.spec.logdir is not None:
+            self.logdir_lock = LogdirLock.on_main_rank(self.spec.logdir, self.engine, take=True)
         try:
             self._run_event("experiment", self._run_stages, CancelRun)
         except BaseException as exc:
@@ -81,7 +137,11 @@ class Runner:
                 except Exception:
                     logger.exception("callback failed while handling an exception")
             raise
-        if getattr(self, "stop_request", None) is not None:
+        finally:
+            if self.logdir_lock is not None:
+                self.logdir_lock.release()
+                self.logdir_lock = None
+        if self.stop_request is not None:
             raise RunStopped(self.stop_request)  # a graceful stop: checkpoint written, exit code set
         return self
 
@@ -120,9 +180,9 @@ class Runner:
         to_device = engine.to_device if engine.moves_batches else None
         for self.batch_step, batch in batches:
             self.batch = to_device(batch) if to_device else batch
-            self._run_event("batch", self._handle_batch, CancelBatch)
+            self._run_event("batch", self._batch_body, CancelBatch)
 
-    def _handle_batch(self) -> None:
+    def _batch_body(self) -> None:
         self.handle_batch(self.batch)
 
     # ---- stages and the chain --------------------------------------------------------------
@@ -147,28 +207,20 @@ class Runner:
 
     def state_dict(self) -> dict:
         """The whole run as a checkpoint dict (models, optimizers, loop position, RNG...)."""
-        from torchstage.runner.state import runner_state_dict
         return runner_state_dict(self)
 
     def load_state_dict(self, checkpoint: dict, weights_only: bool = False) -> None:
         """Restore a checkpoint: weights always; optimizers, loop position and RNG unless weights_only."""
-        from torchstage.runner.state import load_runner_state_dict
         load_runner_state_dict(self, checkpoint, weights_only=weights_only)
 
     def loop_position(self) -> dict:
         """Where the run stands: stage, completed epochs, batches done in this epoch, global counters."""
-        return {"stage": self.stage_key, "stage_index": self.stage_index, "epoch": self.epoch,
-                "epoch_done": self.epoch_done, "batch": self.train_batches_done,
-                "loader": getattr(self, "loader_key", None), "loader_batch": getattr(self, "batch_step", 0),
-                "loader_sample_step": getattr(self, "loader_sample_step", 0),
-                "global_epoch_step": self.global_epoch_step, "global_batch_step": self.global_batch_step,
-                "global_sample_step": self.global_sample_step}
+        return self.loop.position()
 
     @property
     def unwrapped_model(self):
         """The model (or dict of models) without DDP/compile wrappers."""
-        unwrap = self.engine.unwrap
-        return {k: unwrap(m) for k, m in self.model.items()} if isinstance(self.model, dict) else unwrap(self.model)
+        return map_named(self.engine.unwrap, self.model)
 
 
 _NO_AUTOCAST = contextlib.nullcontext()

@@ -1,30 +1,41 @@
 """Turning a checked spec into a ready runner: engine, seed, logdir, models, loaders, chains, resume."""
 import logging
-import os
 
 import torch
 
+from torchstage.callbacks.watchdog import process_group_timeout
 from torchstage.distributed.engine import Engine
+from torchstage.distributed.loaders import distribute_loaders
+from torchstage.distributed.world import current_engine, in_world, run_in_world
+from torchstage.logdir_lock import LogdirLock
+from torchstage.named import each, map_named, named
 from torchstage.rng import set_seed
 from torchstage.runner.amp import setup_amp
-from torchstage.runner.chain import describe_chain, merge_chain
+from torchstage.runner.chain import describe_chain
 from torchstage.runner.dataset_loaders import build_loaders
 from torchstage.runner.spec import check_valid_loader
-from torchstage.runner.features import check_feature_chain, compile_models
+from torchstage.runner.features import compile_models
+from torchstage.runner.loop_state import LoopState
+from torchstage.runner.resume import checkpoint_to_resume, restore
 
 logger = logging.getLogger("torchstage")
 
 
-def launch_or_run(runner, spec):
-    """Run here, or as one rank of a world: given (``distributed=True``), already joined, or started by
-    torchrun/srun as one of several processes (``distributed=None``, the default)."""
-    from torchstage.distributed.env import launched_into_world
-    from torchstage.distributed.world import in_world
-    if spec.distributed or in_world() or (spec.distributed is None and launched_into_world()):
-        from torchstage.runner.distributed import train_distributed
-        return train_distributed(runner, spec)
-    prepare(runner, spec)
-    return runner.run()
+def train_in_world(runner, spec):
+    """Train as this process's rank of its world (joined or launched first, see ``run_in_world``); the runner."""
+    return run_in_world(lambda: _train_here(runner, spec), spec.distributed, spec.nprocs,
+                        timeout=process_group_timeout(spec.hang_timeout))
+
+
+def _train_here(runner, spec):
+    """Prepare with this rank's engine, run with the models the strategy wrapped, leave the plain models behind."""
+    prepare(runner, spec, current_engine(spec.strategy) if in_world() else None)
+    model = runner.model
+    runner.model = _wrap_models(runner)
+    try:
+        return runner.run()
+    finally:
+        runner.model = model
 
 
 def prepare(runner, spec, engine: Engine = None) -> None:
@@ -33,9 +44,9 @@ def prepare(runner, spec, engine: Engine = None) -> None:
     ensure_console_handler()
     runner.spec = spec
     runner.engine = engine or runner.engine or Engine()
+    runner.engine.strategy = spec.strategy
     runner.engine.channels_last, runner.engine.prefetch = bool(spec.channels_last), bool(spec.prefetch)
     set_seed(spec.seed + runner.engine.rank, spec.deterministic)
-    checkpoint = _resume_checkpoint(spec, runner.engine)
     runner.model = spec.model
     setup_amp(runner, spec.amp)
     for stage in spec.stage_specs:
@@ -43,43 +54,49 @@ def prepare(runner, spec, engine: Engine = None) -> None:
             stage.criterion.to(runner.engine.device)
     _place_models(runner)
     compile_models(runner, spec.compile)
-    runner.stage_loaders = _stage_loaders(spec, runner.engine)
+    runner.stage_loaders = stage_loaders(spec, runner.engine)
     for stage, loaders in zip(spec.stage_specs, runner.stage_loaders):
         check_valid_loader(stage, loaders)
-    defaults = runner.get_default_callbacks(spec)
-    runner.stage_callbacks = [  # defaults, then train-level, then the stage's own callbacks, by name
-        merge_chain(defaults, spec.callbacks, stage.callbacks if stage.callbacks is not spec.callbacks else None)
-        for stage in spec.stage_specs]
+    runner.stage_callbacks = spec.stage_chains
     for stage, chain in zip(spec.stage_specs, runner.stage_callbacks):
         _check_valid_metric(runner, stage, chain)
-    check_feature_chain(spec, runner.stage_callbacks)
-    runner.stage_index, runner.epoch_done, runner.train_batches_done = 0, True, 0
-    runner.global_epoch_step = runner.global_batch_step = runner.global_sample_step = 0
-    runner.epoch_metrics, runner.loader_metrics, runner.batch_metrics = {}, {}, {}
-    runner.resume_point = runner.stop_request = runner.loader_start_rng = None
+    runner.loop = LoopState()
     runner.enter_stage(0)
-    if checkpoint is not None:
-        from torchstage.runner.resume import restore
-        restore(runner, checkpoint)
-    if runner.engine.is_main:
+    if spec.logdir is not None:  # another run writing there is named first; run() takes the lock
+        LogdirLock.on_main_rank(spec.logdir, runner.engine, take=False)
+    found = checkpoint_to_resume(spec, runner.engine, runner.stage_callbacks)
+    if found is not None:
+        _log_resume(*found, runner.engine)
+        restore(runner, found[1], path=found[0])
+    if runner.engine.is_main and spec.verbose:
         logger.info("callbacks of stage %r:\n%s", runner.stage_key, describe_chain(runner.callbacks))
 
 
-def _stage_loaders(spec, engine) -> list:
-    """Each stage's loaders; stages sharing one ``datasets`` dict share its loaders (a factory runs once)."""
+def stage_loaders(spec, engine) -> list:
+    """Each stage's loaders for this engine: user loaders sharded across ranks, ``datasets`` built here.
+
+    Stages sharing one ``loaders`` or ``datasets`` dict share its loaders (a ``get_datasets_fn`` runs once).
+    """
     built = {}
     for stage in spec.stage_specs:
-        if stage.loaders is None and id(stage.datasets) not in built:
-            built[id(stage.datasets)] = build_loaders(stage.datasets, engine, seed=spec.seed)
-    return [stage.loaders if stage.loaders is not None else built[id(stage.datasets)] for stage in spec.stage_specs]
+        source = stage.loaders if stage.loaders is not None else stage.datasets
+        if id(source) not in built:
+            built[id(source)] = (distribute_loaders(stage.loaders, engine, spec.seed) if stage.loaders is not None
+                                 else build_loaders(stage.datasets, engine, seed=spec.seed))
+    return [built[id(stage.loaders if stage.loaders is not None else stage.datasets)] for stage in spec.stage_specs]
 
 
 def _place_models(runner) -> None:
-    prepare_model = runner.engine.prepare_model
-    if isinstance(runner.model, dict):
-        runner.model = {k: prepare_model(m) for k, m in runner.model.items()}
-    else:
-        runner.model = prepare_model(runner.model)
+    engine = runner.engine
+    runner.model = map_named(lambda m: engine.strategy.place(m, engine), runner.model)
+
+
+def _wrap_models(runner):
+    """The models as the strategy trains them (rebinding the run's optimizers if it replaces parameters)."""
+    models = named(runner.model, "model")
+    optimizers = {id(o): o for stage in runner.spec.stage_specs for o in each(stage.optimizer)}
+    wrapped = runner.engine.strategy.wrap_models(models, runner.engine, list(optimizers.values()), runner.amp_dtype)
+    return wrapped if isinstance(runner.model, dict) else wrapped["model"]
 
 
 def _check_valid_metric(runner, stage, chain) -> None:
@@ -92,23 +109,9 @@ def _check_valid_metric(runner, stage, chain) -> None:
                          f"produces {sorted(produced)}. Add a metric callback that writes it, or pick one of those")
 
 
-def _resume_checkpoint(spec, engine):
-    """The checkpoint to resume from, or None; refuses to overwrite an earlier run's checkpoints."""
-    from torchstage.checkpoint import load_checkpoint
-    last = os.path.join(spec.logdir, "checkpoints", "last.pth") if spec.logdir is not None else None
-    # The main rank looks before anyone can write, and every rank acts on what it saw: a slower rank
-    # must not find the last.pth that this very run has just written.
-    last_exists = engine.broadcast_object(last is not None and os.path.exists(last))
-    if spec.resume is None:
-        if last_exists and not spec.overwrite:
-            raise FileExistsError(f"logdir {str(spec.logdir)!r} already holds a run ({last}); pass resume='last' to "
-                                  f"continue it, overwrite=True to replace it, or another logdir")
-        return None
-    if spec.resume == "last":
-        if last is None:
-            raise ValueError("resume='last' needs a logdir to find checkpoints/last.pth in")
-        if not last_exists:
-            logger.info("resume='last': no checkpoint in %s yet, starting a new run", spec.logdir)
-            return None
-        return load_checkpoint(last)
-    return load_checkpoint(os.fspath(spec.resume))
+def _log_resume(path: str, checkpoint: dict, engine) -> None:
+    """Say, on the main rank, which checkpoint the run goes on from and where in the loop."""
+    loop = checkpoint.get("loop", {})
+    if engine.is_main:
+        logger.info("resuming from %s at stage %r, epoch %s, batch %s%s", path, loop.get("stage"), loop.get("epoch"),
+                    loop.get("batch"), " (epoch complete)" if loop.get("epoch_done") else "")

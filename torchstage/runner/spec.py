@@ -1,5 +1,6 @@
 """The arguments of ``Runner.train`` as a checked spec: every user error is raised here, before training."""
 import dataclasses
+import difflib
 import inspect
 import os
 from collections.abc import Mapping
@@ -9,6 +10,11 @@ from typing import Any, Optional
 import torch
 
 from torchstage.callbacks.base import Callback
+from torchstage.distributed.strategies.resolve import resolve_strategy
+from torchstage.runner.component_checks import check_components, check_logdir, check_resume
+from torchstage.runner.defaults import stage_chains
+from torchstage.runner.features import check_switches
+from torchstage.runner.errors import RunnerException
 
 
 @dataclass
@@ -28,6 +34,8 @@ class StageSpec:
     minimize_valid_metric: bool = True
 
 
+#: ``check=True`` with a logdir writes to ``logdir/check``, so the real run on that logdir starts clean.
+CHECK_FOLDER = "check"
 #: What a stage may set (each inherited from the top-level train() arguments when omitted).
 STAGE_KEYS = tuple(f.name for f in dataclasses.fields(StageSpec) if f.name != "name")
 
@@ -57,7 +65,7 @@ class TrainSpec:
     scheduler_step: str = "epoch"
     distributed: Optional[bool] = None
     nprocs: Optional[int] = None
-    strategy: str = "ddp"
+    strategy: Any = "ddp"  # a name or a strategy object; a strategy object once checked
     amp: Any = None
     accumulation_steps: int = 1
     grad_clip_norm: Optional[float] = None
@@ -66,6 +74,7 @@ class TrainSpec:
     check: bool = False
     overfit: Any = False
     timeit: bool = False
+    monitor: bool = False
     valid_every: int = 1
     valid_period: Any = None
     log_period: Any = None
@@ -75,35 +84,54 @@ class TrainSpec:
     topk: int = 1
     load_best_on_end: bool = False
     requeue: Optional[bool] = None
-    stage_specs: list = field(default_factory=list, repr=False)
+    resume_lr: str = "refuse"
+    hang_timeout: Optional[float] = 300
+    stage_specs: list = field(default_factory=list, init=False, repr=False)
+    #: Each stage's callback chain (:func:`~torchstage.runner.defaults.stage_chains`), built by make_spec.
+    stage_chains: list = field(default_factory=list, init=False, repr=False)
+    #: The YAML of a config run, saved to ``logdir/config.yml`` by the default chain.
+    config_text: Optional[str] = field(default=None, init=False, repr=False)
 
 
-def make_spec(runner, kwargs: dict) -> TrainSpec:
-    """Validate ``train`` keyword arguments and resolve stages; raise ValueError/TypeError naming the argument."""
-    names = [f.name for f in dataclasses.fields(TrainSpec) if f.name != "stage_specs"]
+def train_arguments() -> list:
+    """The names ``train()`` accepts, in signature order."""
+    return [f.name for f in dataclasses.fields(TrainSpec) if f.init]
+
+
+def make_spec(runner, kwargs: dict, config_text: str = None) -> TrainSpec:
+    """Validate ``train`` keyword arguments, resolve stages and build their callback chains (which check the
+    arguments they are given); raise ValueError/TypeError naming the argument."""
+    names = train_arguments()
     unknown = sorted(set(kwargs) - set(names))
     if unknown:
-        raise TypeError(f"train() got unknown argument(s) {unknown}; accepted: {', '.join(names)}")
+        close = {name: difflib.get_close_matches(name, names, n=1) for name in unknown}
+        hint = "".join(f"; did you mean {c[0]!r} for {name!r}?" for name, c in close.items() if c)
+        raise TypeError(f"train() got unknown argument(s) {unknown}; accepted: {', '.join(names)}{hint}")
     spec = TrainSpec(**kwargs)
     _check_model(spec.model)
     _check_type("seed", spec.seed, int)
     if spec.logdir is not None and not isinstance(spec.logdir, (str, os.PathLike)):
         raise TypeError(f"logdir must be a path (str or os.PathLike), got {type(spec.logdir).__name__}")
+    check_logdir(spec.logdir)
     if spec.distributed not in (None, True, False):
         raise TypeError(f"distributed must be None (join a torchrun/SLURM world if started in one), True "
                         f"(also launch one process per device) or False (one process), got {spec.distributed!r}")
-    if spec.scheduler_step not in ("epoch", "batch"):
-        raise ValueError(f"scheduler_step must be 'epoch' or 'batch', got {spec.scheduler_step!r}")
-    if spec.strategy not in ("ddp", "fsdp"):
-        raise ValueError(f"strategy must be 'ddp' or 'fsdp', got {spec.strategy!r}")
-    from torchstage.runner.features import check_feature_args
-    check_feature_args(spec)
-    _check_checkpointing(spec)
+    spec.strategy = resolve_strategy(spec.strategy)
+    check_switches(spec)
+    if spec.check and spec.logdir is not None:  # a smoke run writes to a scratch folder, never the real run's
+        spec.logdir, spec.overwrite = os.path.join(os.fspath(spec.logdir), CHECK_FOLDER), True
+    if spec.resume_lr not in ("refuse", "new", "checkpoint"):
+        raise ValueError(f"resume_lr must be 'refuse' (a learning rate that differs from the checkpoint's fails), "
+                         f"'new' (use the one given now) or 'checkpoint' (keep the saved one), got {spec.resume_lr!r}")
     from torchstage.distributed.slurm_requeue import check_requeue_arg
     spec.resume = check_requeue_arg(spec.requeue, spec.resume)
+    check_resume(spec.resume, spec.logdir)
     spec.stage_specs = _resolve_stages(spec)
     for stage in spec.stage_specs:
         _check_stage(runner, stage)
+        check_components(stage, spec.model, spec.scheduler_step)
+    spec.config_text = config_text
+    spec.stage_chains = stage_chains(runner, spec)
     return spec
 
 
@@ -147,7 +175,7 @@ def _check_stage(runner, stage: StageSpec) -> None:
         names = dataset_loader_names(stage.datasets, prefix)
     if names is not None:  # None: a get_datasets_fn, checked once it has run (still before training)
         check_valid_loader(stage, names)
-    if getattr(runner, "requires", None):
+    if runner.requires:
         for name in runner.requires:
             if getattr(stage, name) is None:
                 raise ValueError(f"{prefix}{type(runner).__name__} needs {name}=...; got {name}=None")
@@ -185,7 +213,7 @@ def _check_loaders(loaders, prefix: str) -> list:
         except TypeError:
             continue
         if size == 0:
-            raise ValueError(f"{prefix}loaders[{name!r}] is empty (len 0): it would yield no batch")
+            raise RunnerException(f"{prefix}loaders[{name!r}] is empty (len 0): it would yield no batch")
     return list(loaders)
 
 
@@ -198,16 +226,6 @@ def _check_model(model) -> None:
             raise TypeError(f"model must be a torch.nn.Module or a dict of them, got {type(m).__name__}")
 
 
-def _check_checkpointing(spec: TrainSpec) -> None:
-    from torchstage.periods import Epoch, as_periods
-    spec.checkpoint_period = as_periods(Epoch(1) if spec.checkpoint_period is None else spec.checkpoint_period,
-                                        "checkpoint_period")
-    if isinstance(spec.topk, bool) or not isinstance(spec.topk, int) or spec.topk < 0:
-        raise ValueError(f"topk must be an integer >= 0 (how many epoch-NNNN.pth to keep), got {spec.topk!r}")
-    if spec.load_best_on_end and spec.logdir is None:
-        raise ValueError("load_best_on_end=True needs a logdir to write best.pth in; pass logdir=...")
-
-
 def _check_type(name, value, kind) -> None:
     if isinstance(value, bool) or not isinstance(value, kind):
         raise TypeError(f"{name} must be {kind.__name__}, got {value!r}")
@@ -217,6 +235,6 @@ def train_signature() -> inspect.Signature:
     """The keyword-only signature of ``Runner.train``, so ``help()`` and IDEs list every argument."""
     params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
     for f in dataclasses.fields(TrainSpec):
-        if f.name != "stage_specs":
+        if f.init:
             params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default))
     return inspect.Signature(params)

@@ -1,67 +1,75 @@
 """The runner <-> checkpoint mapping: what a run is made of, as one dict of tensors and plain values."""
+import logging
 import time
 
 import torch
 
 from torchstage.checkpoint import FORMAT, CheckpointError, clean_state_dict
+from torchstage.named import named
 from torchstage.rng import get_rng_state, set_rng_state
 
+logger = logging.getLogger("torchstage")
 HPARAMS = ("num_epochs", "valid_loader", "valid_metric", "minimize_valid_metric", "seed", "deterministic",
            "logdir", "scheduler_step", "checkpoint_period", "topk", "load_best_on_end")
-
-
-def named(obj, default_name: str) -> dict:
-    """A dict of name -> object for a single object or a dict of them (None gives {})."""
-    if obj is None:
-        return {}
-    return dict(obj) if isinstance(obj, dict) else {default_name: obj}
 
 
 def runner_state_dict(runner) -> dict:
     """Every part of the run needed to resume it exactly; collective under several processes."""
     from torchstage import __version__
-    spec = runner.spec
-    scaler = getattr(runner, "scaler", None)
+    spec, strategy = runner.spec, runner.engine.strategy
+    scaler = runner.scaler
+    models = named(runner.unwrapped_model, "model")
     return {
         "format": FORMAT,
-        "models": {k: m.state_dict() for k, m in named(runner.unwrapped_model, "model").items()},
-        "optimizers": {k: o.state_dict() for k, o in named(runner.optimizer, "optimizer").items()},
+        "models": {k: strategy.model_state_dict(m) for k, m in models.items()},
+        "optimizers": {k: strategy.optimizer_state_dict(o, models)
+                       for k, o in named(runner.optimizer, "optimizer").items()},
         "schedulers": {k: s.state_dict() for k, s in named(runner.scheduler, "scheduler").items()},
         "scaler": scaler.state_dict() if scaler is not None else {},
         "callbacks": _callback_states(runner),
         "loop": runner.loop_position(),
-        "rng": runner.engine.all_gather_object({**get_rng_state(), **_loader_start(runner)}),
+        "rng": runner.engine.all_gather_object({**get_rng_state(), **_loader_start(runner.loader_start_rng)}),
         "metrics": {loader: dict(values) for loader, values in runner.epoch_metrics.items()},
         "meta": {"torchstage": __version__, "torch": str(torch.__version__), "world_size": runner.engine.world_size,
                  "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "stage_names": [s.name for s in spec.stage_specs],
+                 "stage_epochs": [s.num_epochs for s in spec.stage_specs],
                  "hparams": {k: _plain(getattr(spec, k)) for k in HPARAMS}},
     }
 
 
 def load_runner_state_dict(runner, checkpoint: dict, weights_only: bool = False) -> None:
     """Put a checkpoint's weights (and unless ``weights_only`` everything else) into the runner."""
-    models = named(runner.unwrapped_model, "model")
-    _load_named("model", models, checkpoint["models"], lambda m, s: m.load_state_dict(clean_state_dict(s)))
+    strategy, models = runner.engine.strategy, named(runner.unwrapped_model, "model")
+    _load_named("model", models, checkpoint["models"],
+                lambda m, s: strategy.load_model_state_dict(m, clean_state_dict(s)))
     if weights_only:
         return
+    rng, world_size = checkpoint["rng"], runner.engine.world_size
+    same_world = len(rng) == world_size
+    if not same_world and not checkpoint["loop"]["epoch_done"]:
+        raise CheckpointError(f"checkpoint was written mid-epoch by {len(rng)} process(es); resume it with the same "
+                              f"number, not {world_size}, or resume from an end-of-epoch checkpoint (each rank's "
+                              f"data shard and random state belong to the world that wrote it)")
     _load_named("optimizer", named(runner.optimizer, "optimizer"), checkpoint["optimizers"],
-                lambda o, s: o.load_state_dict(s))
+                lambda o, s: strategy.load_optimizer_state_dict(o, models, s))
     _load_named("scheduler", named(runner.scheduler, "scheduler"), checkpoint["schedulers"],
                 lambda o, s: o.load_state_dict(s))
-    scaler = getattr(runner, "scaler", None)
+    scaler = runner.scaler
     if scaler is not None and checkpoint.get("scaler"):
         scaler.load_state_dict(checkpoint["scaler"])
     for name, state in checkpoint.get("callbacks", {}).items():
         if name in runner.callbacks:
-            if getattr(runner.callbacks[name], "state_per_rank", False):
-                state = state["per_rank"][runner.engine.rank] if "per_rank" in state else {}
+            if runner.callbacks[name].state_per_rank:
+                state = state["per_rank"][runner.engine.rank] if "per_rank" in state and same_world else {}
             if state:
                 runner.callbacks[name].load_state_dict(state)
-    rng = checkpoint["rng"]
-    if len(rng) != runner.engine.world_size:
-        raise CheckpointError(f"checkpoint was written by {len(rng)} process(es); resume it with the same "
-                              f"number, not {runner.engine.world_size}")
-    set_rng_state(rng[runner.engine.rank])
+    if same_world:
+        set_rng_state(rng[runner.engine.rank])
+    elif runner.engine.is_main:
+        logger.warning("checkpoint written by %d process(es), resumed by %d: weights, optimizer, scheduler, callbacks "
+                       "and loop position are restored; random streams and data shards start anew for this world "
+                       "size, so the run continues but is not bitwise the one the old world would have run",
+                       len(rng), world_size)
 
 
 def _load_named(kind: str, targets: dict, states: dict, load) -> None:
@@ -77,7 +85,7 @@ def _callback_states(runner) -> dict:
     states = {}
     for name, callback in runner.callbacks.items():
         state = callback.state_dict()
-        if getattr(callback, "state_per_rank", False):
+        if callback.state_per_rank:
             gathered = runner.engine.all_gather_object(state)
             state = {"per_rank": gathered} if any(gathered) else {}
         if state:
@@ -85,9 +93,8 @@ def _callback_states(runner) -> dict:
     return states
 
 
-def _loader_start(runner) -> dict:
+def _loader_start(state) -> dict:
     """The random state the current loader pass started from, so a mid-epoch resume replays its order."""
-    state = getattr(runner, "loader_start_rng", None)
     return {} if state is None else {"loader_start": state}
 
 

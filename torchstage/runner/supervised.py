@@ -3,7 +3,7 @@ import torch
 
 from torchstage.callbacks.optimizer import OptimizerCallback
 from torchstage.callbacks.output_losses import OutputLossesCallback, as_terms
-from torchstage.runner.features import optimizer_options
+from torchstage.runner.catalyst import catalyst_target_key
 from torchstage.runner.runner import Runner
 
 
@@ -19,21 +19,22 @@ class SupervisedRunner(Runner):
     produces = ()
 
     def __init__(self, model=None, engine=None, input_key="features", output_key="logits",
-                 target_key="targets", loss_key="loss"):
-        super().__init__(model=model, engine=engine)
+                 target_key="targets", loss_key="loss", device=None, input_target_key=None):
+        super().__init__(model=model, engine=engine, device=device)
+        if input_target_key is not None:  # Catalyst 20.12's name
+            target_key = catalyst_target_key(target_key, input_target_key)
         self.input_key, self.output_key = input_key, output_key
         self.target_key, self.loss_key = target_key, loss_key
 
-    def get_default_callbacks(self, spec) -> dict:
-        chain = super().get_default_callbacks(spec)
+    def step_callbacks(self, spec, optimizer_options: dict) -> dict:
+        """The loss (one term per name of a dict criterion), then backward and optimizer step."""
         names = {}
         for stage in spec.stage_specs:
             if isinstance(stage.criterion, dict):
                 where = "criterion" if stage.name == "main" else f"stages[{stage.name!r}]['criterion']"
                 names.update(as_terms(stage.criterion, where))
-        chain["criterion"] = self.loss_callback(names=list(names))
-        chain["optimizer"] = OptimizerCallback(metric_key=self.loss_key, **optimizer_options(spec))
-        return chain
+        return {"criterion": self.loss_callback(names=list(names)),
+                "optimizer": OptimizerCallback(metric_key=self.loss_key, **optimizer_options)}
 
     def loss_callback(self, names=()) -> OutputLossesCallback:
         """The callback computing ``loss`` (one term per name for a dict criterion), for train and evaluate."""

@@ -1,0 +1,73 @@
+"""Output/target mismatches are reported at the first batch, naming both shapes and dtypes and a correct fix."""
+import logging
+import warnings
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from torchstage import Callback, SupervisedRunner
+
+
+class Batches(Callback):
+    def __init__(self):
+        self.started = 0
+
+    def on_batch_start(self, runner):
+        self.started += 1
+
+
+def run(model, criterion, x, y, **kwargs):
+    loader = DataLoader(TensorDataset(x, y), batch_size=8)
+    batches = Batches()
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(ValueError) as err:
+        SupervisedRunner().train(model=model, criterion=criterion, loaders={"train": loader, "valid": loader},
+                                 optimizer=torch.optim.SGD(model.parameters(), lr=0.1), callbacks=[batches], **kwargs)
+    assert batches.started == 1  # raised at the first batch
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # before any step
+    return str(err.value)
+
+
+def test_fewer_class_scores_than_classes():
+    x, y = torch.randn(32, 4), torch.arange(32) * 3 % 10  # the first batch holds class 9
+    message = run(torch.nn.Linear(4, 7), torch.nn.CrossEntropyLoss(), x, y)
+    assert message == ("CrossEntropyLoss compares model output 'logits' of shape [8, 7] (float32) with target 'targets' "
+                       "of shape [8] (int64): the target holds class 9 but the model gives 7 scores per sample "
+                       "(classes 0..6); make the model output at least 10 (e.g. its last layer nn.Linear(..., 10))")
+
+
+def test_shapes_that_do_not_broadcast_are_not_called_broadcast():
+    x, y = torch.randn(32, 4), torch.randn(32)
+    message = run(torch.nn.Linear(4, 3), torch.nn.MSELoss(), x, y)
+    assert message.startswith("MSELoss compares model output 'logits' of shape [8, 3] (float32) with target 'targets' "
+                              "of shape [8] (float32): the shapes do not broadcast; the model gives 3 value(s) per "
+                              "sample and the target has 1: make the model output 1 per sample")
+    assert "or give targets of shape [8, 3]" in message
+
+
+@pytest.mark.parametrize("criterion, y, words", [
+    (torch.nn.CrossEntropyLoss(), torch.rand(32), "for class indices pass integer targets (targets.long())"),
+    (torch.nn.CrossEntropyLoss(), torch.zeros(32, 1, dtype=torch.long), "class-index targets need shape [8]"),
+    (torch.nn.BCEWithLogitsLoss(), torch.rand(32), "it needs both of one shape; reshape one of them "
+                                                   "(e.g. targets.view(8, 1))"),
+    (torch.nn.MSELoss(), torch.zeros(32, 1, dtype=torch.long), "it needs float targets"),
+])
+def test_other_mismatches(criterion, y, words):
+    model = torch.nn.Linear(4, 1)
+    assert words in run(model, criterion, torch.randn(32, 4), y)
+
+
+def test_broadcasting_shapes_warn_once_and_torch_does_not_repeat_it(caplog):
+    x, y = torch.randn(32, 4), torch.randn(32)
+    model = torch.nn.Linear(4, 1)
+    loader = DataLoader(TensorDataset(x, y), batch_size=8)
+    with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.WARNING, logger="torchstage"):
+        warnings.simplefilter("always")
+        SupervisedRunner().train(model=model, criterion=torch.nn.MSELoss(), loaders={"train": loader, "valid": loader},
+                                 optimizer=torch.optim.SGD(model.parameters(), lr=0.1), num_epochs=2)
+    shape_warnings = [r.getMessage() for r in caplog.records if "broadcast" in r.getMessage()]
+    assert shape_warnings == ["MSELoss compares model output 'logits' of shape [8, 1] (float32) with target "
+                              "'targets' of shape [8] (float32): they broadcast to [8, 8], so every output is compared "
+                              "with every target. Reshape one of them (e.g. targets.view(8, 1)) unless this is intended."]
+    assert not [w for w in caught if "target size" in str(w.message)]

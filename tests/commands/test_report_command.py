@@ -1,0 +1,75 @@
+"""``torchstage report`` from real 1- and 2-process runs of scripts/observability.py: the table equals the logs."""
+import csv
+import json
+import os
+
+import pytest
+
+from tests.distributed.multiproc import ROOT, run
+from torchstage.cli import main
+
+SCRIPT = ROOT / "scripts" / "observability.py"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    base = tmp_path_factory.mktemp("scaling")
+    for nproc in (1, 2):
+        result = run([SCRIPT, base / f"ws{nproc}", "--nproc", nproc, "--epochs", 2], nproc=nproc, timeout=400)
+        assert result.returncode == 0, result.stdout + result.stderr
+    return base
+
+
+def rows_of(path):
+    return list(csv.DictReader(open(path)))
+
+
+def expected(logdir):
+    """Epoch 2 (epoch 1 is warm-up and left out): epoch time over both loaders, train throughput and data wait."""
+    train = [r for r in rows_of(logdir / "logs" / "train.csv") if r["global_epoch"] == "2"][0]
+    valid = [r for r in rows_of(logdir / "logs" / "valid.csv") if r["global_epoch"] == "2"][0]
+    return {"epoch_time": float(train["time_s"]) + float(valid["time_s"]),
+            "throughput": float(train["samples_per_s"]), "data_wait": float(train["data_wait"])}
+
+
+def test_table_matches_the_logs(runs, tmp_path, capsys):
+    out = tmp_path / "report"
+    assert main(["report", str(runs / "ws2"), str(runs / "ws1"), "-o", str(out)]) == 0
+    assert capsys.readouterr().out == f"wrote {out / 'report.md'}\nwrote {out / 'report.png'}\n"
+    lines = [line for line in (out / "report.md").read_text().splitlines() if line.startswith("| ")]
+    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    table = [dict(zip(header, (cell.strip() for cell in line.strip("|").split("|")))) for line in lines[1:]]
+    assert [row["world size"] for row in table] == ["1", "2"]
+    one, two = expected(runs / "ws1"), expected(runs / "ws2")
+    for row, figures in zip(table, (one, two)):
+        assert float(row["epoch time (s)"]) == pytest.approx(figures["epoch_time"], abs=5e-4)
+        assert float(row["train samples/s"]) == pytest.approx(figures["throughput"], abs=0.05)
+        assert float(row["data wait"].rstrip("%")) == pytest.approx(100 * figures["data_wait"], abs=0.05)
+        assert row["epochs averaged"] == "1"
+    speedup = one["epoch_time"] / two["epoch_time"]
+    assert float(table[1]["speedup"]) == pytest.approx(speedup, abs=5e-3)
+    assert float(table[1]["efficiency"].rstrip("%")) == pytest.approx(100 * speedup / 2, abs=0.5)
+    assert (table[0]["speedup"], table[0]["efficiency"]) == ("1.00", "100%")
+    from matplotlib.image import imread
+    assert imread(out / "report.png").shape[:2] == (700, 1300)
+
+
+def test_the_example_writes_every_view(runs):
+    logdir = runs / "ws2"
+    assert json.load(open(logdir / "logs" / "hparams.json"))["world_size"] == 2
+    assert (logdir / "model_summary.txt").read_text().startswith("model:\n")
+    for rank in (0, 1):
+        traces = [n for n in os.listdir(logdir / "profiler" / f"rank-{rank}") if n.endswith(".pt.trace.json")]
+        assert len(traces) == 1
+    from mlflow import MlflowClient
+    client = MlflowClient(tracking_uri=f"sqlite:///{logdir}/mlflow.db")
+    (only,) = client.search_runs([client.get_experiment_by_name("observability").experiment_id])
+    assert only.info.run_name == "ws2" and only.data.tags["world_size"] == "2"
+    assert {a.path for a in client.list_artifacts(only.info.run_id, "profiler")} >= {"profiler/top_ops.txt"}
+
+
+def test_a_run_without_monitor_figures_exits_1(tmp_path, capsys):
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "train.csv").write_text("stage,epoch,global_epoch,loss\nmain,1,1,0.5\n")
+    assert main(["report", str(tmp_path), "-o", str(tmp_path / "out")]) == 1
+    assert "has no throughput figures in logs/train.csv; run it with train(monitor=True)" in capsys.readouterr().err

@@ -1,0 +1,117 @@
+"""Mistakes that used to train silently (or fail late) are refused before the first batch, saying the fix."""
+import pytest
+import torch
+
+from tests.conftest import regression_loaders
+from torchstage import Callback, SupervisedRunner
+
+
+class NoBatch(Callback):
+    def on_batch_start(self, runner):
+        raise AssertionError("a batch ran")
+
+
+def train(**overrides):
+    model = overrides.pop("model", None) or torch.nn.Linear(4, 1)
+    kwargs = dict(model=model, criterion=torch.nn.MSELoss(), optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                  loaders=regression_loaders(), num_epochs=1, callbacks=[NoBatch()])
+    kwargs.update(overrides)
+    return SupervisedRunner().train(**kwargs)
+
+
+def test_optimizer_on_another_models_parameters():
+    other = torch.nn.Linear(4, 1)
+    with pytest.raises(ValueError, match=r"optimizer \(SGD\) holds 2 tensor\(s\), none of them a parameter of the "
+                                         r"model, so training would change nothing; build it on this model: "
+                                         r"SGD\(model.parameters\(\), ...\)"):
+        train(optimizer=torch.optim.SGD(other.parameters(), lr=0.1))
+
+
+def test_optimizer_may_also_hold_the_criterions_parameters():
+    model, criterion = torch.nn.Linear(4, 1), torch.nn.PReLU()
+    loss = torch.nn.MSELoss()
+
+    class Wrapped(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.act = criterion
+
+        def forward(self, out, target):
+            return loss(self.act(out), target)
+
+    wrapped = Wrapped()
+    runner = train(model=model, criterion=wrapped, callbacks=[],
+                   optimizer=torch.optim.SGD(list(model.parameters()) + list(wrapped.parameters()), lr=0.1))
+    assert runner.global_batch_step > 0
+
+
+def test_scheduler_on_another_optimizer():
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    stray = torch.optim.lr_scheduler.StepLR(torch.optim.SGD(model.parameters(), lr=0.1), 1)
+    with pytest.raises(ValueError, match=r"scheduler \(StepLR\) is bound to another optimizer than the run's optimizer, "
+                                         r"so the lr would never change; build it on the same object: "
+                                         r"StepLR\(optimizer, ...\)"):
+        train(model=model, optimizer=optimizer, scheduler=stray)
+
+
+def test_stage_overriding_the_optimizer_but_inheriting_the_scheduler():
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 1)
+    with pytest.raises(ValueError, match=r"stages\['ft'\]: scheduler \(StepLR\) is bound to another optimizer than the "
+                                         r"stage's optimizer.*or pass scheduler=None in this stage"):
+        train(model=model, optimizer=optimizer, scheduler=scheduler,
+              stages={"warmup": {"num_epochs": 1},
+                      "ft": {"num_epochs": 1, "optimizer": torch.optim.Adam(model.parameters())}})
+
+
+@pytest.mark.parametrize("name, value, message", [
+    ("optimizer", torch.optim.Adam, r"optimizer must be an instance such as Adam\(model.parameters\(\), lr=...\), "
+                                    r"got the class torch.optim.adam.Adam"),
+    ("criterion", torch.nn.MSELoss, r"criterion must be an instance such as MSELoss\(\), got the class "
+                                    r"torch.nn.modules.loss.MSELoss"),
+    ("scheduler", torch.optim.lr_scheduler.StepLR, r"scheduler must be an instance such as StepLR\(optimizer, ...\)"),
+    ("optimizer", "adam", r"optimizer must be a torch.optim.Optimizer \(with step and zero_grad\), got str"),
+])
+def test_classes_instead_of_instances(name, value, message):
+    with pytest.raises(TypeError, match=message):
+        train(**{name: value})
+
+
+def test_plateau_scheduler_against_the_direction_of_the_valid_metric():
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer)  # mode='min'
+    with pytest.raises(ValueError, match=r"scheduler ReduceLROnPlateau\(mode='min'\) cuts the lr when "
+                                         r"valid_metric='loss' stops falling, but minimize_valid_metric=False says "
+                                         r"higher is better; build it with mode='max'"):
+        train(model=model, optimizer=optimizer, scheduler=plateau, minimize_valid_metric=False)
+    with pytest.raises(ValueError, match=r"ReduceLROnPlateau steps on valid_metric='loss', known at epoch end, but "
+                                         r"scheduler_step='batch'; use scheduler_step='epoch'"):
+        train(model=model, optimizer=optimizer, scheduler=plateau, scheduler_step="batch")
+
+
+def test_logdir_that_is_a_file(tmp_path):
+    path = tmp_path / "metrics.csv"
+    path.write_text("a,b\n")
+    with pytest.raises(ValueError, match=r"logdir='.*metrics.csv' is an existing file, not a directory; pass the "
+                                         r"path of a directory"):
+        train(logdir=str(path))
+
+
+def test_misspelt_argument_gets_a_suggestion():
+    with pytest.raises(TypeError, match=r"unknown argument\(s\) \['num_epoch'\]; accepted: .*; did you mean "
+                                        r"'num_epochs' for 'num_epoch'\?"):
+        train(num_epoch=3)
+
+
+def test_resume_naming_nothing(tmp_path):
+    with pytest.raises(ValueError, match=r"resume='lats' is neither 'last' \(continue the logdir's run\) nor an "
+                                         r"existing checkpoint file \(did you mean 'last'\?\)"):
+        train(resume="lats", logdir=str(tmp_path))
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "best.pth").write_bytes(b"")
+    missing = str(tmp_path / "checkpoints" / "bset.pth")
+    with pytest.raises(ValueError, match=r"did you mean '.*checkpoints/best.pth'\?"):
+        train(resume=missing, logdir=str(tmp_path))

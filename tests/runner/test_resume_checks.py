@@ -1,0 +1,99 @@
+"""Honest resume: a changed learning rate, num_epochs, architecture or world size is applied with a log line
+or refused naming the checkpoint, the parameter and both values."""
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+from tests.resume_helpers import ROOT, child_env, tiny_train_kwargs
+from torchstage import CheckpointError, SupervisedRunner, load_checkpoint
+
+
+def _train(logdir, **overrides):
+    return SupervisedRunner().train(**tiny_train_kwargs(str(logdir), **overrides))
+
+
+def _last(logdir):
+    return str(logdir / "checkpoints" / "last.pth")
+
+
+def _adam(lr):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Dropout(0.2), nn.Linear(8, 1))
+    return model, torch.optim.Adam(model.parameters(), lr=lr)
+
+
+def test_a_changed_learning_rate_is_refused_naming_checkpoint_and_both_values(tmp_path):
+    _train(tmp_path, num_epochs=1)
+    model, optimizer = _adam(0.05)
+    with pytest.raises(CheckpointError, match=r"cannot resume from .*last\.pth: optimizer 'optimizer' param group 0: "
+                                              r"lr is 0\.05 now but 0\.01 in the checkpoint"):
+        _train(tmp_path, model=model, optimizer=optimizer, num_epochs=2, resume="last")
+
+
+@pytest.mark.parametrize("policy, expected", [("new", 0.05), ("checkpoint", 0.01)])
+def test_resume_lr_applies_the_new_or_keeps_the_saved_rate_with_a_log_line(tmp_path, caplog, policy, expected):
+    _train(tmp_path, num_epochs=1)
+    model, optimizer = _adam(0.05)
+    caplog.set_level("WARNING", logger="torchstage")
+    runner = _train(tmp_path, model=model, optimizer=optimizer, num_epochs=2, resume="last", resume_lr=policy)
+    assert runner.optimizer.param_groups[0]["lr"] == expected
+    assert load_checkpoint(_last(tmp_path))["optimizers"]["optimizer"]["param_groups"][0]["lr"] == expected
+    assert runner.epoch_metrics["train"]["lr"] == expected  # and that is what was logged
+    assert f"lr is 0.05 now but 0.01 in the checkpoint; using {expected}" in caplog.text
+
+
+def test_an_unchanged_learning_rate_under_a_scheduler_resumes_silently(tmp_path):
+    model, optimizer = _adam(0.01)
+    _train(tmp_path, model=model, optimizer=optimizer, num_epochs=2,
+           scheduler=torch.optim.lr_scheduler.StepLR(optimizer, 1, gamma=0.5))
+    model, optimizer = _adam(0.01)
+    runner = _train(tmp_path, model=model, optimizer=optimizer, num_epochs=3, resume="last",
+                    scheduler=torch.optim.lr_scheduler.StepLR(optimizer, 1, gamma=0.5))
+    assert runner.optimizer.param_groups[0]["lr"] == pytest.approx(0.01 * 0.5 ** 3)
+
+
+def test_a_changed_architecture_names_the_checkpoint_the_parameter_and_both_shapes(tmp_path):
+    _train(tmp_path, num_epochs=1)
+    model = nn.Sequential(nn.Linear(6, 16), nn.Dropout(0.2), nn.Linear(16, 1))
+    with pytest.raises(CheckpointError, match=r"cannot resume from .*last\.pth: model 'model' parameter '0\.bias' "
+                                              r"is shape \(16,\) now but shape \(8,\) in the checkpoint"):
+        _train(tmp_path, model=model, optimizer=torch.optim.Adam(model.parameters(), lr=0.01), num_epochs=2,
+               resume="last")
+
+
+def test_a_larger_num_epochs_continues_and_says_so(tmp_path, caplog):
+    _train(tmp_path, num_epochs=2)
+    caplog.set_level("WARNING", logger="torchstage")
+    runner = _train(tmp_path, num_epochs=3, resume="last")
+    assert runner.global_epoch_step == 3
+    assert "num_epochs of stage 'main' is 3 now but was 2; training to epoch 3" in caplog.text
+
+
+def test_num_epochs_already_reached_says_so_and_exits_0(tmp_path):
+    _train(tmp_path, num_epochs=3)
+    before = load_checkpoint(_last(tmp_path))
+    script = (f"from tests.resume_helpers import tiny_train_kwargs\nfrom torchstage import SupervisedRunner\n"
+              f"SupervisedRunner().train(**tiny_train_kwargs({str(tmp_path)!r}, num_epochs=2, resume='last'))\n")
+    done = subprocess.run([sys.executable, "-c", script], env=child_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "stage 'main' already trained 3 epoch(s) and num_epochs=2 is reached; nothing to train" in done.stdout
+    after = load_checkpoint(_last(tmp_path))
+    assert after["loop"] == before["loop"]
+    assert all(torch.equal(a, b) for a, b in zip(after["models"]["model"].values(),
+                                                 before["models"]["model"].values()))
+
+
+def test_another_world_size_is_refused_naming_the_checkpoint_and_both_sizes(tmp_path):
+    _train(tmp_path, num_epochs=1)
+    script = (f"from tests.resume_helpers import tiny_train_kwargs\nfrom torchstage import SupervisedRunner\n"
+              f"SupervisedRunner().train(**tiny_train_kwargs({str(tmp_path)!r}, num_epochs=2, resume='last'),\n"
+              f"                         distributed=True, nprocs=2)\n")
+    done = subprocess.run([sys.executable, "-c", script], env=child_env(), cwd=ROOT, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=180)
+    assert done.returncode != 0
+    assert f"cannot resume from {_last(tmp_path)}: world size is 2 now but 1 in the checkpoint; resume it with 1 " \
+           f"process(es)" in done.stdout, done.stdout[-3000:]

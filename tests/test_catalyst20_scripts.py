@@ -1,0 +1,50 @@
+"""Catalyst 20.12-style scripts (scripts/catalyst20/) run with only their imports changed, and learn."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_script(name, *args):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", name), *args], capture_output=True,
+                            text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+def numbers(text: str) -> dict:
+    """``name=value`` pairs of the script's last output line (its result)."""
+    return {k: float(v) for k, v in re.findall(r"(\w+)=(-?\d+(?:\.\d+)?)", text.strip().splitlines()[-1])}
+
+
+def test_custom_runner_with_handle_batch_learns_predicts_and_traces(tmp_path):
+    result = run_script(os.path.join("catalyst20", "custom_runner.py"), str(tmp_path))
+    assert numbers(result.stdout)["accuracy01"] > 0.9
+    assert (tmp_path / "checkpoints" / "best.pth").exists()
+
+
+def test_classification_with_catalyst_callback_arguments_and_fp16(tmp_path):
+    result = run_script(os.path.join("catalyst20", "classification.py"), str(tmp_path))
+    values = numbers(result.stdout)
+    assert values["accuracy01"] > 0.9 and values["accuracy05"] >= values["accuracy03"] >= values["accuracy01"]
+    assert "autocast to bfloat16 on cpu" in result.stdout
+    assert "valid: accuracy01=" in result.stdout  # the console shows 20.12's metric names
+
+
+def test_multilabel_check_run_and_batch_overfit(tmp_path):
+    result = run_script(os.path.join("catalyst20", "multilabel.py"), str(tmp_path))
+    values = numbers(result.stdout)
+    assert values["multilabel_accuracy"] > 0.9
+    assert values["batches"] == pytest.approx(3)  # overfit: 1 train batch x 3 epochs (the last number printed)
+    assert "check batches=6" in result.stdout  # 3 train batches x 2 epochs
+
+
+def test_gan_with_two_optimizer_callbacks_moves_the_generator_to_the_data(tmp_path):
+    result = run_script(os.path.join("catalyst20", "gan.py"), str(tmp_path))
+    mean = [float(v) for v in re.search(r"generated mean=\[([^\]]+)\]", result.stdout).group(1).split(",")]
+    assert abs(mean[0] - 2.0) < 0.5 and abs(mean[1] + 1.0) < 0.5

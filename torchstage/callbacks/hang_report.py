@@ -1,0 +1,90 @@
+"""What a firing hang watchdog says: where each rank stopped, which one is the likely cause, and a stack.
+
+A rank blocked in a collective (``torch.distributed`` or a DDP backward) waits for a peer; a rank
+stopped anywhere else (user code, a data loader, a lock) is what the others wait for.
+"""
+import os
+import time
+
+#: Rows of the per-rank table in a report; the rest are counted.
+REPORT_ROWS = 16
+_WAITING_IN = (f"{os.sep}torch{os.sep}distributed{os.sep}", f"{os.sep}torch{os.sep}autograd{os.sep}")
+_TORCH = f"{os.sep}torch{os.sep}"
+
+
+def position(runner, beat) -> dict:
+    """Where a rank was at its last progress ``beat`` (monotonic time, wall time, event), as plain values."""
+    loop = runner.loop
+    return {"time": beat[1], "event": beat[2], "stage": loop.stage_key, "epoch": loop.epoch,
+            "loader": loop.loader_key, "batch": loop.batch_step}
+
+
+def where(frame) -> dict:
+    """The innermost frame of a stack, and what collective it waits in (None: not in one)."""
+    if frame is None:
+        return {"frame": None, "waiting": None}
+    import traceback  # only when a watchdog fires
+    frames = traceback.extract_stack(frame)
+    waiting = None
+    for index, entry in enumerate(frames):
+        if any(part in entry.filename for part in _WAITING_IN):
+            callers = [f for f in frames[:index] if _TORCH not in f.filename]
+            caller = f" called from {_short(callers[-1])}" if callers else ""
+            if f"{os.sep}autograd{os.sep}" in entry.filename:
+                waiting = f"a backward pass (DDP all-reduces gradients there){caller}"
+            else:
+                name = next((f.name for f in frames[index:] if f.filename.endswith("distributed_c10d.py")), entry.name)
+                waiting = f"torch.distributed.{name}{caller}"
+            break
+    return {"frame": _short(frames[-1]), "waiting": waiting}
+
+
+def _short(entry) -> str:
+    return f"{entry.filename}:{entry.lineno} in {entry.name}"
+
+
+def describe(info: dict) -> str:
+    """``stage 'main', epoch 1, loader 'train', batch 3 (after batch end)``."""
+    parts = [f"stage {info['stage']!r}", f"epoch {info['epoch']}"]
+    if info.get("loader") is not None and info["event"] not in ("epoch start", "epoch end", "stage end"):
+        parts.append(f"loader {info['loader']!r}")
+        if info.get("batch") is not None and info["event"].startswith("batch"):
+            parts.append(f"batch {info['batch']}")
+    return ", ".join(parts) + f" (after {info['event']})"
+
+
+def hang_report(rank: int, timeout: float, ranks: dict, stack: list, exit_code: int) -> str:
+    """The text a firing watchdog writes: this rank's stack, then (last, so a launcher's tail of the output
+    keeps it) each rank's position and state, the ranks the others wait for, and a hint."""
+    now = time.time()
+    stuck = sorted(r for r, info in ranks.items() if "waiting" in info and not info["waiting"])
+    order = sorted(ranks.items(), key=lambda item: (item[0] not in stuck, item[1]["time"], item[0]))
+    lines = [f"torchstage: rank {rank} made no progress for {timeout:g} s (hang_timeout={timeout:g}). Python stack "
+             f"of its training thread (most recent call last):"]
+    lines.extend(line.rstrip("\n") for line in stack)
+    lines.append("Where each rank last made progress:")
+    for other, info in order[:REPORT_ROWS]:
+        state = ("" if "waiting" not in info else
+                 f"; waiting in {info['waiting']}" if info["waiting"] else f"; stopped in {info['frame']}")
+        lines.append(f"  rank {other}{' (this rank)' if other == rank else ''}: {now - info['time']:.1f} s ago, "
+                     f"{describe(info)}{state}")
+    if len(order) > REPORT_ROWS:
+        lines.append(f"  ... and {len(order) - REPORT_ROWS} more ranks")
+    if stuck:
+        lines.append(f"Stopped outside any collective (what the others wait for): rank{'s' * (len(stuck) > 1)} "
+                     f"{', '.join(map(str, stuck))}.")
+    lines.extend(_uneven_hint(ranks))
+    lines.append(f"torchstage: hang detected on rank {rank}; ending the job with exit code {exit_code}.")
+    return "\n".join(lines) + "\n"
+
+
+def _uneven_hint(ranks: dict) -> list:
+    """A line when some ranks ended a loader that others are still running batches of."""
+    ended = {r for r, i in ranks.items() if i["event"] == "loader end"}
+    running = {r for r, i in ranks.items() if i["event"].startswith("batch")}
+    same = {(i["stage"], i["epoch"], i["loader"]) for r, i in ranks.items() if r in ended | running}
+    if not ended or not running or len(same) != 1:
+        return []
+    loader = next(iter(same))[2]
+    return [f"Ranks {sorted(ended)} finished loader {loader!r} while ranks {sorted(running)} still run its batches: "
+            f"the ranks have different numbers of batches (shard the data evenly, e.g. drop_last=True)."]

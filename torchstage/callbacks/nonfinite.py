@@ -1,0 +1,112 @@
+"""Non-finite losses: stop the run at the first NaN/inf train loss (default), or skip such batches.
+
+``mode="stop"`` keeps a flag on the device per batch (no host sync) and reads it every ``check_every``
+train batches, at the end of each train loader and before any mid-epoch checkpoint, so no checkpoint
+ever holds weights trained on a non-finite loss; the error names the first such batch.
+``mode="skip"`` must know before the backward whether to step, so it reads the loss every train batch
+(one host sync per batch, as AMP's grad scaler does); a skipped batch sets ``runner.batch_skipped``, so
+it is left out of the averages, the backward and the step; skipped batches are counted in the loader
+metric ``nonfinite_skipped``.
+"""
+import logging
+
+import torch
+
+from torchstage.callbacks.base import Callback, CallbackOrder
+
+logger = logging.getLogger("torchstage")
+
+
+class NonFiniteLossError(FloatingPointError):
+    """A train loss was NaN or infinite; the message says where and which loss."""
+
+
+class NonFiniteLossCallback(Callback):
+    """Watches the train losses (``batch_metrics`` keys containing ``"loss"``, or ``keys``) for NaN/inf."""
+
+    order = CallbackOrder.Metric + 5  # after the criterion, before averaging, backward and the step
+    name = "nonfinite"
+
+    def __init__(self, mode: str = "stop", check_every: int = 100, keys=None):
+        if mode not in ("stop", "skip"):
+            raise ValueError(f"mode must be 'stop' (end the run at a non-finite loss) or 'skip' (skip such "
+                             f"batches), got {mode!r}")
+        if isinstance(check_every, bool) or not isinstance(check_every, int) or check_every < 1:
+            raise ValueError(f"check_every must be an integer >= 1, got {check_every!r}")
+        self.mode, self.check_every, self.keys = mode, check_every, None if keys is None else tuple(keys)
+        self._first, self._skipped, self._loader_start_step = {}, 0, 0
+
+    def _losses(self, runner) -> dict:
+        metrics = runner.batch_metrics
+        keys = self.keys if self.keys is not None else [k for k in metrics if "loss" in k]
+        return {k: metrics[k] for k in keys if isinstance(metrics.get(k), torch.Tensor)}
+
+    def on_loader_start(self, runner):
+        self._first, self._skipped = {}, 0
+        self._loader_start_step = runner.global_batch_step
+
+    def on_batch_end(self, runner):
+        if not runner.is_train_loader:
+            return
+        if self.mode == "skip":
+            self._skip_if_nonfinite(runner)
+            return
+        step = runner.global_batch_step
+        for key, loss in self._losses(runner).items():
+            bad = ~torch.isfinite(loss.detach()).all()
+            first = self._first.get(key)
+            if first is None:
+                first = self._first[key] = torch.zeros(2, dtype=torch.float64, device=loss.device)
+            mark = torch.stack([torch.full((), step, dtype=torch.float64, device=loss.device),
+                                loss.detach().double().reshape(-1)[0]])
+            first.copy_(torch.where((first[0] == 0) & bad, mark, first))  # keeps the first bad step and value
+        if step % self.check_every == 0:
+            self.check(runner)
+
+    def on_loader_end(self, runner):
+        if runner.is_train_loader and self.mode == "stop":
+            self.check(runner)
+        if runner.is_train_loader and self.mode == "skip":
+            runner.loader_metrics["nonfinite_skipped"] = float(self._skipped)
+
+    def check(self, runner) -> None:
+        """Read the flags (one host sync; collective under several processes); raise at a non-finite loss."""
+        if self.mode != "stop":
+            return
+        keys = sorted(self._first)
+        if runner.engine.is_distributed:  # every rank must agree, so every rank raises at the same point
+            keys = sorted(set().union(*runner.engine.all_gather_object(keys)))
+        if not keys:
+            return
+        device = runner.engine.device
+        steps = torch.stack([self._first[k][0].to(device) if k in self._first else torch.zeros((), dtype=torch.float64,
+                             device=device) for k in keys])
+        steps = torch.where(steps == 0, torch.full_like(steps, float("inf")), steps)
+        steps = runner.engine.all_reduce_(steps, op="min").tolist()
+        bad = [(step, key) for step, key in zip(steps, keys) if step != float("inf")]
+        if not bad:
+            return
+        step, key = min(bad)
+        value = self._first[key][1].item() if key in self._first and self._first[key][0].item() == step else None
+        step = int(step)
+        raise NonFiniteLossError(
+            f"non-finite loss: {key!r} was {value if value is not None else 'nan/inf'} at stage "
+            f"{runner.stage_key!r}, epoch {runner.epoch}, loader {runner.loader_key!r}, batch "
+            f"{step - self._loader_start_step} (global batch {step}); the run stops so that no checkpoint holds "
+            f"weights trained on it (the last checkpoint is the last finite one). Lower the learning rate, "
+            f"clip gradients (grad_clip_norm=...), or skip such batches with "
+            f"callbacks={{'nonfinite': NonFiniteLossCallback(mode='skip')}}")
+
+    def _skip_if_nonfinite(self, runner):
+        losses = self._losses(runner)
+        if not losses:
+            return
+        bad = torch.stack([~torch.isfinite(loss.detach()).all() for loss in losses.values()]).any()
+        flag = runner.engine.all_reduce_(bad.to(torch.int32).reshape(1), op="max")
+        if not flag.item():  # the one host sync per batch of mode="skip"
+            return
+        self._skipped += 1
+        runner.batch_skipped = True  # the averaging and optimizer callbacks leave this batch out
+        if runner.engine.is_main:
+            logger.warning("skipped train batch %d of epoch %d (global batch %d): non-finite %s",
+                           runner.batch_step, runner.epoch, runner.global_batch_step, "/".join(losses))

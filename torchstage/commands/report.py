@@ -1,0 +1,33 @@
+"""``torchstage report``: a scalability table and figure from runs of one script at several world sizes."""
+import argparse
+import sys
+
+EPILOG = """\
+examples:
+  torchstage report runs/ws1 runs/ws2 runs/ws4 -o scaling    # scaling/report.md, scaling/report.png
+
+each run must be trained with train(monitor=True); needs matplotlib: pip install 'torchstage[plot]'"""
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "report", help="compare runs at several world sizes: epoch time, throughput, speedup, efficiency",
+        description="Read the monitor figures (train(monitor=True)) of each LOGDIR and write a Markdown table\n"
+                    "and a PNG: epoch time, throughput, speedup, efficiency, data-loader wait and peak memory\n"
+                    "against the world size.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("logdirs", nargs="+", metavar="LOGDIR", help="logdirs of runs of the same script")
+    parser.add_argument("-o", "--output", metavar="OUT", default="report",
+                        help="folder for report.md and report.png (default: ./report)")
+    parser.set_defaults(func=report_command)
+
+
+def report_command(args) -> int:
+    from torchstage.report import write_report
+    try:
+        paths = write_report(args.logdirs, args.output)
+    except (ImportError, OSError, ValueError, KeyError) as exc:
+        sys.stderr.write(f"torchstage report: error: {exc}\n")
+        return 1
+    sys.stdout.write("".join(f"wrote {path}\n" for path in paths))
+    return 0

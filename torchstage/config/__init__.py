@@ -1,0 +1,1 @@
+"""The config API: YAML files -> the ``train(...)`` call; ``torchstage run -C`` drives it."""

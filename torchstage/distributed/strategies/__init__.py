@@ -1,0 +1,1 @@
+"""Strategies: what differs between one process, DDP and FSDP (placement, wrapping, sync, clipping, state)."""

@@ -1,0 +1,111 @@
+"""The strategy of one process on one device, and the base every other strategy overrides.
+
+A strategy owns what differs between ways of training: putting a model on the device, wrapping and
+unwrapping it, skipping gradient sync on accumulation steps, clipping gradients, and moving model and
+optimizer state into and out of a checkpoint. It takes the engine (device, rank, world size) as an
+argument and knows nothing of runners or callbacks.
+"""
+import contextlib
+
+import torch
+
+from torchstage.checkpoint import serialize, write_atomic
+
+
+class SingleDevice:
+    """One process on one device: models are placed, never wrapped; clipping and state are plain torch."""
+
+    #: The name ``train(strategy=...)`` accepts for this strategy (None: chosen for a single process only).
+    name = None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+    # ---- placement and wrapping --------------------------------------------------------------
+    def place(self, model: torch.nn.Module, engine) -> torch.nn.Module:
+        """The model on the engine's device (in channels-last memory format when the engine asks for it)."""
+        if engine.channels_last:
+            return model.to(engine.device, memory_format=torch.channels_last)
+        return model.to(engine.device)
+
+    def wrap_models(self, models: dict, engine, optimizers=(), amp_dtype=None) -> dict:
+        """Name -> model as it trains under this strategy, after checkpoint loading (see :meth:`wrap`).
+
+        ``optimizers`` are the run's optimizers, for strategies that replace parameters and must rebind
+        them; ``amp_dtype`` is the autocast dtype of ``train(amp=...)``.
+        """
+        return {name: self.wrap(model, engine) for name, model in models.items()}
+
+    def wrap(self, model: torch.nn.Module, engine) -> torch.nn.Module:
+        """One model as it trains under this strategy; the model itself on one device."""
+        return model
+
+    def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The plain module under DDP or ``torch.compile`` wrappers."""
+        while True:
+            inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
+            if not isinstance(inner, torch.nn.Module):
+                return model
+            model = inner
+
+    # ---- gradients ---------------------------------------------------------------------------
+    def no_sync(self, model):
+        """A context in which backward passes skip gradient sync (accumulation steps); a no-op alone."""
+        return contextlib.nullcontext()
+
+    def finish_partial_group(self, params: list, engine, scale: float) -> None:
+        """Multiply gradients by ``scale`` (an accumulation group cut short); DDP also averages them over ranks."""
+        if scale != 1:
+            for p in params:
+                p.grad.mul_(scale)
+
+    def clip_grad_norm_(self, params: list, max_norm: float) -> torch.Tensor:
+        """Scale gradients so that their total 2-norm is at most ``max_norm``; returns the norm before."""
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+
+    def clip_grad_value_(self, params: list, value: float) -> None:
+        """Clamp every gradient element into ``[-value, value]``."""
+        torch.nn.utils.clip_grad_value_(params, value)
+
+    # ---- checkpoint state --------------------------------------------------------------------
+    def model_state_dict(self, model: torch.nn.Module) -> dict:
+        """The unwrapped model's state for a checkpoint (full tensors)."""
+        return model.state_dict()
+
+    def load_model_state_dict(self, model: torch.nn.Module, state: dict) -> None:
+        """Put a checkpoint's model state (without wrapper prefixes) into the unwrapped model."""
+        model.load_state_dict(state)
+
+    def optimizer_state_dict(self, optimizer, models: dict) -> dict:
+        """The optimizer's state for a checkpoint; ``models`` (name -> unwrapped model) hold its parameters."""
+        return optimizer.state_dict()
+
+    def load_optimizer_state_dict(self, optimizer, models: dict, state: dict) -> None:
+        """Put a checkpoint's optimizer state into ``optimizer``, keyed by index or, from FSDP, by parameter name."""
+        if _keyed_by_name(state):
+            from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict  # heavy; FSDP checkpoints only
+            set_optimizer_state_dict(optimizer_module(optimizer, models), optimizer, state)
+        else:
+            optimizer.load_state_dict(state)
+
+    def save_checkpoint(self, checkpoint: dict, paths: list, engine) -> None:
+        """Write ``checkpoint`` to each of ``paths`` (independent files, each atomic, by the main rank)."""
+        if not engine.is_main:
+            return
+        data = serialize(checkpoint)
+        for path in paths:  # copies, not links: damage to one file cannot reach another
+            write_atomic(path, data)
+
+
+def _keyed_by_name(state: dict) -> bool:
+    groups = state.get("param_groups") or [{}]
+    return any(isinstance(key, str) for key in groups[0].get("params", ()))
+
+
+def optimizer_module(optimizer, models: dict) -> torch.nn.Module:
+    """The model holding ``optimizer``'s parameters, or a ModuleDict of the models that do (names prefix them)."""
+    ids = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    holders = {name: model for name, model in models.items() if any(id(p) in ids for p in model.parameters())}
+    if len(holders) == 1:
+        return next(iter(holders.values()))
+    return torch.nn.ModuleDict(holders)

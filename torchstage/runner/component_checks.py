@@ -1,0 +1,92 @@
+"""Checks of what ``train()`` is given that would otherwise fail silently: an optimizer on another model's
+parameters, a scheduler on another optimizer, a class instead of an instance, a plateau scheduler that
+cuts the lr in the wrong direction, a logdir that is a file, a ``resume`` that names nothing."""
+import difflib
+import glob
+import os
+from collections.abc import Mapping
+
+import torch
+from torch.optim.lr_scheduler import ReduceLROnPlateau
+
+
+def check_components(stage, model, scheduler_step: str) -> None:
+    """Criterion, optimizer and scheduler of one stage against the model and each other."""
+    prefix = "" if stage.name == "main" else f"stages[{stage.name!r}]: "
+    for name in ("criterion", "optimizer", "scheduler"):
+        _check_instances(prefix, name, getattr(stage, name))
+    optimizers = _values(stage.optimizer)
+    allowed = {id(p) for m in _values(model) for p in m.parameters()}
+    allowed.update(id(p) for c in _values(stage.criterion) if isinstance(c, torch.nn.Module) for p in c.parameters())
+    for key, optimizer in _items(stage.optimizer, "optimizer"):
+        params = [p for group in getattr(optimizer, "param_groups", ()) for p in group["params"]]
+        if allowed and params and not any(id(p) in allowed for p in params):
+            raise ValueError(f"{prefix}{key} ({type(optimizer).__name__}) holds {len(params)} tensor(s), none of them "
+                             f"a parameter of the model, so training would change nothing; build it on this "
+                             f"model: {type(optimizer).__name__}(model.parameters(), ...)")
+    for key, scheduler in _items(stage.scheduler, "scheduler"):
+        bound = getattr(scheduler, "optimizer", None)
+        if bound is not None and optimizers and not any(bound is o for o in optimizers):
+            raise ValueError(f"{prefix}{key} ({type(scheduler).__name__}) is bound to another optimizer than "
+                             f"{'the run' if not prefix else 'the stage'}'s optimizer, so the lr would never change; "
+                             f"build it on the same object: {type(scheduler).__name__}(optimizer, ...)"
+                             f"{'' if not prefix else ', or pass scheduler=None in this stage'}")
+        if isinstance(scheduler, ReduceLROnPlateau):
+            _check_plateau(prefix, key, scheduler, stage, scheduler_step)
+
+
+def _check_plateau(prefix, key, scheduler, stage, scheduler_step) -> None:
+    wanted = "min" if stage.minimize_valid_metric else "max"
+    if scheduler.mode != wanted:
+        raise ValueError(f"{prefix}{key} ReduceLROnPlateau(mode={scheduler.mode!r}) cuts the lr when "
+                         f"valid_metric={stage.valid_metric!r} stops {'falling' if scheduler.mode == 'min' else 'rising'}"
+                         f", but minimize_valid_metric={stage.minimize_valid_metric} says "
+                         f"{'lower' if stage.minimize_valid_metric else 'higher'} is better; build it with "
+                         f"mode={wanted!r} (or set minimize_valid_metric={not stage.minimize_valid_metric})")
+    if scheduler_step != "epoch":
+        raise ValueError(f"{prefix}{key} ReduceLROnPlateau steps on valid_metric={stage.valid_metric!r}, known at "
+                         f"epoch end, but scheduler_step={scheduler_step!r}; use scheduler_step='epoch'")
+
+
+def _check_instances(prefix: str, name: str, value) -> None:
+    for key, item in _items(value, name):
+        if isinstance(item, type):
+            example = {"criterion": f"{item.__name__}()", "optimizer": f"{item.__name__}(model.parameters(), lr=...)",
+                       "scheduler": f"{item.__name__}(optimizer, ...)"}[name]
+            raise TypeError(f"{prefix}{key} must be an instance such as {example}, got the class "
+                            f"{item.__module__}.{item.__qualname__}")
+        if name == "optimizer" and not (hasattr(item, "step") and hasattr(item, "zero_grad")):
+            raise TypeError(f"{prefix}{key} must be a torch.optim.Optimizer (with step and zero_grad), got "
+                            f"{type(item).__name__}")
+
+
+def check_logdir(logdir) -> None:
+    """``logdir`` must be a directory or not exist yet (it is created)."""
+    if logdir is not None and os.path.exists(logdir) and not os.path.isdir(logdir):
+        raise ValueError(f"logdir={os.fspath(logdir)!r} is an existing file, not a directory; pass the path of a "
+                         f"directory (created if missing) for checkpoints and logs")
+
+
+def check_resume(resume, logdir) -> None:
+    """``resume`` is None, ``"last"`` or an existing checkpoint file; else say what was probably meant."""
+    if resume is None or resume == "last" or os.path.isfile(resume):
+        return
+    if not isinstance(resume, (str, os.PathLike)):
+        raise TypeError(f"resume must be None, 'last' or the path of a checkpoint file, got {type(resume).__name__}")
+    resume = os.fspath(resume)
+    folder = os.path.dirname(resume) or (os.path.join(logdir, "checkpoints") if logdir is not None else ".")
+    candidates = ["last"] + sorted(glob.glob(os.path.join(folder, "*.pth")))
+    close = difflib.get_close_matches(resume, candidates, n=1, cutoff=0.5)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise ValueError(f"resume={resume!r} is neither 'last' (continue the logdir's run) nor an existing checkpoint "
+                     f"file{hint}")
+
+
+def _values(value) -> list:
+    return [] if value is None else list(value.values()) if isinstance(value, Mapping) else [value]
+
+
+def _items(value, name: str) -> list:
+    if value is None:
+        return []
+    return [(f"{name}[{k!r}]", v) for k, v in value.items()] if isinstance(value, Mapping) else [(name, value)]

@@ -1,0 +1,83 @@
+"""The run's loop state, declared in one place: position, counters, metrics, resume point and stop request.
+
+The runner holds one :class:`LoopState` (``runner.loop``) and exposes each field as an attribute
+(``runner.epoch``, ``runner.batch_step``...), so callbacks and user code read and write them as before.
+"""
+from dataclasses import dataclass, field, fields
+from operator import attrgetter
+from typing import Any, Optional
+
+from torchstage.stop_request import StopRequest
+
+
+@dataclass
+class ResumePoint:
+    """Where a mid-epoch checkpoint stopped inside its loader, and what that loader pass had so far."""
+
+    loader: str  #: the interrupted loader
+    batch: int  #: batches of it already done
+    train_batches_done: int  #: train batches done in the epoch
+    loader_sample_step: int  #: samples of the loader already done
+    metrics: dict  #: epoch metrics of the loaders already finished in that epoch
+    loader_rng: dict  #: the random state the loader pass started from (replays its order)
+    rng: dict  #: this rank's generator states at the checkpoint
+    loader_restored: bool = False  #: a stateful loader was put back where it was: no index skipping
+
+
+@dataclass
+class LoopState:
+    """Everything the loop advances; a fresh one is a run that has not started."""
+
+    stage_index: int = 0
+    stage_key: Optional[str] = None
+    num_epochs: int = 0
+    loaders: dict = field(default_factory=dict)
+    epoch: int = 0  #: epoch within the stage, 1-based while running
+    epoch_done: bool = True
+    loader_key: Optional[str] = None
+    loader: Any = None
+    is_train_loader: bool = False
+    batch: Any = None
+    batch_step: Optional[int] = None  #: batch within the loader, 1-based (None before the first batch)
+    batch_size: int = 0
+    batch_skipped: bool = False  #: a callback left this batch out of averages, backward and step
+    loader_sample_step: int = 0
+    train_batches_done: int = 0  #: train batches done in this epoch
+    global_epoch_step: int = 0
+    global_batch_step: int = 0
+    global_sample_step: int = 0
+    batch_metrics: dict = field(default_factory=dict)
+    loader_metrics: dict = field(default_factory=dict)
+    epoch_metrics: dict = field(default_factory=dict)
+    periodic_metrics: dict = field(default_factory=dict)  #: results of mid-epoch validation
+    periodic_step: Optional[int] = None  #: global batch step of the last mid-epoch validation
+    loader_start_rng: Optional[dict] = None  #: random state the current loader pass started from
+    resume_point: Optional[ResumePoint] = None  #: set by resume until the interrupted loader restarts
+    stop_request: Optional[StopRequest] = None  #: the graceful stop every rank agreed on
+
+    def position(self) -> dict:
+        """Where the run stands, as the checkpoint's ``loop`` entry (plain values)."""
+        return {"stage": self.stage_key, "stage_index": self.stage_index, "epoch": self.epoch,
+                "epoch_done": self.epoch_done, "batch": self.train_batches_done, "loader": self.loader_key,
+                "loader_batch": self.batch_step or 0, "loader_sample_step": self.loader_sample_step,
+                "global_epoch_step": self.global_epoch_step, "global_batch_step": self.global_batch_step,
+                "global_sample_step": self.global_sample_step}
+
+
+LOOP_FIELDS = tuple(f.name for f in fields(LoopState))
+
+
+def expose_loop_state(cls):
+    """Class decorator: each :class:`LoopState` field becomes a read/write attribute of ``cls`` (via ``self.loop``)."""
+    for name in LOOP_FIELDS:
+        if hasattr(cls, name):  # a base class already routes it (e.g. epoch_metrics' flat Catalyst keys)
+            continue
+        get = attrgetter(f"loop.{name}")
+        setattr(cls, name, property(get, _setter(name), doc=f"``runner.loop.{name}``"))
+    return cls
+
+
+def _setter(name):
+    def set_field(self, value):
+        setattr(self.loop, name, value)
+    return set_field
