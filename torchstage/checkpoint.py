@@ -38,10 +38,12 @@ def checkpoint_folder(logdir: str) -> str:
     return os.path.join(os.fspath(logdir), "checkpoints")
 
 
-def write_atomic(path: str, data: bytes) -> None:
+def write_atomic(path: str, data: bytes, durable: bool = True) -> None:
     """Write ``data`` to ``path`` so that a crash at any moment leaves the old file or the new one.
 
-    A temporary file in the same folder is written, flushed and fsynced, then renamed over ``path``.
+    A temporary file in the same folder is written, flushed and (``durable``: checkpoints) fsynced, then
+    renamed over ``path`` (and the folder fsynced). Logs pass ``durable=False``: still atomic for a crash of
+    the process, and a power loss costs at most their last rows, which the checkpoint's copy rewrites on resume.
     """
     folder = os.path.dirname(os.path.abspath(path))
     tmp = None
@@ -51,16 +53,20 @@ def write_atomic(path: str, data: bytes) -> None:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
         tmp = None
+        if not durable:
+            return
         dir_fd = os.open(folder, os.O_RDONLY)
         try:
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
     except OSError as e:
-        raise CheckpointError(f"could not write checkpoint {path!r}: {e.strerror or e}; "
+        raise CheckpointError(f"could not write {'checkpoint ' if path.endswith('.pth') else ''}{path!r}: "
+                              f"{e.strerror or e}; "
                               f"the previous file, if any, is unchanged") from e
     finally:
         if tmp is not None and os.path.exists(tmp):

@@ -93,7 +93,7 @@ class CheckpointCallback(Callback):
         summary = {"valid_loader": runner.valid_loader, "valid_metric": runner.valid_metric,
                    "minimize_valid_metric": runner.minimize_valid_metric, "best": self.best, "last": entry,
                    "topk": self.kept, "history": self.history}
-        write_atomic(checkpoint_path(folder, "metrics"), json.dumps(summary, indent=2).encode())
+        write_atomic(checkpoint_path(folder, "metrics"), json.dumps(summary, indent=2).encode(), durable=False)
 
     def save_last(self, runner) -> str:
         """Write ``last.pth`` for the current position unless already written there; collective."""

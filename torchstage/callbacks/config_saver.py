@@ -16,4 +16,4 @@ class ConfigSaver(Callback):
         self.text, self.filename = text, filename
 
     def on_experiment_start(self, runner):
-        write_atomic(os.path.join(runner.spec.logdir, self.filename), self.text.encode())
+        write_atomic(os.path.join(runner.spec.logdir, self.filename), self.text.encode(), durable=False)

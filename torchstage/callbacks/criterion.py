@@ -36,26 +36,19 @@ class CriterionCallback(Callback):
         if criterion is None:
             raise ValueError(f"{type(runner).__name__} has no criterion in stage {runner.stage_key!r}; pass "
                              f"criterion=... to train()")
-        self._criterion, self._checked, self._quiet = criterion, False, False
+        self._criterion, self._checked = criterion, False
 
     def on_batch_end(self, runner):
         outputs, targets = runner.batch[self.input_key], runner.batch[self.target_key]
         if not self._checked:  # the first batch of the stage: say clearly what does not fit
-            self._quiet = check_loss_inputs(self._criterion, outputs, targets, self.input_key, self.target_key)
+            if check_loss_inputs(self._criterion, outputs, targets, self.input_key, self.target_key):
+                _silence_torch_size_warning()  # said once, by check_loss_inputs
             try:
-                self._loss(runner, outputs, targets)
+                self._loss_now(runner, outputs, targets)
             except (RuntimeError, ValueError, IndexError, TypeError) as exc:
                 raise explain_failure(self._criterion, exc, outputs, targets, self.input_key,
                                       self.target_key) from exc
             self._checked = True
-        else:
-            self._loss(runner, outputs, targets)
-
-    def _loss(self, runner, outputs, targets):
-        if self._quiet:  # shapes that broadcast were reported once, by check_loss_inputs
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message="Using a target size")
-                self._loss_now(runner, outputs, targets)
         else:
             self._loss_now(runner, outputs, targets)
 
@@ -63,3 +56,11 @@ class CriterionCallback(Callback):
         with runner.autocast():
             loss = self._criterion(outputs, targets)
         runner.batch_metrics[self.metric_key] = loss if self.multiplier == 1 else loss * self.multiplier
+
+
+def _silence_torch_size_warning() -> None:
+    """torch's own "Using a target size ..." warning from its loss modules would repeat what torchstage said once:
+    a filter for torch.nn's loss modules only (a direct F.mse_loss call still warns), set at a stage's first batch
+    (an identical filter moves to the front, never piles up) instead of a per-batch ``catch_warnings``."""
+    warnings.filterwarnings("ignore", message="Using a target size", category=UserWarning,
+                            module=r"torch\.nn\.modules\.loss")

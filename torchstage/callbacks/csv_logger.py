@@ -25,7 +25,7 @@ class CSVLogger(LoggerCallback):
 
     def log_hparams(self, hparams, runner):
         text = json.dumps(hparams, indent=1, sort_keys=True, default=str)
-        write_atomic(os.path.join(self.folder(runner), "hparams.json"), text.encode())
+        write_atomic(os.path.join(self.folder(runner), "hparams.json"), text.encode(), durable=False)
 
     def log_metrics(self, metrics, step, loader, scope, runner):
         if scope == EPOCH:
@@ -43,7 +43,7 @@ class CSVLogger(LoggerCallback):
         writer = csv.DictWriter(text, fieldnames=columns, lineterminator="\n")
         writer.writeheader()
         writer.writerows(rows)
-        write_atomic(os.path.join(self.folder(runner), f"{loader}.csv"), text.getvalue().encode())
+        write_atomic(os.path.join(self.folder(runner), f"{loader}.csv"), text.getvalue().encode(), durable=False)
 
     def _append(self, runner, name, row):
         path = os.path.join(self.folder(runner), name)

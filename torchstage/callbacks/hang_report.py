@@ -13,10 +13,10 @@ _TORCH = f"{os.sep}torch{os.sep}"
 
 
 def position(runner, beat) -> dict:
-    """Where a rank was at its last progress ``beat`` (monotonic time, wall time, event), as plain values."""
+    """Where a rank was at its last progress ``beat`` (monotonic time, event), as plain values (wall time)."""
     loop = runner.loop
-    return {"time": beat[1], "event": beat[2], "stage": loop.stage_key, "epoch": loop.epoch,
-            "loader": loop.loader_key, "batch": loop.batch_step}
+    return {"time": time.time() - (time.monotonic() - beat[0]), "event": beat[1], "stage": loop.stage_key,
+            "epoch": loop.epoch, "loader": loop.loader_key, "batch": loop.batch_step}
 
 
 def where(frame) -> dict:

@@ -45,13 +45,14 @@ class LoopCallback(Callback):
         runner.loader_sample_step = 0
 
     def on_batch_start(self, runner):
-        runner.batch_size = batch_size_of(runner.batch)
-        runner.loader_sample_step += runner.batch_size
-        if runner.is_train_loader:
-            runner.train_batches_done += 1
-            runner.global_batch_step += 1
-            runner.global_sample_step += runner.batch_size
-        runner.batch_metrics, runner.batch_skipped = {}, False
+        loop = runner.loop  # per batch: the loop state directly, not through the runner's properties
+        loop.batch_size = size = batch_size_of(loop.batch)
+        loop.loader_sample_step += size
+        if loop.is_train_loader:
+            loop.train_batches_done += 1
+            loop.global_batch_step += 1
+            loop.global_sample_step += size
+        loop.batch_metrics, loop.batch_skipped = {}, False
 
     def on_loader_end(self, runner):
         torch.set_grad_enabled(self._grad_was)

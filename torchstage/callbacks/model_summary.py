@@ -68,5 +68,5 @@ class ModelSummary(Callback):
         logdir = self.logdir or runner.spec.logdir
         if logdir is not None:
             path = os.path.join(logdir, "model_summary.txt")
-            write_atomic(path, text.encode())
+            write_atomic(path, text.encode(), durable=False)
             log_artifact(runner, path, "summary")

@@ -1,6 +1,6 @@
 """Non-finite losses: stop the run at the first NaN/inf train loss (default), or skip such batches.
 
-``mode="stop"`` keeps a flag on the device per batch (no host sync) and reads it every ``check_every``
+``mode="stop"`` writes each train loss into a device buffer (no host sync) and reads it every ``check_every``
 train batches, at the end of each train loader and before any mid-epoch checkpoint, so no checkpoint
 ever holds weights trained on a non-finite loss; the error names the first such batch.
 ``mode="skip"`` must know before the backward whether to step, so it reads the loss every train batch
@@ -42,7 +42,7 @@ class NonFiniteLossCallback(Callback):
         return {k: metrics[k] for k in keys if isinstance(metrics.get(k), torch.Tensor)}
 
     def on_loader_start(self, runner):
-        self._first, self._skipped = {}, 0
+        self._buffers, self._steps, self._first, self._skipped = {}, [], {}, 0
         self._loader_start_step = runner.global_batch_step
 
     def on_batch_end(self, runner):
@@ -51,16 +51,14 @@ class NonFiniteLossCallback(Callback):
         if self.mode == "skip":
             self._skip_if_nonfinite(runner)
             return
-        step = runner.global_batch_step
+        slot = len(self._steps)  # one device write per loss and batch; read back at the next check
         for key, loss in self._losses(runner).items():
-            bad = ~torch.isfinite(loss.detach()).all()
-            first = self._first.get(key)
-            if first is None:
-                first = self._first[key] = torch.zeros(2, dtype=torch.float64, device=loss.device)
-            mark = torch.stack([torch.full((), step, dtype=torch.float64, device=loss.device),
-                                loss.detach().double().reshape(-1)[0]])
-            first.copy_(torch.where((first[0] == 0) & bad, mark, first))  # keeps the first bad step and value
-        if step % self.check_every == 0:
+            buffer = self._buffers.get(key)
+            if buffer is None:
+                buffer = self._buffers[key] = torch.zeros(self.check_every, dtype=torch.float64, device=loss.device)
+            buffer[slot] = loss.detach() if loss.dim() == 0 else loss.detach().sum()  # sum: NaN/inf propagate
+        self._steps.append(runner.global_batch_step)
+        if len(self._steps) == self.check_every:
             self.check(runner)
 
     def on_loader_end(self, runner):
@@ -70,24 +68,19 @@ class NonFiniteLossCallback(Callback):
             runner.loader_metrics["nonfinite_skipped"] = float(self._skipped)
 
     def check(self, runner) -> None:
-        """Read the flags (one host sync; collective under several processes); raise at a non-finite loss."""
+        """Read the losses since the last check (one host read; collective under several processes); raise at
+        the first non-finite one."""
         if self.mode != "stop":
             return
-        keys = sorted(self._first)
+        self._scan()
+        first = min(((step, key) for key, (step, _) in self._first.items()), default=(float("inf"), ""))
         if runner.engine.is_distributed:  # every rank must agree, so every rank raises at the same point
-            keys = sorted(set().union(*runner.engine.all_gather_object(keys)))
-        if not keys:
+            first = min(runner.engine.all_gather_object(first))
+        step, key = first
+        if step == float("inf"):
             return
-        device = runner.engine.device
-        steps = torch.stack([self._first[k][0].to(device) if k in self._first else torch.zeros((), dtype=torch.float64,
-                             device=device) for k in keys])
-        steps = torch.where(steps == 0, torch.full_like(steps, float("inf")), steps)
-        steps = runner.engine.all_reduce_(steps, op="min").tolist()
-        bad = [(step, key) for step, key in zip(steps, keys) if step != float("inf")]
-        if not bad:
-            return
-        step, key = min(bad)
-        value = self._first[key][1].item() if key in self._first and self._first[key][0].item() == step else None
+        mine = self._first.get(key)
+        value = mine[1] if mine is not None and mine[0] == step else None
         step = int(step)
         raise NonFiniteLossError(
             f"non-finite loss: {key!r} was {value if value is not None else 'nan/inf'} at stage "
@@ -96,6 +89,21 @@ class NonFiniteLossCallback(Callback):
             f"weights trained on it (the last checkpoint is the last finite one). Lower the learning rate, "
             f"clip gradients (grad_clip_norm=...), or skip such batches with "
             f"callbacks={{'nonfinite': NonFiniteLossCallback(mode='skip')}}")
+
+    def _scan(self) -> None:
+        """Find, per loss, the first non-finite value written since the last scan; start a new window."""
+        count, steps = len(self._steps), self._steps
+        self._steps = []
+        if not count:
+            return
+        for key, buffer in self._buffers.items():
+            if key in self._first:
+                continue
+            values = buffer[:count].cpu()
+            bad = (~torch.isfinite(values)).nonzero()
+            if len(bad):
+                index = int(bad[0])
+                self._first[key] = (steps[index], float(values[index]))
 
     def _skip_if_nonfinite(self, runner):
         losses = self._losses(runner)

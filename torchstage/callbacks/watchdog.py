@@ -58,7 +58,7 @@ class HangWatchdog(Callback):
 
     def __init__(self, timeout=300):
         self.timeout = check_hang_timeout(timeout)
-        self._beat = None  # (monotonic time, wall time, event) of the last progress, written per event
+        self._beat = None  # (monotonic time, event) of the last progress, written per event (one clock read)
         self._thread = self._stop = None
 
     # ---- events: each one is progress ----------------------------------------------------------
@@ -87,7 +87,7 @@ class HangWatchdog(Callback):
         self._end()
 
     def _mark(self, event: str) -> None:
-        self._beat = (time.monotonic(), time.time(), event)
+        self._beat = (time.monotonic(), event)
 
     def _end(self) -> None:
         if self._stop is not None:

@@ -178,8 +178,9 @@ class Runner(CatalystAttributes):
         if engine.prefetch:
             batches = prefetch_to_device(batches, engine)
         to_device = engine.to_device if engine.moves_batches else None
-        for self.batch_step, batch in batches:
-            self.batch = to_device(batch) if to_device else batch
+        loop = self.loop  # the hot path writes the loop state directly, not through the runner's properties
+        for loop.batch_step, batch in batches:
+            loop.batch = to_device(batch) if to_device else batch
             self._run_event("batch", self._batch_body, CancelBatch)
 
     def _batch_body(self) -> None:
