@@ -42,7 +42,7 @@ class NonFiniteLossCallback(Callback):
         return {k: metrics[k] for k in keys if isinstance(metrics.get(k), torch.Tensor)}
 
     def on_loader_start(self, runner):
-        self._buffers, self._steps, self._first, self._skipped = {}, [], {}, 0
+        self._buffers, self._slots, self._steps, self._first, self._skipped = {}, {}, [], {}, 0
         self._loader_start_step = runner.global_batch_step
 
     def on_batch_end(self, runner):
@@ -51,12 +51,13 @@ class NonFiniteLossCallback(Callback):
         if self.mode == "skip":
             self._skip_if_nonfinite(runner)
             return
-        slot = len(self._steps)  # one device write per loss and batch; read back at the next check
+        slot = len(self._steps)  # one device copy per loss and batch; read back at the next check
         for key, loss in self._losses(runner).items():
-            buffer = self._buffers.get(key)
-            if buffer is None:
+            slots = self._slots.get(key)
+            if slots is None:
                 buffer = self._buffers[key] = torch.zeros(self.check_every, dtype=torch.float64, device=loss.device)
-            buffer[slot] = loss.detach() if loss.dim() == 0 else loss.detach().sum()  # sum: NaN/inf propagate
+                slots = self._slots[key] = buffer.unbind()  # views made once: no indexing per batch
+            slots[slot].copy_(loss.detach() if loss.dim() == 0 else loss.detach().sum())  # sum: NaN/inf propagate
         self._steps.append(runner.global_batch_step)
         if len(self._steps) == self.check_every:
             self.check(runner)
