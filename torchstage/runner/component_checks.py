@@ -68,8 +68,9 @@ def check_logdir(logdir) -> None:
 
 
 def check_resume(resume, logdir) -> None:
-    """``resume`` is None, ``"last"`` or an existing checkpoint file; else say what was probably meant."""
-    if resume is None or resume == "last" or os.path.isfile(resume):
+    """``resume`` is None, ``"last"`` or an existing checkpoint (a file, or a sharded checkpoint's directory);
+    else say what was probably meant."""
+    if resume is None or resume == "last" or (isinstance(resume, (str, os.PathLike)) and os.path.exists(resume)):
         return
     if not isinstance(resume, (str, os.PathLike)):
         raise TypeError(f"resume must be None, 'last' or the path of a checkpoint file, got {type(resume).__name__}")
