@@ -76,7 +76,11 @@ def local_gpus() -> int:
 
 def launched_into_world(environ: Mapping = None) -> bool:
     """True when a launcher (torchrun, a SLURM step, an MPI launch) started this process as one of several."""
-    world = resolve_world(environ=environ)
+    return started_by_launcher(resolve_world(environ=environ))
+
+
+def started_by_launcher(world: "World") -> bool:
+    """True when ``world`` came from a launcher (torchrun, a SLURM step, an MPI launch) and has several ranks."""
     return world.source in LAUNCHERS and (world.is_distributed or world.spawn > 1)
 
 

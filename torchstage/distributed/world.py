@@ -13,7 +13,7 @@ import os
 import torch
 
 from torchstage.distributed.engine import Engine
-from torchstage.distributed.env import LAUNCHED_ENV, World, resolve_world
+from torchstage.distributed.env import LAUNCHED_ENV, World, resolve_world, started_by_launcher
 from torchstage.distributed.local_launcher import Launcher, relaunch_command, watch_parent
 
 logger = logging.getLogger("torchstage")
@@ -95,13 +95,13 @@ def run_in_world(fn, distributed=True, nprocs: int = None, timeout=None):
     with processes to start on this host (only with ``distributed=True``, or when a SLURM task spawns
     one per device) they are launched and this process exits with their code (``SystemExit``); as one
     rank of several, the process group is joined around ``fn`` with collective ``timeout`` (a ``timedelta``;
-    None: torch's default). ``distributed=None`` enters only a world that torchrun or a SLURM step started
-    this process into; a plain script runs as one process.
+    None: torch's default). ``distributed=None`` enters only a world that a launcher (torchrun, a SLURM step, mpirun...)
+    started this process into; a plain script runs as one process.
     """
     if in_world() or distributed is False:
         return fn()
     world = resolve_world(nprocs)
-    if distributed is None and not _started_into(world):
+    if distributed is None and not started_by_launcher(world):
         return fn()
     if world.spawn:
         launch_and_exit(world)
@@ -110,10 +110,6 @@ def run_in_world(fn, distributed=True, nprocs: int = None, timeout=None):
     with joined(world, timeout):
         return fn()
 
-
-def _started_into(world: World) -> bool:
-    """True when torchrun or a SLURM job step started this process as one of several."""
-    return world.source in ("torchrun", "slurm") and (world.is_distributed or world.spawn > 1)
 
 
 def distributed_cmd_run(fn, *args, distributed: bool = True, nprocs: int = None, **kwargs):
