@@ -95,7 +95,7 @@ def run_inspect(args) -> int:
 
 
 def run_consolidate(args) -> int:
-    from torchstage.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+    from torchstage.checkpoint import CheckpointError, load_checkpoint, serialize, write_atomic
     if not os.path.isdir(args.path):
         sys.stderr.write(f"torchstage checkpoint consolidate: {args.path!r} is not a sharded checkpoint directory "
                          f"(a single-file checkpoint needs no consolidation)\n")
@@ -103,7 +103,7 @@ def run_consolidate(args) -> int:
     try:
         checkpoint = load_checkpoint(args.path)
         checkpoint["meta"] = {**checkpoint.get("meta", {}), "sharded": False, "consolidated_from": args.path}
-        save_checkpoint(checkpoint, args.out)
+        write_atomic(args.out, serialize(checkpoint))
     except CheckpointError as e:
         sys.stderr.write(f"torchstage checkpoint consolidate: {e}\n")
         return 2
