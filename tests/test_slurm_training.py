@@ -147,8 +147,9 @@ def test_srun_trains_to_the_single_process_metrics(runs, name, world_size):
                    if os.path.isfile(p))
     assert [f for f in files if not f.startswith("tensorboard")] == [
         "checkpoints/best.pth", "checkpoints/epoch-0003.pth", "checkpoints/last.pth", "checkpoints/metrics.json",
-        "logs/train.csv", "logs/valid.csv"]
-    assert len([f for f in files if f.startswith("tensorboard")]) == 2  # one event file each for train, valid
+        "logs/hparams.json", "logs/train.csv", "logs/valid.csv", "model_summary.txt"]
+    # one event file each for train and valid, and one for the run's hparams
+    assert len([f for f in files if f.startswith("tensorboard")]) == 3
     assert (logdir / "logs" / "valid.csv").read_text().count("\nmain,") == 3
     assert proc.stdout.count("epoch 3/3") == 1  # one console log for the whole world
 
