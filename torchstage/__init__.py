@@ -1,6 +1,7 @@
 """torchstage: a callback-driven runner for PyTorch, from one process to a SLURM cluster."""
 __version__ = "0.1.0"
 
+from torchstage import aliases
 from torchstage.callbacks.aggregation import MetricAggregationCallback
 from torchstage.callbacks.averaging import MetricsAveragingCallback
 from torchstage.callbacks.base import (Callback, CallbackOrder, CallbackScope, CancelBatch, CancelEpoch,
@@ -59,10 +60,9 @@ del train_signature
 
 def __getattr__(name):
     """Catalyst 20.12 names (``dl.CallbackNode``, ``utils.set_global_seed``...): torchstage's object, noted once."""
-    from torchstage.aliases import MODULE_ALIASES, note_alias
-    if name in MODULE_ALIASES:
-        note_alias(f"torchstage.{name}", f"torchstage.{MODULE_ALIASES[name]}")
-        return globals()[MODULE_ALIASES[name]]
+    if name in aliases.MODULE_ALIASES:
+        aliases.note_alias(f"torchstage.{name}", f"torchstage.{aliases.MODULE_ALIASES[name]}")
+        return globals()[aliases.MODULE_ALIASES[name]]
     raise AttributeError(f"module 'torchstage' has no attribute {name!r}")
 
 __all__ = [

@@ -6,6 +6,8 @@ See docs/migrating-from-catalyst.md for the whole table.
 import logging
 import os
 
+from torchstage.logging_setup import ensure_console_handler
+
 logger = logging.getLogger("torchstage")
 _noted = set()
 
@@ -52,7 +54,6 @@ def note_alias(old: str, preferred: str) -> None:
         return
     _noted.add(old)
     if is_main_process():
-        from torchstage.logging_setup import ensure_console_handler  # notes may come before train() sets it
         ensure_console_handler()
         logger.info("note: %s is Catalyst 20.12's spelling; torchstage's is %s", old, preferred)
 

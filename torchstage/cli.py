@@ -3,7 +3,9 @@ import argparse
 import os
 import sys
 
+from torchstage import __version__
 from torchstage.checkpoint import CheckpointError
+from torchstage.commands import checkpoint_tools, env, plot, report, run, slurm, tune
 
 _USER_ERRORS = (ValueError, TypeError, KeyError, FileExistsError, FileNotFoundError, NotADirectoryError, PermissionError,
                 CheckpointError)
@@ -11,7 +13,6 @@ _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from torchstage import __version__
     parser = argparse.ArgumentParser(
         prog="torchstage", description="Train PyTorch models from configs, inspect checkpoints and the "
                                        "distributed environment.",
@@ -25,7 +26,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _subcommands():
     """The ``add_parser(subparsers)`` function of every subcommand, in help order."""
-    from torchstage.commands import checkpoint_tools, env, plot, report, run, slurm, tune
     return [run.add_parser, tune.add_parser, env.add_parser, plot.add_parser, report.add_parser,
             checkpoint_tools.add_parser,
             slurm.add_parser]

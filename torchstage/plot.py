@@ -41,6 +41,7 @@ def plot_logs(logdir: str, output: str = None) -> str:
     (``pip install torchstage[plot]``).
     """
     try:
+        # imported here: matplotlib is an optional extra
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
         from matplotlib.ticker import MaxNLocator

@@ -7,6 +7,7 @@ allocations, FLOP counting, loader workers starting).
 import json
 import os
 
+from torchstage.checkpoint import load_checkpoint
 from torchstage.plot import read_logs
 
 #: Table columns: (key, header, format).
@@ -39,7 +40,6 @@ def _world_size(logdir: str) -> int:
     path = os.path.join(logdir, "logs", "hparams.json")
     if os.path.exists(path):
         return int(json.load(open(path))["world_size"])
-    from torchstage.checkpoint import load_checkpoint  # runs logged before hparams.json existed
     return int(load_checkpoint(os.path.join(logdir, "checkpoints", "last.pth"))["meta"]["world_size"])
 
 

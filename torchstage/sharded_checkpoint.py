@@ -96,7 +96,7 @@ def load_sharded(path: str) -> dict:
             with open(metadata_path, "rb") as f:
                 metadata = _MetadataUnpickler(io.BytesIO(f.read())).load()
             if getattr(metadata, "storage_meta", None) is None:
-                from torch.distributed.checkpoint.metadata import StorageMeta
+                from torch.distributed.checkpoint.metadata import StorageMeta  # heavy: only sharded checkpoints need it
                 metadata.storage_meta = StorageMeta()
             metadata.storage_meta.load_id = self.load_id
             return metadata

@@ -7,6 +7,8 @@ import shlex
 from dataclasses import dataclass, field, fields
 from typing import List, Optional, Union
 
+import yaml
+
 
 class SlurmScriptError(ValueError):
     """Options that cannot make a working sbatch script."""
@@ -154,7 +156,6 @@ def options_from_dict(data: dict, source: str = "options") -> SbatchOptions:
 
 def load_sbatch_options(path: str, **overrides) -> SbatchOptions:
     """Options from a short YAML file, then ``overrides`` (values that are None are ignored)."""
-    import yaml
     try:
         with open(path) as f:
             data = yaml.safe_load(f) or {}

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
+import torch.distributed as dist
 
 logger = logging.getLogger("torchstage")
 
@@ -94,13 +95,11 @@ class SignalStop:
 
 def control_group():
     """A gloo group for host-side flags when the default group is not gloo (NCCL needs device tensors)."""
-    import torch.distributed as dist
     return None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
 
 
 def agree(request: Optional[StopRequest], group=None) -> Optional[StopRequest]:
     """The stop request every rank will act on: any rank's request stops all (collective, CPU tensors)."""
-    import torch.distributed as dist
     local = (request.exit_code, request.signum) if request is not None else (0, 0)
     flags = torch.tensor(local, dtype=torch.int64)
     dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group)

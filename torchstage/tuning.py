@@ -26,6 +26,12 @@ import logging
 import os
 from collections.abc import Mapping
 
+from torchstage.callbacks.optuna_pruning import OptunaPruningCallback
+from torchstage.config.train_call import train_from_config
+from torchstage.config.yaml_files import apply_override
+from torchstage.distributed.engine import Engine
+from torchstage.distributed.world import current_engine, in_world
+from torchstage.distributed.world import distributed_cmd_run
 from torchstage.instantiate import ConfigError, instantiate, is_component
 
 logger = logging.getLogger("torchstage")
@@ -45,7 +51,6 @@ def tune(config: Mapping, n_trials: int = None, storage: str = None, study_name:
     settings.update({k: v for k, v in (("n_trials", n_trials), ("storage", storage), ("study_name", study_name))
                      if v is not None})
     check_settings(settings, config)
-    from torchstage.distributed.world import distributed_cmd_run
     return distributed_cmd_run(_run_study, config, settings, distributed=config.get("distributed") is not False,
                                nprocs=config.get("nprocs"))
 
@@ -104,7 +109,6 @@ def suggest(trial, params: Mapping) -> dict:
 
 def with_params(config: Mapping, values: Mapping, logdir: str) -> dict:
     """A copy of ``config`` with each ``a.b.c`` path set to its value and the trial's logdir."""
-    from torchstage.config.yaml_files import apply_override
     config = copy.deepcopy(dict(config))
     for key, value in values.items():
         apply_override(config, f"{key}={json.dumps(value)}")
@@ -114,8 +118,6 @@ def with_params(config: Mapping, values: Mapping, logdir: str) -> dict:
 
 def _run_study(config: dict, settings: dict):
     """The study loop, on every rank of the world (or the only process); the main rank drives Optuna."""
-    from torchstage.distributed.engine import Engine
-    from torchstage.distributed.world import current_engine, in_world
     engine = current_engine() if in_world() else Engine(device="cpu")
     base = os.fspath(config["logdir"])
     if not engine.is_main:
@@ -175,8 +177,6 @@ def _load_study(config: dict, settings: dict):
 
 def _run_trial(config: dict, base: str, proposal: dict, trial) -> float:
     """Train one trial on this rank; returns the best validation value, raises ``optuna.TrialPruned``."""
-    from torchstage.callbacks.optuna_pruning import OptunaPruningCallback
-    from torchstage.config.train_call import train_from_config
     number, params = proposal["number"], proposal["params"]
     logdir = os.path.join(base, f"trial-{number:04d}")
     if trial is not None:

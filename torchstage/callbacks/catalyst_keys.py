@@ -6,6 +6,7 @@ output. Giving ``output_key`` selects 20.12's meaning; ``input_key`` alone keeps
 ``input_key`` that names the target itself (20.12's ``input_key="targets"``) is refused with both spellings.
 """
 from torchstage.aliases import note_alias
+from torchstage.metrics import AccuracyMetric, FunctionalMetric, RenamedMetric
 
 _BOTH = ("use input_key=<model output>, target_key=<target> (torchstage) or input_key=<target>, "
          "output_key=<model output> (Catalyst 20.12), not a mix")
@@ -86,7 +87,6 @@ def catalyst_metric_args(metric, input_key, target_key, loaders, metric_fn, outp
                          metric_kwargs) -> tuple:
     """``(metric, prediction key, target key, loaders)`` for Catalyst 20.12's ``MetricCallback(prefix, metric_fn,
     input_key="targets", output_key="logits", multiplier=1.0, **metric_kwargs)``, by position or by name."""
-    from torchstage.metrics import FunctionalMetric  # imported here: only 20.12-style calls need it
     owner = "MetricCallback"
     if isinstance(metric, str):  # positional 20.12 order: prefix, metric_fn, input_key, output_key
         if prefix is not None:
@@ -116,7 +116,6 @@ def catalyst_metric_args(metric, input_key, target_key, loaders, metric_fn, outp
 
 def catalyst_accuracy(topk, prefix: str, num_classes, accuracy_args, topk_args):
     """Catalyst 20.12's ``AccuracyCallback(num_classes=, accuracy_args=[1, 3])``: ``accuracy01``, ``accuracy03``."""
-    from torchstage.metrics import AccuracyMetric, RenamedMetric  # imported here: only 20.12-style calls need it
     if tuple(topk) != (1,):
         raise TypeError("AccuracyCallback: give topk=... or Catalyst 20.12's accuracy_args/topk_args/num_classes, "
                         "not both")

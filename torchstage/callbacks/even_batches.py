@@ -7,6 +7,7 @@ is checked at its end: equal counts pass; a rank that ran out early waits there 
 cannot mismatch DDP's collectives) until the hang watchdog ends the job, naming where each rank was.
 """
 import torch
+import torch.distributed as dist
 
 from torchstage.callbacks.base import Callback, CallbackOrder
 
@@ -30,7 +31,6 @@ class EvenBatchesCallback(Callback):
 
     def on_experiment_start(self, runner):
         if runner.engine.is_distributed:
-            import torch.distributed as dist  # only under several processes
             self._group = dist.new_group(backend="gloo")
 
     def on_loader_start(self, runner):
@@ -62,12 +62,10 @@ class EvenBatchesCallback(Callback):
 
     def _release(self):
         if self._group is not None:
-            import torch.distributed as dist  # only under several processes
             dist.destroy_process_group(self._group)
         self._group = None
 
     def _gather(self, value: int) -> list:
-        import torch.distributed as dist  # only under several processes
         out = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size(self._group))]
         dist.all_gather(out, torch.tensor([value], dtype=torch.int64), group=self._group)
         return [int(t) for t in out]

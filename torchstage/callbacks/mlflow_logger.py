@@ -9,7 +9,9 @@ import os
 import socket
 import time
 
+from torchstage import __version__
 from torchstage.callbacks.logger_base import EPOCH, LoggerCallback
+from torchstage.plot import plot_logs
 
 logger = logging.getLogger("torchstage")
 #: Longest parameter value sent (MLflow refuses longer ones).
@@ -94,7 +96,7 @@ class MLflowLogger(LoggerCallback):
 
     def log_hparams(self, hparams, runner):
         self._open(runner)
-        from mlflow.entities import Param
+        from mlflow.entities import Param  # optional extra
         logged = self.client.get_run(self.run_id).data.params
         params = []
         for key, value in hparams.items():
@@ -107,7 +109,7 @@ class MLflowLogger(LoggerCallback):
             self.client.log_batch(self.run_id, params=params[start:start + 100])
 
     def log_metrics(self, metrics, step, loader, scope, runner):
-        from mlflow.entities import Metric
+        from mlflow.entities import Metric  # optional extra
         prefix = f"{loader}/" if scope == EPOCH else f"{loader}/{scope}/"
         now = int(time.time() * 1000)
         batch = [Metric(f"{prefix}{key}", float(value), now, int(step))
@@ -136,7 +138,6 @@ class MLflowLogger(LoggerCallback):
         if os.path.isdir(logs):
             self.client.log_artifacts(self.run_id, logs, artifact_path="logs")
         try:
-            from torchstage.plot import plot_logs  # matplotlib is optional
             self.log_artifact(plot_logs(logdir), runner, "plot")
         except (ImportError, OSError, ValueError) as exc:
             logger.info("MLflow: no curves.png uploaded (%s)", exc)
@@ -149,7 +150,6 @@ class MLflowLogger(LoggerCallback):
 
 
 def _version() -> str:
-    from torchstage import __version__  # the package root imports this module's package
     return __version__
 
 

@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 import traceback
+from datetime import timedelta
 from numbers import Real
 
 from torchstage.arguments import ArgumentError
@@ -42,7 +43,6 @@ def check_hang_timeout(value, name: str = "timeout"):
 
 def process_group_timeout(hang_timeout):
     """The ``timedelta`` a run's process group gets for ``hang_timeout`` (None: torch's default)."""
-    from datetime import timedelta
     seconds = check_hang_timeout(hang_timeout, "hang_timeout")
     return None if seconds is None else timedelta(seconds=seconds + GROUP_TIMEOUT_MARGIN)
 

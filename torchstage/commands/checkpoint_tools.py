@@ -9,6 +9,7 @@ import sys
 
 import torch
 
+from torchstage.checkpoint import CheckpointError, load_checkpoint, serialize, write_atomic
 
 def add_parser(subparsers) -> None:
     """Register ``checkpoint inspect`` on the ``torchstage`` command."""
@@ -82,7 +83,6 @@ def format_summary(path: str, info: dict) -> str:
 
 
 def run_inspect(args) -> int:
-    from torchstage.checkpoint import CheckpointError, load_checkpoint
     try:
         checkpoint = load_checkpoint(args.path)
     except CheckpointError as e:
@@ -95,7 +95,6 @@ def run_inspect(args) -> int:
 
 
 def run_consolidate(args) -> int:
-    from torchstage.checkpoint import CheckpointError, load_checkpoint, serialize, write_atomic
     if not os.path.isdir(args.path):
         sys.stderr.write(f"torchstage checkpoint consolidate: {args.path!r} is not a sharded checkpoint directory "
                          f"(a single-file checkpoint needs no consolidation)\n")

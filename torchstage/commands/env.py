@@ -4,6 +4,8 @@ import json
 import os
 import sys
 
+from torchstage.distributed.env import detected, local_gpus, resolve_world
+
 EPILOG = """\
 examples:
   torchstage env                          # on a laptop: a single process
@@ -39,7 +41,6 @@ def add_parser(subparsers) -> None:
 
 
 def env_command(args) -> int:
-    from torchstage.distributed.env import detected, local_gpus, resolve_world
     checked = [{"name": env.name, "applies": applies, "why": why} for env, applies, why in detected()]
     try:
         world = resolve_world(args.nprocs)

@@ -2,6 +2,8 @@
 import argparse
 import sys
 
+from torchstage.plot import plot_logs
+
 EPILOG = """\
 examples:
   torchstage plot logdir                  # writes logdir/curves.png
@@ -22,7 +24,6 @@ def add_parser(subparsers) -> None:
 
 
 def plot_command(args) -> int:
-    from torchstage.plot import plot_logs
     try:
         path = plot_logs(args.logdir, args.output)
     except (ImportError, OSError, ValueError) as exc:

@@ -2,6 +2,8 @@
 import argparse
 import sys
 
+from torchstage.report import write_report
+
 EPILOG = """\
 examples:
   torchstage report runs/ws1 runs/ws2 runs/ws4 -o scaling    # scaling/report.md, scaling/report.png
@@ -23,7 +25,6 @@ def add_parser(subparsers) -> None:
 
 
 def report_command(args) -> int:
-    from torchstage.report import write_report
     try:
         paths = write_report(args.logdirs, args.output)
     except (ImportError, OSError, ValueError, KeyError) as exc:

@@ -5,6 +5,12 @@ import logging
 import os
 import sys
 
+from torchstage.config.train_call import train_from_config, with_defaults
+from torchstage.config.yaml_files import dump_config, load_config
+from torchstage.instantiate import ALLOWED_TARGETS_VAR, ConfigError
+from torchstage.logging_setup import ensure_console_handler
+from torchstage.runner.chain import describe_chain
+
 DESCRIPTION = """\
 Build the runner, model, criterion, optimizer, scheduler, data and callbacks from YAML
 and call runner.train(...) with them. Files are merged in order (later keys win), then
@@ -45,12 +51,8 @@ def add_parser(subparsers) -> None:
 
 
 def run_command(args) -> int:
-    from torchstage.config.train_call import train_from_config, with_defaults
-    from torchstage.config.yaml_files import dump_config, load_config
-    from torchstage.instantiate import ConfigError
     add_import_paths(args.config)
     if args.allow_targets:
-        from torchstage.instantiate import ALLOWED_TARGETS_VAR
         os.environ[ALLOWED_TARGETS_VAR] = args.allow_targets
     try:
         config = load_config(args.config, args.overrides)
@@ -63,7 +65,6 @@ def run_command(args) -> int:
     except ConfigError as exc:
         sys.stderr.write(f"torchstage run: error: {exc}\n")
         return 2
-    from torchstage.runner.chain import describe_chain
     for stage, loaders, chain in zip(runner.spec.stage_specs, runner.stage_loaders, runner.stage_callbacks):
         sys.stdout.write(f"\n# stage {stage.name!r}: {stage.num_epochs} epoch(s); "
                          f"loaders {', '.join(f'{k} ({_batches(v)} batches)' for k, v in loaders.items())}; "
@@ -95,7 +96,6 @@ def _kind(component) -> str:
 
 @contextlib.contextmanager
 def _quiet_logger():
-    from torchstage.logging_setup import ensure_console_handler
     ensure_console_handler()
     log = logging.getLogger("torchstage")
     level = log.level

@@ -1,6 +1,12 @@
 """``torchstage tune``: an Optuna study over the trials of a ``torchstage run`` config (see torchstage/tuning.py)."""
 import argparse
+import logging
 import sys
+
+from torchstage.config.yaml_files import load_config
+from torchstage.instantiate import ConfigError
+from torchstage.logging_setup import ensure_console_handler
+from torchstage.tuning import tune
 
 DESCRIPTION = """\
 Search hyperparameters with Optuna: each trial trains the config (as `torchstage run` would)
@@ -34,10 +40,6 @@ def add_parser(subparsers) -> None:
 
 
 def tune_command(args) -> int:
-    from torchstage.config.yaml_files import load_config
-    from torchstage.instantiate import ConfigError
-    from torchstage.logging_setup import ensure_console_handler
-    from torchstage.tuning import tune
     ensure_console_handler()
     try:
         config = load_config(args.config, args.overrides)
@@ -48,7 +50,6 @@ def tune_command(args) -> int:
     if study is not None:
         best = [t for t in study.trials if t.value is not None]
         if best:
-            import logging
             logging.getLogger("torchstage").info("optuna: best trial %d: value %s, params %s", study.best_trial.number,
                                                  study.best_value, study.best_params)
     return 0

@@ -3,6 +3,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from torchstage.distributed.strategies.single import SingleDevice
 
@@ -61,7 +62,6 @@ class Engine:
     def all_reduce_(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
         """Reduce ``tensor`` in place across ranks (``sum``, ``max`` or ``min``) and return it."""
         if self.is_distributed:
-            import torch.distributed as dist
             dist.all_reduce(tensor, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
                                         "min": dist.ReduceOp.MIN}[op])
         return tensor
@@ -70,7 +70,6 @@ class Engine:
         """Concatenate along dim 0 the tensors of every rank, in rank order; sizes may differ."""
         if not self.is_distributed:
             return tensor
-        import torch.distributed as dist
         size = torch.tensor([tensor.shape[0]], device=tensor.device)
         sizes = [torch.zeros_like(size) for _ in range(self.world_size)]
         dist.all_gather(sizes, size)
@@ -85,7 +84,6 @@ class Engine:
         """``obj`` from rank ``src`` on every rank."""
         if not self.is_distributed:
             return obj
-        import torch.distributed as dist
         box = [obj]
         dist.broadcast_object_list(box, src=src)
         return box[0]
@@ -94,14 +92,12 @@ class Engine:
         """A list of ``obj`` from every rank, in rank order."""
         if not self.is_distributed:
             return [obj]
-        import torch.distributed as dist
         out = [None] * self.world_size
         dist.all_gather_object(out, obj)
         return out
 
     def barrier(self) -> None:
         if self.is_distributed:
-            import torch.distributed as dist
             dist.barrier()
 
 

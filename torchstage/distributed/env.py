@@ -68,7 +68,7 @@ class World:
 def local_gpus() -> int:
     """Number of visible GPUs (``CUDA_VISIBLE_DEVICES`` respected); 0 without CUDA."""
     try:
-        import torch
+        import torch  # inside the try: a broken torch/CUDA install counts as no GPUs
         return torch.cuda.device_count() if torch.cuda.is_available() else 0
     except Exception:  # a broken driver is a machine without GPUs
         return 0

@@ -191,7 +191,7 @@ def watch_parent() -> None:
         return
     if sys.platform.startswith("linux"):
         try:
-            import ctypes
+            import ctypes  # inside the try: without ctypes the child just gets no death signal
             libc = ctypes.CDLL(None, use_errno=True)
             libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
         except (OSError, AttributeError):

@@ -9,19 +9,21 @@ The launching process never trains: it waits for the workers and exits with thei
 import contextlib
 import logging
 import os
+from datetime import timedelta
 
 import torch
+import torch.distributed as dist
 
 from torchstage.distributed.engine import Engine
 from torchstage.distributed.env import LAUNCHED_ENV, World, resolve_world, started_by_launcher
 from torchstage.distributed.local_launcher import Launcher, relaunch_command, watch_parent
+from torchstage.logging_setup import ensure_console_handler
 
 logger = logging.getLogger("torchstage")
 
 
 def in_world() -> bool:
     """True when a torch.distributed process group is initialised in this process."""
-    import torch.distributed as dist
     return dist.is_available() and dist.is_initialized()
 
 
@@ -31,7 +33,6 @@ def launch_and_exit(world: World) -> None:
     Raises ``SystemExit(0)`` when all succeed, else ``SystemExit(code of the first failing rank)``: code
     after the launching call runs only in the workers, never here with an untrained model.
     """
-    from torchstage.logging_setup import ensure_console_handler
     ensure_console_handler()
     command = relaunch_command()
     logger.info("starting %d processes (%s, ranks %d-%d of %d): %s", world.spawn, world.backend, world.rank,
@@ -48,7 +49,6 @@ def joined(world: World, timeout=None):
     A failing block leaves the group alone: the process is about to exit and the launcher stops the
     other ranks, so nobody waits on a collective with a dead peer.
     """
-    import torch.distributed as dist
     if os.environ.get(LAUNCHED_ENV):
         watch_parent()
     os.environ.setdefault("LOCAL_RANK", str(world.local_rank))  # MPI launchers set none; current_engine reads it
@@ -70,9 +70,7 @@ def _attempt_store(world: World, timeout):
     After ``--max-restarts`` the agent's store still holds the previous attempt's gloo addresses; a
     restarted rank would dial a dead peer ("connectFullMesh ... Connection refused") without a prefix.
     """
-    from datetime import timedelta
 
-    import torch.distributed as dist
     store = dist.TCPStore(world.master_addr, world.master_port, world.world_size, is_master=False,
                           timeout=max(timeout or timedelta(0), timedelta(minutes=5)))  # a slow start is no hang
     return dist.PrefixStore(f"torchstage/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
@@ -80,7 +78,6 @@ def _attempt_store(world: World, timeout):
 
 def current_engine(strategy=None) -> Engine:
     """The engine of this rank in the initialised process group (device: its GPU under NCCL, else CPU)."""
-    import torch.distributed as dist
     rank, world_size = dist.get_rank(), dist.get_world_size()
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     device = torch.device("cuda", local_rank) if dist.get_backend() == "nccl" else torch.device("cpu")

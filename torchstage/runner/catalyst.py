@@ -2,6 +2,7 @@
 ``train()`` argument names (``fp16``, ``main_metric``...), each mapped to torchstage's with a one-time note.
 """
 from torchstage.aliases import note_alias
+from torchstage.distributed.engine import Engine
 
 #: train() arguments Catalyst 20.12 spelled differently -> torchstage's name.
 TRAIN_RENAMED = {"main_metric": "valid_metric", "minimize_metric": "minimize_valid_metric", "initial_seed": "seed",
@@ -116,7 +117,6 @@ class _EpochMetricsSlot:
 
 def _engine(runner):
     if runner.engine is None:
-        from torchstage.distributed.engine import Engine  # imported here: engine setup only without train()
         runner.engine = Engine()
     return runner.engine
 

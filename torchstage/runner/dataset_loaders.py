@@ -4,6 +4,7 @@ from collections.abc import Mapping
 
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
+from torchstage.distributed.samplers import make_sampler
 from torchstage.runner.split import SPLIT_OPTIONS, check_split, split_valid
 
 #: Options of ``datasets={...}`` passed to every DataLoader; all other keys name datasets.
@@ -71,7 +72,6 @@ def build_datasets(datasets: Mapping) -> dict:
 
 def build_loaders(datasets: Mapping, engine, seed: int = 0) -> dict:
     """DataLoaders for ``datasets``: train loaders shuffle; under several processes each rank gets its shard."""
-    from torchstage.distributed.samplers import make_sampler
     options = {k: v for k, v in datasets.items() if k in LOADER_OPTIONS}
     shuffle = options.pop("shuffle", None)
     if options.get("num_workers", 0) > 0:

@@ -6,6 +6,7 @@ import torch
 
 from torchstage.callbacks.base import Callback, CancelStage
 from torchstage.callbacks.loop import LoopCallback
+from torchstage.checkpoint import load_checkpoint
 from torchstage.runner.chain import merge_chain
 from torchstage.runner.inference import _ready
 
@@ -101,7 +102,6 @@ def use_model(runner, model, resume, what: str) -> None:
         runner.model = model
     _ready(runner, what)
     if resume is not None:
-        from torchstage.checkpoint import load_checkpoint  # imported here: only resume= needs it
         runner.load_state_dict(load_checkpoint(os.fspath(resume)), weights_only=True)
 
 

@@ -5,6 +5,7 @@ from torchstage.callbacks.averaging import MetricsAveragingCallback
 from torchstage.callbacks.base import Callback, CancelStage
 from torchstage.callbacks.loop import LoopCallback
 from torchstage.callbacks.watchdog import HangWatchdog
+from torchstage.distributed.engine import Engine
 from torchstage.named import each
 from torchstage.runner.chain import merge_chain
 from torchstage.runner.loop_state import LoopState
@@ -15,7 +16,6 @@ def _ready(runner, what: str) -> None:
     if runner.model is None:
         raise ValueError(f"{what} needs a model: pass {type(runner).__name__}(model=...) or call train() first")
     if runner.engine is None:
-        from torchstage.distributed.engine import Engine
         runner.engine = Engine()
     if runner.spec is None:  # train() has not placed the models
         for model in each(runner.model):

@@ -11,6 +11,7 @@ from torchstage.distributed.prefetch import prefetch_to_device
 from torchstage.logdir_lock import LogdirLock
 from torchstage.runner.defaults import default_callbacks
 from torchstage.named import map_named
+from torchstage.runner import export, inference
 from torchstage.runner.catalyst import CatalystAttributes, adopt_catalyst_handle_batch, translate_train_kwargs
 from torchstage.runner.loop_state import LoopState, expose_loop_state
 from torchstage.runner.resume import loader_batches, remaining_loaders
@@ -83,27 +84,22 @@ class Runner(CatalystAttributes):
     def predict_loader(self, loader, to_cpu: bool = False, *, model=None, resume=None):
         """Yield :meth:`predict_batch` for each batch of ``loader`` (eval mode, no grad; on CPU if ``to_cpu``);
         ``model=``/``resume=`` (a checkpoint path) set the model first."""
-        from torchstage.runner.inference import predict_loader
         if model is not None or resume is not None:
-            from torchstage.runner.export import use_model
-            use_model(self, model, resume, "predict_loader")
-        return predict_loader(self, loader, to_cpu=to_cpu)
+            export.use_model(self, model, resume, "predict_loader")
+        return inference.predict_loader(self, loader, to_cpu=to_cpu)
 
     def trace(self, *, model=None, batch=None, loader=None, logdir=None, backend: str = "jit", **options):
         """The model traced through :meth:`predict_batch` on ``batch`` (or ``loader``'s first): TorchScript, or
         ``backend="export"`` for ``torch.export``; saved under ``logdir/trace/`` (see ``runner/export.py``)."""
-        from torchstage.runner.export import trace
-        return trace(self, model=model, batch=batch, loader=loader, logdir=logdir, backend=backend, **options)
+        return export.trace(self, model=model, batch=batch, loader=loader, logdir=logdir, backend=backend, **options)
 
     def infer(self, *, loaders, model=None, callbacks=None, resume=None, **unsupported) -> "Runner":
         """One pass of ``handle_batch`` and ``callbacks`` over inference ``loaders`` (eval mode, no grad)."""
-        from torchstage.runner.export import infer
-        return infer(self, model=model, loaders=loaders, callbacks=callbacks, resume=resume, **unsupported)
+        return export.infer(self, model=model, loaders=loaders, callbacks=callbacks, resume=resume, **unsupported)
 
     def evaluate_loader(self, loader, callbacks=None, criterion=None) -> dict:
         """The loader metrics of one pass over ``loader`` without training (loss with ``criterion`` or the runner's)."""
-        from torchstage.runner.inference import evaluate_loader
-        return evaluate_loader(self, loader, callbacks=callbacks, criterion=criterion)
+        return inference.evaluate_loader(self, loader, callbacks=callbacks, criterion=criterion)
 
     def get_default_callbacks(self, spec: TrainSpec) -> dict:
         """Name -> callback for the default chain (:mod:`torchstage.runner.defaults`); users replace one by name."""

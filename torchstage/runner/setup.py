@@ -8,6 +8,7 @@ from torchstage.distributed.engine import Engine
 from torchstage.distributed.loaders import distribute_loaders
 from torchstage.distributed.world import current_engine, in_world, run_in_world
 from torchstage.logdir_lock import LogdirLock
+from torchstage.logging_setup import ensure_console_handler
 from torchstage.named import each, map_named, named
 from torchstage.rng import set_seed
 from torchstage.runner.amp import setup_amp
@@ -40,7 +41,6 @@ def _train_here(runner, spec):
 
 def prepare(runner, spec, engine: Engine = None) -> None:
     """Everything before the first event: no training happens here, every user error is raised here."""
-    from torchstage.logging_setup import ensure_console_handler
     ensure_console_handler()
     runner.spec = spec
     runner.engine = engine or runner.engine or Engine()

@@ -10,8 +10,10 @@ from typing import Any, Optional
 import torch
 
 from torchstage.callbacks.base import Callback
+from torchstage.distributed.slurm_requeue import check_requeue_arg
 from torchstage.distributed.strategies.resolve import resolve_strategy
 from torchstage.runner.component_checks import check_components, check_logdir, check_resume
+from torchstage.runner.dataset_loaders import dataset_loader_names
 from torchstage.runner.defaults import stage_chains
 from torchstage.runner.features import check_switches
 from torchstage.runner.errors import RunnerException
@@ -123,7 +125,6 @@ def make_spec(runner, kwargs: dict, config_text: str = None) -> TrainSpec:
     if spec.resume_lr not in ("refuse", "new", "checkpoint"):
         raise ValueError(f"resume_lr must be 'refuse' (a learning rate that differs from the checkpoint's fails), "
                          f"'new' (use the one given now) or 'checkpoint' (keep the saved one), got {spec.resume_lr!r}")
-    from torchstage.distributed.slurm_requeue import check_requeue_arg
     spec.resume = check_requeue_arg(spec.requeue, spec.resume)
     check_resume(spec.resume, spec.logdir)
     spec.stage_specs = _resolve_stages(spec)
@@ -171,7 +172,6 @@ def _check_stage(runner, stage: StageSpec) -> None:
     if stage.loaders is not None:
         names = _check_loaders(stage.loaders, prefix)
     else:
-        from torchstage.runner.dataset_loaders import dataset_loader_names
         names = dataset_loader_names(stage.datasets, prefix)
     if names is not None:  # None: a get_datasets_fn, checked once it has run (still before training)
         check_valid_loader(stage, names)

@@ -4,6 +4,7 @@ import time
 
 import torch
 
+from torchstage import __version__
 from torchstage.checkpoint import FORMAT, CheckpointError, clean_state_dict
 from torchstage.named import named
 from torchstage.rng import get_rng_state, set_rng_state
@@ -15,7 +16,6 @@ HPARAMS = ("num_epochs", "valid_loader", "valid_metric", "minimize_valid_metric"
 
 def runner_state_dict(runner) -> dict:
     """Every part of the run needed to resume it exactly; collective under several processes."""
-    from torchstage import __version__
     spec, strategy = runner.spec, runner.engine.strategy
     scaler = runner.scaler
     models = named(runner.unwrapped_model, "model")

@@ -1,6 +1,7 @@
 """DistributedDataParallel: every rank holds the whole model; gradients are all-reduced in backward."""
 import contextlib
 
+from torch.nn.parallel import DistributedDataParallel
 
 from torchstage.distributed.strategies.single import SingleDevice
 
@@ -24,7 +25,6 @@ class DDP(SingleDevice):
         """DDP-wrap a model that has trainable parameters (others are returned as they are)."""
         if not engine.is_distributed or not any(p.requires_grad for p in model.parameters()):
             return model
-        from torch.nn.parallel import DistributedDataParallel
         device_ids = [engine.device.index] if engine.device.type == "cuda" else None
         return DistributedDataParallel(model, device_ids=device_ids, **self.ddp_kwargs)
 

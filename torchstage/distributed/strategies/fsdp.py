@@ -10,7 +10,7 @@ import numbers
 
 import torch
 
-from torchstage.distributed.strategies.single import SingleDevice
+from torchstage.distributed.strategies.single import SingleDevice, optimizer_module
 
 #: Modules that hold sub-modules without running them in a forward of their own: the policy looks inside.
 CONTAINERS = (torch.nn.ModuleList, torch.nn.ModuleDict)
@@ -123,13 +123,13 @@ class FSDP(SingleDevice):
 
     def load_model_state_dict(self, model, state):
         """Full tensors into a plain or a sharded model (each rank keeps its shard)."""
+        # heavy; FSDP runs only
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
         set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True))
 
     def optimizer_state_dict(self, optimizer, models):
         """The optimizer state keyed by parameter name (sharded tensors), loadable on any world size."""
-        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-        from torchstage.distributed.strategies.single import optimizer_module
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict  # heavy; FSDP runs only
         return get_optimizer_state_dict(optimizer_module(optimizer, models), optimizer)
 
     def save_checkpoint(self, checkpoint, paths, engine):
@@ -153,7 +153,7 @@ def _check_optimizers(models: dict, optimizers) -> None:
 
 def _rebind(optimizer, new: dict) -> None:
     """Point the optimizer's groups (and state) at the sharded parameters; the state is sharded alike."""
-    from torch.distributed.tensor import distribute_tensor
+    from torch.distributed.tensor import distribute_tensor  # DTensor: heavy; FSDP runs only
     state = optimizer.state
     for group in optimizer.param_groups:
         params = []
