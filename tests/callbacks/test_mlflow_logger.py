@@ -116,8 +116,9 @@ def test_a_slurm_job_restarted_before_its_first_checkpoint_continues_its_run(tmp
     assert history(client, finished.info.run_id, "valid/loss") == epoch_values(tmp_path, "valid")
 
 
-def test_a_checkpoint_whose_run_is_not_in_the_store_starts_a_new_run(tmp_path, caplog):
+def test_a_checkpoint_whose_run_is_not_in_the_store_starts_a_new_run(tmp_path, caplog, monkeypatch):
     import logging
+    monkeypatch.chdir(tmp_path)  # a tracking URI of the user's keeps MLflow's default artifact place, ./mlruns
     caplog.set_level(logging.WARNING, logger="torchstage")
     model = torch.nn.Linear(4, 1)
     kwargs = dict(model=model, criterion=torch.nn.MSELoss(), optimizer=torch.optim.SGD(model.parameters(), lr=0.05),
