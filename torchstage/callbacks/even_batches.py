@@ -61,8 +61,9 @@ class EvenBatchesCallback(Callback):
         self._group = None  # a failing rank leaves its groups alone (its peers may still use them)
 
     def _release(self):
-        if self._group is not None:
-            dist.destroy_process_group(self._group)
+        # Not destroyed here: tearing a gloo group down while a peer finishes its run raced at exit (a rank
+        # aborted with "terminate called without an active exception" after many runs in one world, as a
+        # tune study does); the world's destroy_process_group() at its end destroys every group.
         self._group = None
 
     def _gather(self, value: int) -> list:
