@@ -23,22 +23,8 @@ from torchstage import Callback, SupervisedRunner  # noqa: E402
 
 
 def hand_written_with_item(args, loader):
-    """The loop most users write: like resnet.hand_written, plus ``loss.item()`` every step for logging."""
-    model, criterion, optimizer = resnet.make(args)
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.amp)
-    model.train()
-    losses = []
-    for x, y in loader:
-        x, y = x.to(args.device, non_blocking=True), y.to(args.device, non_blocking=True)
-        if args.channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
-        with torch.autocast(args.device, dtype=dtype, enabled=dtype is not None):
-            loss = criterion(model(x), y)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-    torch.cuda.synchronize()
+    """The loop most users write: the hand-written loop plus ``loss.item()`` every step for logging."""
+    resnet.hand_written(args, loader, log_item=True)
 
 
 def alternate(contenders: dict, repeats: int, *args) -> dict:

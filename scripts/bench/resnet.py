@@ -46,7 +46,8 @@ def make(args, seed=0):
     return model, nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 
 
-def hand_written(args, loader):
+def hand_written(args, loader, log_item: bool = False):
+    """The best hand-written loop; ``log_item`` adds the ``loss.item()`` per step most users write for logging."""
     model, criterion, optimizer = make(args)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.amp)
     scaler = torch.amp.GradScaler(args.device, enabled=args.amp == "fp16")
@@ -61,6 +62,8 @@ def hand_written(args, loader):
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
+        if log_item:
+            loss.item()
     if args.device == "cuda":
         torch.cuda.synchronize()
 
