@@ -84,7 +84,7 @@ def test_lower_case_order_members(lower, member):
     (lambda: dl.CallbackNode.worker, AttributeError, r"no torchstage equivalent"),
     (lambda: dl.CallbackOrder.Validation, AttributeError, r"use CallbackOrder.Optimizer \+ 10"),
     (lambda: dl.Callback(20, 0, 1), TypeError, r"third positional argument is Catalyst 20.12's scope"),
-    (lambda: dl.Callback(20, scope=1), TypeError, r"scope must be CallbackScope.All or CallbackScope.Main"),
+    (lambda: dl.Callback(20, scope=1), TypeError, r"scope must be CallbackScope.All, .Main or .Distributed"),
     (lambda: dl.Callback(20, node=2), ValueError, r"node=2: Catalyst 20.12's CallbackNode.worker"),
     (lambda: dl.Callback(20, node=0, scope=dl.CallbackScope.All), TypeError, r"not both"),
     (lambda: dl.Callback("20"), TypeError, r"order must be an int"),

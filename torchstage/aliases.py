@@ -93,7 +93,7 @@ def callback_settings(owner: str, order, node, catalyst_scope: tuple, scope) -> 
         settings["scope"] = CallbackScope(int(node))
     elif scope is not None:
         if not isinstance(scope, CallbackScope):
-            raise TypeError(f"{owner}(): scope must be CallbackScope.All or CallbackScope.Main (which ranks run "
+            raise TypeError(f"{owner}(): scope must be CallbackScope.All, .Main or .Distributed (which ranks run "
                             f"the callback), got {scope!r}. {_REFUSED[('CallbackScope', 'stage')]}")
         settings["scope"] = scope
     return settings

@@ -129,6 +129,27 @@ def test_exception_fires_on_exception_and_propagates():
     assert seen == ["RuntimeError('boom at epoch 2')"]
 
 
+def test_scope_decides_which_callbacks_a_single_process_calls():
+    """Distributed-scope callbacks (the hang watchdog, the even-batches check) cost a single process nothing."""
+    from torchstage import CallbackScope
+
+    calls = {scope: [] for scope in CallbackScope}
+
+    class Seen(Callback):
+        def __init__(self, scope):
+            super().__init__(scope=scope)
+
+        def on_batch_end(self, runner):
+            calls[self.scope].append(runner.batch_step)
+
+    runner = CountingRunner().train(model=torch.nn.Linear(1, 1), loaders={"train": [torch.zeros(1)] * 3},
+                                    callbacks={scope.name: Seen(scope) for scope in CallbackScope},
+                                    valid_loader="train", valid_metric="seen", num_epochs=1)
+    assert calls == {CallbackScope.All: [1, 2, 3], CallbackScope.Main: [1, 2, 3], CallbackScope.Distributed: []}
+    handlers = [handler.__self__ for event in EVENTS for handler in runner._handlers[event]]
+    assert runner.callbacks["watchdog"] not in handlers and runner.callbacks["even_batches"] not in handlers
+
+
 def test_chain_lists_defaults_in_order_and_user_callbacks_replace_by_name(tmp_path):
     from torchstage import CheckpointCallback, SupervisedRunner
     from tests.conftest import regression_loaders

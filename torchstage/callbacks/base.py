@@ -42,6 +42,15 @@ class CallbackScope(IntEnum, metaclass=_Phases):
 
     All = 0
     Main = 1
+    #: Every rank of a run of several processes, none of a single-process run (the hang watchdog, the
+    #: even-batches check): such a run pays nothing for them. (2 was Catalyst's refused ``worker`` node.)
+    Distributed = 3
+
+    def runs_on(self, engine) -> bool:
+        """Whether a callback of this scope runs in the process of ``engine``."""
+        if self is CallbackScope.Main:
+            return engine.is_main
+        return self is CallbackScope.All or engine.is_distributed
 
 
 class Callback:

@@ -53,8 +53,11 @@ class CriterionCallback(Callback):
             self._loss_now(runner, outputs, targets)
 
     def _loss_now(self, runner, outputs, targets):
-        with runner.autocast():
+        if runner.amp_dtype is None:
             loss = self._criterion(outputs, targets)
+        else:
+            with runner.autocast():
+                loss = self._criterion(outputs, targets)
         runner.batch_metrics[self.metric_key] = loss if self.multiplier == 1 else loss * self.multiplier
 
 

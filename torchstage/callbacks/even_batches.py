@@ -9,7 +9,7 @@ cannot mismatch DDP's collectives) until the hang watchdog ends the job, naming 
 import torch
 import torch.distributed as dist
 
-from torchstage.callbacks.base import Callback, CallbackOrder
+from torchstage.callbacks.base import Callback, CallbackOrder, CallbackScope
 
 FIX = ("every rank needs the same number of training batches (DDP synchronises gradients at each one): "
        "give torchstage a DataLoader over a map-style dataset (it shards it evenly), or shard it yourself "
@@ -25,6 +25,7 @@ class EvenBatchesCallback(Callback):
     """Fails a distributed run whose training loaders give the ranks different batch counts."""
 
     order = CallbackOrder.Internal
+    scope = CallbackScope.Distributed  # no cost in a single process
 
     def __init__(self):
         self._group, self._unknown = None, False

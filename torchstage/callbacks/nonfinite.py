@@ -51,8 +51,11 @@ class NonFiniteLossCallback(Callback):
         if self.mode == "skip":
             self._skip_if_nonfinite(runner)
             return
-        slot = len(self._steps)  # one device copy per loss and batch; read back at the next check
-        for key, loss in self._losses(runner).items():
+        slot, metrics = len(self._steps), runner.batch_metrics  # one device copy per loss and batch, read back
+        for key in (self.keys if self.keys is not None else metrics):  # at the next check
+            loss = metrics.get(key)
+            if not isinstance(loss, torch.Tensor) or (self.keys is None and "loss" not in key):
+                continue
             slots = self._slots.get(key)
             if slots is None:
                 buffer = self._buffers[key] = torch.zeros(self.check_every, dtype=torch.float64, device=loss.device)

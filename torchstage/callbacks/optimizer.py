@@ -83,10 +83,13 @@ class OptimizerCallback(Callback):
         if runner.scaler is not None:
             loss = runner.scaler.scale(loss)
         self._pending += 1
-        try:
+        if self._no_sync is None:
             loss.backward()
-        finally:
-            self._leave_no_sync()
+        else:
+            try:
+                loss.backward()
+            finally:
+                self._leave_no_sync()
         if self._pending >= self._group:
             self._step(runner)
 

@@ -37,8 +37,10 @@ class StopCallback(Callback):
         self._group = control_group() if runner.engine.is_distributed else None
 
     def on_batch_end(self, runner):
-        if runner.is_train_loader and (not runner.engine.is_distributed or
-                                       runner.global_batch_step % self.check_every == 0):
+        if self._group is None:  # one process: a look at the flag that a signal handler sets
+            if stop_requested() is not None and runner.is_train_loader:
+                self._check(runner)
+        elif runner.is_train_loader and runner.global_batch_step % self.check_every == 0:
             self._check(runner)
 
     def on_epoch_end(self, runner):

@@ -19,7 +19,7 @@ from datetime import timedelta
 from numbers import Real
 
 from torchstage.arguments import ArgumentError
-from torchstage.callbacks.base import Callback, CallbackOrder
+from torchstage.callbacks.base import Callback, CallbackOrder, CallbackScope
 from torchstage.callbacks.hang_report import hang_report, position, where
 
 
@@ -55,11 +55,15 @@ class HangWatchdog(Callback):
     """
 
     order = CallbackOrder.Internal
+    scope = CallbackScope.Distributed  # no cost in a single process
 
     def __init__(self, timeout=300):
         self.timeout = check_hang_timeout(timeout)
         self._beat = None  # (monotonic time, event) of the last progress, written per event (one clock read)
         self._thread = self._stop = None
+
+    def handles(self, event: str) -> bool:
+        return self.timeout is not None and super().handles(event)
 
     # ---- events: each one is progress ----------------------------------------------------------
     def on_experiment_start(self, runner):

@@ -174,13 +174,19 @@ class Runner(CatalystAttributes):
         if engine.prefetch:
             batches = prefetch_to_device(batches, engine)
         to_device = engine.to_device if engine.moves_batches else None
-        loop = self.loop  # the hot path writes the loop state directly, not through the runner's properties
+        # The hot path: _run_event inlined, handler lists and loop state read once per loader, not per batch.
+        loop, starts, ends, handle_batch = self.loop, self._handlers["on_batch_start"], \
+            self._handlers["on_batch_end"], self.handle_batch
         for loop.batch_step, batch in batches:
             loop.batch = to_device(batch) if to_device else batch
-            self._run_event("batch", self._batch_body, CancelBatch)
-
-    def _batch_body(self) -> None:
-        self.handle_batch(self.batch)
+            try:
+                for handler in starts:
+                    handler(self)
+                handle_batch(loop.batch)
+            except CancelBatch:
+                pass
+            for handler in ends:
+                handler(self)
 
     # ---- stages and the chain --------------------------------------------------------------
     def enter_stage(self, index: int) -> None:
@@ -197,8 +203,7 @@ class Runner(CatalystAttributes):
     def set_callbacks(self, callbacks: dict) -> None:
         """Install an ordered name -> callback chain and index its handlers per event."""
         self.callbacks = callbacks
-        is_main = self.engine.is_main
-        active = [cb for cb in callbacks.values() if is_main or cb.scope == CallbackScope.All]
+        active = [cb for cb in callbacks.values() if CallbackScope(cb.scope).runs_on(self.engine)]
         self._handlers = {event: [getattr(cb, event) for cb in active if cb.handles(event)]
                           for event in EVENTS}
 

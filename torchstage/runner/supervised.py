@@ -43,7 +43,10 @@ class SupervisedRunner(Runner):
                                     names=names)
 
     def handle_batch(self, batch) -> None:
-        batch = self.batch = self._as_dict(batch)
+        batch = self.loop.batch = self._as_dict(batch)
+        if self.amp_dtype is None:  # no context to enter per batch without amp
+            batch.update(self.forward(batch))
+            return
         with self.autocast():
             batch.update(self.forward(batch))
 
