@@ -52,6 +52,28 @@ def test_csv_rows_equal_epoch_metrics(run_dir):
     assert [float(r["lr"]) for r in train_rows] == [0.05, 0.05, 0.01]
 
 
+def test_csv_gains_a_column_that_appears_in_a_later_epoch_and_keeps_every_row(tmp_path):
+    """Rows are appended while the columns stay; a new metric rewrites the file with the column added."""
+    from torchstage import Callback, CallbackOrder
+
+    class FromEpochTwo(Callback):
+        order = CallbackOrder.MetricAggregation + 1
+
+        def on_loader_end(self, runner):
+            if runner.epoch >= 2:
+                runner.loader_metrics["extra"] = float(runner.epoch)
+
+    model = torch.nn.Linear(4, 1)
+    runner = SupervisedRunner().train(model=model, criterion=torch.nn.MSELoss(),
+                                      optimizer=torch.optim.SGD(model.parameters(), lr=0.05),
+                                      loaders=regression_loaders(), num_epochs=4, logdir=str(tmp_path),
+                                      callbacks=[FromEpochTwo()])
+    rows = list(csv.DictReader(open(tmp_path / "logs" / "valid.csv")))
+    assert [int(r["epoch"]) for r in rows] == [1, 2, 3, 4]
+    assert [r["extra"] for r in rows] == ["", "2.0", "3.0", "4.0"]
+    assert float(rows[-1]["loss"]) == pytest.approx(runner.epoch_metrics["valid"]["loss"], rel=1e-12)
+
+
 def test_tensorboard_scalars_read_back(run_dir):
     logdir, history = run_dir
     for loader in ("train", "valid"):
@@ -59,6 +81,20 @@ def test_tensorboard_scalars_read_back(run_dir):
         assert [step for step, _ in scalars["loss"]] == [1, 2, 3]
         for (_, value), entry in zip(scalars["loss"], history):
             assert value == pytest.approx(entry["metrics"][loader]["loss"], rel=1e-6)
+
+
+def test_tensorboard_itself_reads_the_event_files(run_dir):
+    """TensorBoard's own loader (which checks every record's CRC-32C) reads the scalars and the HParams session."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    logdir, history = run_dir
+    for loader in ("train", "valid"):
+        accumulator = EventAccumulator(str(logdir / "tensorboard" / loader)).Reload()
+        events = accumulator.Scalars("loss")
+        assert [e.step for e in events] == [1, 2, 3]
+        assert [e.value for e in events] == pytest.approx([h["metrics"][loader]["loss"] for h in history], rel=1e-6)
+    top = EventAccumulator(str(logdir / "tensorboard")).Reload()
+    assert set(top.PluginTagToContent("hparams")) == {"_hparams_/experiment", "_hparams_/session_start_info",
+                                                      "_hparams_/session_end_info"}
 
 
 def test_console_summary_per_epoch(tmp_path, caplog):

@@ -10,15 +10,17 @@ from torchstage.checkpoint import write_atomic
 
 
 class CSVLogger(LoggerCallback):
-    """Epoch files are rewritten atomically so new columns can appear; batch files are appended to and cut back
-    to the checkpoint's rows on resume, so a resumed run never repeats a step."""
+    """Epoch files get a row appended per epoch, and are rewritten atomically when a new column appears (and at
+    a process's first write, from the checkpoint's rows on resume); batch files are appended to and cut back to
+    the checkpoint's rows on resume. A resumed run never repeats a step."""
 
     name = "csv"
 
     def __init__(self, logdir: str = None, log_period=None):
         super().__init__(log_period)
         self.logdir, self.rows, self.appended = logdir, {}, {}
-        self._columns = {}  # file -> its header, once this process has opened it
+        self._columns = {}  # batch file -> its header, once this process has opened it
+        self._epoch_columns = {}  # loader -> the columns of its epoch file, once this process has written it
 
     def folder(self, runner) -> str:
         return os.path.join(self.logdir or runner.spec.logdir, "logs")
@@ -38,12 +40,18 @@ class CSVLogger(LoggerCallback):
         row = {"stage": runner.stage_key, "epoch": runner.epoch, "global_epoch": runner.global_epoch_step, **metrics}
         rows = self.rows.setdefault(loader, [])
         rows.append(row)
-        columns = list(dict.fromkeys(key for r in rows for key in r))
+        path, columns = os.path.join(self.folder(runner), f"{loader}.csv"), self._epoch_columns.get(loader)
+        if columns is not None and columns.keys() >= row.keys():  # same columns as the file this process wrote: append
+            with open(path, "a", newline="") as f:
+                csv.DictWriter(f, fieldnames=list(columns), lineterminator="\n").writerow(row)
+            return
+        columns = dict.fromkeys(key for r in rows for key in r)  # the first write, or a new column: rewrite
         text = io.StringIO()
-        writer = csv.DictWriter(text, fieldnames=columns, lineterminator="\n")
+        writer = csv.DictWriter(text, fieldnames=list(columns), lineterminator="\n")
         writer.writeheader()
         writer.writerows(rows)
-        write_atomic(os.path.join(self.folder(runner), f"{loader}.csv"), text.getvalue().encode(), durable=False)
+        write_atomic(path, text.getvalue().encode(), durable=False)
+        self._epoch_columns[loader] = columns
 
     def _append(self, runner, name, row):
         path = os.path.join(self.folder(runner), name)

@@ -1,12 +1,14 @@
-"""TensorBoard through tensorboardX: scalars in ``logdir/tensorboard/<loader>/``, hparams in ``logdir/tensorboard/``."""
+"""TensorBoard event files: scalars in ``logdir/tensorboard/<loader>/``, hparams in ``logdir/tensorboard/``."""
 import os
+import socket
+import struct
 import time
 
 from torchstage.callbacks.logger_base import BATCH, EPOCH, LoggerCallback
 
 
 class TensorBoardLogger(LoggerCallback):
-    """Every loader metric as a scalar at the global epoch step (tensorboardX is imported lazily).
+    """Every loader metric as a scalar at the global epoch step, flushed to the file at each loader's end.
 
     Train batch metrics (``log_period=Batch(n)``) are ``batch/<metric>`` at the global batch step,
     mid-epoch validation results (``valid_period``) ``periodic/<metric>``. The run's hyperparameters
@@ -19,18 +21,15 @@ class TensorBoardLogger(LoggerCallback):
         super().__init__(log_period)
         self.logdir, self.writers = logdir, {}
 
-    def _writer(self, runner, loader: str):
+    def _writer(self, runner, loader: str) -> "EventFile":
         writer = self.writers.get(loader)
         if writer is None:
-            from tensorboardX import SummaryWriter  # imported when a run first logs
             folder = os.path.join(self.logdir or runner.spec.logdir, "tensorboard", loader)
-            # tensorboardX names files by the second: a run resumed within it would overwrite the old file
-            writer = self.writers[loader] = SummaryWriter(os.path.normpath(folder),
-                                                          filename_suffix=f".{os.getpid()}.{time.time_ns()}")
+            writer = self.writers[loader] = EventFile(os.path.normpath(folder))
         return writer
 
     def log_hparams(self, hparams, runner):
-        # tensorboardX is imported when a run first logs, not with torchstage
+        # tensorboardX (TensorBoard's protobufs) is imported when a run first logs, not with torchstage
         from tensorboardX.proto.api_pb2 import MetricInfo, MetricName
         from tensorboardX.proto.plugin_hparams_pb2 import HParamsPluginData
         from tensorboardX.summary import hparams as hparams_summary
@@ -40,7 +39,7 @@ class TensorBoardLogger(LoggerCallback):
         content.experiment.metric_infos.append(MetricInfo(name=MetricName(group=runner.valid_loader,
                                                                           tag=runner.valid_metric)))
         metadata.content = content.SerializeToString()
-        writer = self._writer(runner, ".").file_writer
+        writer = self._writer(runner, ".")
         for summary in (experiment, start):
             writer.add_summary(summary)
         writer.flush()
@@ -48,16 +47,59 @@ class TensorBoardLogger(LoggerCallback):
     def log_metrics(self, metrics, step, loader, scope, runner):
         writer = self._writer(runner, loader)
         prefix = "" if scope == EPOCH else f"{scope}/"
-        for key, value in metrics.items():
-            if isinstance(value, (int, float)):
-                writer.add_scalar(f"{prefix}{key}", value, step)
+        writer.add_scalars({f"{prefix}{key}": value for key, value in metrics.items()
+                            if isinstance(value, (int, float))}, step)
         if scope != BATCH:
             writer.flush()
 
     def close(self, runner, status):
         session_end = getattr(self, "_session_end", None)
         if session_end is not None and status == "FINISHED":
-            self._writer(runner, ".").file_writer.add_summary(session_end)
+            self._writer(runner, ".").add_summary(session_end)
         for writer in self.writers.values():
             writer.close()
         self.writers = {}
+
+
+class EventFile:
+    """One TensorBoard event file written in the calling thread: TFRecord framing with masked CRC-32C, as
+    TensorBoard reads it. No writer thread, queue or per-scalar pickling (what tensorboardX's SummaryWriter
+    costs: about 0.1 ms of CPU per scalar); :meth:`flush` hands the bytes to the OS, like the other logs."""
+
+    def __init__(self, folder: str):
+        from tensorboardX.proto.event_pb2 import Event  # TensorBoard's protobufs, imported when a run first logs
+        os.makedirs(folder, exist_ok=True)
+        # the pid and nanoseconds keep a run resumed within the same second from appending to the old file
+        self.path = os.path.join(folder, f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}."
+                                         f"{os.getpid()}.{time.time_ns()}")
+        self._file = open(self.path, "wb")
+        self._write(Event(wall_time=time.time(), file_version="brain.Event:2"))
+
+    def add_summary(self, summary, step: int = None) -> None:
+        """Append a ``Summary`` protobuf (at ``step``, if given)."""
+        from tensorboardX.proto.event_pb2 import Event
+        event = Event(wall_time=time.time(), summary=summary)
+        if step is not None:
+            event.step = step
+        self._write(event)
+
+    def add_scalars(self, scalars: dict, step: int) -> None:
+        """Append tag -> number scalars at ``step``, one event for all."""
+        if not scalars:
+            return
+        from tensorboardX.proto.summary_pb2 import Summary
+        self.add_summary(Summary(value=[Summary.Value(tag=tag, simple_value=float(value))
+                                        for tag, value in scalars.items()]), step)
+
+    def _write(self, event) -> None:
+        from tensorboardX.record_writer import masked_crc32c
+        data = event.SerializeToString()
+        header = struct.pack("<Q", len(data))
+        self._file.write(b"".join((header, struct.pack("<I", masked_crc32c(header)), data,
+                                   struct.pack("<I", masked_crc32c(data)))))
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
