@@ -1,6 +1,8 @@
 """Framework overhead: SupervisedRunner.train vs a hand-written loop on the same tiny workload, same process.
 
-Installed peers (Ignite, Accelerate, Lightning) run the same workload too. All run alternately (after a warm-up of each) and prints the median times and their ratio.
+Installed peers (Ignite, Accelerate, Lightning) run the same workload too. All run in turns, the order reversed
+every round, after a warm-up round; prints each contender's median wall and CPU times with their ratio to the
+hand-written loop, and torchstage's paired per-round ratios (robust to load that drifts between rounds).
 Usage: python scripts/bench/overhead.py [--repeats 5] [--num-workers 1]
 """
 import argparse
@@ -58,7 +60,8 @@ def main():
     cpu = {name: [] for name in contenders}
     with tempfile.TemporaryDirectory() as logdir:
         for repeat in range(args.repeats + 1):
-            for name, fn in contenders.items():
+            order = list(contenders.items())
+            for name, fn in order if repeat % 2 else order[::-1]:  # alternate the order: no contender always first
                 start, start_cpu = time.perf_counter(), cpu_seconds()
                 fn(loaders, logdir)
                 if repeat:  # the first round warms up imports, workers and allocators
@@ -69,8 +72,10 @@ def main():
         med, med_cpu = statistics.median(values), statistics.median(cpu[name])
         print(f"{name:>14}: wall median {med:.3f} s (ratio {med / base:.3f})   "
               f"cpu median {med_cpu:.3f} s (ratio {med_cpu / base_cpu:.3f})   over {len(values)} runs")
-    per_round = [t / h for t, h in zip(times["torchstage"], times["hand-written"])]
-    print(f"per-round ratios: {' '.join(f'{r:.3f}' for r in per_round)}")
+    for label, measured in (("wall", times), ("cpu", cpu)):
+        per_round = [t / h for t, h in zip(measured["torchstage"], measured["hand-written"])]
+        print(f"torchstage / hand-written per round ({label}): {' '.join(f'{r:.3f}' for r in per_round)}; "
+              f"median {statistics.median(per_round):.3f}")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 Usage: python tiny_run.py LOGDIR [resume]
 Environment (all optional):
-  KILL_AT_BATCH=n      SIGKILL this process after global train batch n (after every callback ran)
+  KILL_AT_BATCH=n      SIGKILL this process after global train batch n (after every callback ran and the
+                       checkpoints handed to the file writer landed: a kill between checkpoints)
   KILL_AT_EPOCH_END=n  SIGKILL at the end of global epoch n, after the checkpoints were written
   KILL_IN_WRITE=n      SIGKILL inside the n-th checkpoint write, between the temporary file and os.replace
   KILL_IN_FSYNC=n      SIGKILL inside the fsync of the n-th .pth temporary file
@@ -64,12 +65,14 @@ class Chaos(Callback):
         if not runner.is_train_loader:
             return
         if runner.global_batch_step == self.kill_at:
+            runner.file_writer.wait()
             os.kill(os.getpid(), signal.SIGKILL)
         if runner.global_batch_step == self.signal_at:
             os.kill(os.getpid(), signal.SIGTERM)
 
     def on_epoch_end(self, runner):
         if runner.global_epoch_step == self.kill_epoch:
+            runner.file_writer.wait()
             os.kill(os.getpid(), signal.SIGKILL)
 
 

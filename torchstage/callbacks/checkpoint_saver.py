@@ -13,6 +13,7 @@ from torchstage.arguments import ArgumentError
 from torchstage.callbacks.base import Callback, CallbackOrder
 from torchstage.callbacks.nonfinite import NonFiniteLossCallback
 from torchstage.checkpoint import checkpoint_folder, checkpoint_path, load_checkpoint, write_atomic
+from torchstage.file_writer import hand_over
 from torchstage.periods import Batch, Epoch, as_periods, batch_due, epoch_due
 
 
@@ -81,19 +82,22 @@ class CheckpointCallback(Callback):
                   ([os.path.join(folder, entry["file"])] if kept else [])
         if targets:  # independent files: damage to one cannot reach another (collective)
             _check_finite(runner)
-            runner.engine.strategy.save_checkpoint(runner.state_dict(), targets, runner.engine)
+            runner.engine.strategy.save_checkpoint(runner.state_dict(), targets, runner.engine, runner.file_writer)
         if last_due:
             self._saved_at = self._position(runner)
         if not runner.engine.is_main:
             return
-        for old in dropped:
-            path = os.path.join(folder, old["file"])
-            if os.path.exists(path):
-                os.remove(path)
-        summary = {"valid_loader": runner.valid_loader, "valid_metric": runner.valid_metric,
-                   "minimize_valid_metric": runner.minimize_valid_metric, "best": self.best, "last": entry,
-                   "topk": self.kept, "history": self.history}
-        write_atomic(checkpoint_path(folder, "metrics"), json.dumps(summary, indent=2).encode(), durable=False)
+        summary = metrics_json({"valid_loader": runner.valid_loader, "valid_metric": runner.valid_metric,
+                                "minimize_valid_metric": runner.minimize_valid_metric, "best": self.best,
+                                "last": entry, "topk": self.kept, "history": self.history})
+        dropped = [os.path.join(folder, old["file"]) for old in dropped]
+
+        def finish():  # after the new files landed (same thread, in order): drop old top-k files, the summary
+            for path in dropped:
+                if os.path.exists(path):
+                    os.remove(path)
+            write_atomic(checkpoint_path(folder, "metrics"), summary, durable=False)
+        hand_over(runner.file_writer, finish)
 
     def save_last(self, runner) -> str:
         """Write ``last.pth`` for the current position unless already written there; collective."""
@@ -102,11 +106,13 @@ class CheckpointCallback(Callback):
         if self._saved_at == position:
             return path
         _check_finite(runner)
-        runner.engine.strategy.save_checkpoint(runner.state_dict(), [path], runner.engine)
+        runner.engine.strategy.save_checkpoint(runner.state_dict(), [path], runner.engine, runner.file_writer)
         self._saved_at = position
         return path
 
     def on_experiment_end(self, runner):
+        if runner.file_writer is not None:  # every checkpoint on disk before anything (a logger) reads one
+            runner.file_writer.wait()
         if not self.load_best_on_end or runner.stop_request is not None or self.best is None:
             return
         runner.engine.barrier()  # the main rank has written best.pth
@@ -147,6 +153,19 @@ class CheckpointCallback(Callback):
 
     def load_state_dict(self, state):
         self.best, self.history, self.kept = state["best"], state["history"], state.get("kept", [])
+
+
+def metrics_json(summary: dict) -> bytes:
+    """``metrics.json``: a line per key and per history entry; readable, and made by json's C encoder (which
+    ``indent=`` turns off: that costs a run of many epochs more each epoch, as the history grows)."""
+    lines = []
+    for key, value in summary.items():
+        if key == "history" and value:
+            entries = ",\n    ".join(json.dumps(entry) for entry in value)
+            lines.append(f'  "history": [\n    {entries}\n  ]')
+        else:
+            lines.append(f"  {json.dumps(key)}: {json.dumps(value)}")
+    return ("{\n" + ",\n".join(lines) + "\n}\n").encode()
 
 
 def _check_finite(runner) -> None:

@@ -66,6 +66,8 @@ class StopCallback(Callback):
             return
         runner.stop_request = request
         paths = [cb.save_last(runner) for cb in runner.callbacks.values() if isinstance(cb, CheckpointCallback)]
+        if runner.file_writer is not None:
+            runner.file_writer.wait()  # on disk before any rank exits (a launcher may then stop the main one)
         runner.engine.barrier()  # no rank exits while the main one is still writing
         if runner.engine.is_main:
             where = f"checkpoint {paths[0]}; continue with train(..., resume='last')" if paths else \

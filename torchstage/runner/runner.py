@@ -8,6 +8,7 @@ from torchstage.callbacks.base import (EVENTS, CallbackScope, CancelBatch, Cance
                                        CancelStage)
 from torchstage.distributed.engine import Engine
 from torchstage.distributed.prefetch import prefetch_to_device
+from torchstage.file_writer import FileWriter
 from torchstage.logdir_lock import LogdirLock
 from torchstage.runner.defaults import default_callbacks
 from torchstage.named import map_named
@@ -62,6 +63,7 @@ class Runner(CatalystAttributes):
         self.stage_loaders, self.stage_callbacks = [], []
         self.exception = self.requeued = None  #: what ended the run; whether SLURM requeued the job
         self.logdir_lock = None  #: the held lock of the logdir while a run writes it
+        self.file_writer = None  #: the thread writing checkpoint files while a run goes on (a FileWriter)
         self.callbacks = {}
         self._handlers = {event: [] for event in EVENTS}
 
@@ -123,8 +125,10 @@ class Runner(CatalystAttributes):
         """
         if self.spec is not None and self.spec.logdir is not None:
             self.logdir_lock = LogdirLock.on_main_rank(self.spec.logdir, self.engine, take=True)
+        self.file_writer = FileWriter()
         try:
             self._run_event("experiment", self._run_stages, CancelRun)
+            self.file_writer.close()  # a checkpoint that failed to land fails the run
         except BaseException as exc:
             self.exception = exc
             for handler in self._handlers["on_exception"]:
@@ -134,12 +138,21 @@ class Runner(CatalystAttributes):
                     logger.exception("callback failed while handling an exception")
             raise
         finally:
+            self._close_file_writer()
             if self.logdir_lock is not None:
                 self.logdir_lock.release()
                 self.logdir_lock = None
         if self.stop_request is not None:
             raise RunStopped(self.stop_request)  # a graceful stop: checkpoint written, exit code set
         return self
+
+    def _close_file_writer(self) -> None:
+        """After a failure too, the checkpoints already handed over land before the run lets go of the logdir."""
+        writer, self.file_writer = self.file_writer, None
+        try:
+            writer.close()
+        except Exception:
+            logger.exception("a checkpoint write failed while the run was ending")
 
     # ---- the loop ------------------------------------------------------------------------
     def _run_event(self, level: str, body, cancel) -> None:

@@ -10,6 +10,7 @@ import contextlib
 import torch
 
 from torchstage.checkpoint import serialize, write_atomic
+from torchstage.file_writer import hand_over
 
 
 class SingleDevice:
@@ -88,13 +89,20 @@ class SingleDevice:
         else:
             optimizer.load_state_dict(state)
 
-    def save_checkpoint(self, checkpoint: dict, paths: list, engine) -> None:
-        """Write ``checkpoint`` to each of ``paths`` (independent files, each atomic, by the main rank)."""
+    def save_checkpoint(self, checkpoint: dict, paths: list, engine, writer=None) -> None:
+        """Write ``checkpoint`` to each of ``paths`` (independent files, each atomic, by the main rank).
+
+        The state is serialized here (the snapshot); with a :class:`~torchstage.file_writer.FileWriter` the
+        files are written by its thread while training goes on.
+        """
         if not engine.is_main:
             return
         data = serialize(checkpoint)
-        for path in paths:  # copies, not links: damage to one file cannot reach another
-            write_atomic(path, data)
+
+        def write():
+            for path in paths:  # copies, not links: damage to one file cannot reach another
+                write_atomic(path, data)
+        hand_over(writer, write)
 
 
 def _keyed_by_name(state: dict) -> bool:
