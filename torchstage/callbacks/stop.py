@@ -27,17 +27,18 @@ class StopCallback(Callback):
             raise ValueError(f"check_every must be an integer >= 1, got {check_every!r}")
         self.signals = tuple(signal.Signals(s) for s in signals)
         self.check_every = check_every
-        self._handlers, self._group = None, None
+        self._handlers, self._group, self._distributed = None, None, False
 
     def on_experiment_start(self, runner):
         clear_stop_request()
         runner.stop_request = None
         self._handlers = SignalStop(self.signals)
         self._handlers.install()
-        self._group = control_group() if runner.engine.is_distributed else None
+        self._distributed = runner.engine.is_distributed
+        self._group = control_group() if self._distributed else None
 
     def on_batch_end(self, runner):
-        if self._group is None:  # one process: a look at the flag that a signal handler sets
+        if not self._distributed:  # one process: a look at the flag that a signal handler sets
             if stop_requested() is not None and runner.is_train_loader:
                 self._check(runner)
         elif runner.is_train_loader and runner.global_batch_step % self.check_every == 0:
