@@ -46,7 +46,12 @@ class LoopCallback(Callback):
 
     def on_batch_start(self, runner):
         loop = runner.loop  # per batch: the loop state directly, not through the runner's properties
-        loop.batch_size = size = batch_size_of(loop.batch)
+        batch = loop.batch
+        if type(batch) in (tuple, list) and batch and type(batch[0]) is torch.Tensor and batch[0].dim():
+            size = batch[0].shape[0]  # the common (x, y) batch, without a call
+        else:
+            size = batch_size_of(batch)
+        loop.batch_size = size
         loop.loader_sample_step += size
         if loop.is_train_loader:
             loop.train_batches_done += 1

@@ -1,7 +1,7 @@
 """Non-finite losses: stop the run at the first NaN/inf train loss (default), or skip such batches.
 
-``mode="stop"`` writes each train loss into a device buffer (no host sync) and reads it every ``check_every``
-train batches, at the end of each train loader and before any mid-epoch checkpoint, so no checkpoint
+``mode="stop"`` keeps each train loss (detached, on its device: no host sync) and reads them every ``check_every``
+train batches (one stacked read), at the end of each train loader and before any mid-epoch checkpoint, so no checkpoint
 ever holds weights trained on a non-finite loss; the error names the first such batch.
 ``mode="skip"`` must know before the backward whether to step, so it reads the loss every train batch
 (one host sync per batch, as AMP's grad scaler does); a skipped batch sets ``runner.batch_skipped``, so
@@ -42,7 +42,7 @@ class NonFiniteLossCallback(Callback):
         return {k: metrics[k] for k in keys if isinstance(metrics.get(k), torch.Tensor)}
 
     def on_loader_start(self, runner):
-        self._buffers, self._slots, self._steps, self._first, self._skipped = {}, {}, [], {}, 0
+        self._values, self._steps, self._first, self._skipped = {}, [], {}, 0
         self._loader_start_step = runner.global_batch_step
 
     def on_batch_end(self, runner):
@@ -51,17 +51,17 @@ class NonFiniteLossCallback(Callback):
         if self.mode == "skip":
             self._skip_if_nonfinite(runner)
             return
-        slot, metrics = len(self._steps), runner.batch_metrics  # one device copy per loss and batch, read back
-        for key in (self.keys if self.keys is not None else metrics):  # at the next check
+        step, metrics = runner.global_batch_step, runner.batch_metrics
+        for key in (self.keys if self.keys is not None else metrics):  # the detached losses, read at the next check
             loss = metrics.get(key)
             if not isinstance(loss, torch.Tensor) or (self.keys is None and "loss" not in key):
                 continue
-            slots = self._slots.get(key)
-            if slots is None:
-                buffer = self._buffers[key] = torch.zeros(self.check_every, dtype=torch.float64, device=loss.device)
-                slots = self._slots[key] = buffer.unbind()  # views made once: no indexing per batch
-            slots[slot].copy_(loss.detach() if loss.dim() == 0 else loss.detach().sum())  # sum: NaN/inf propagate
-        self._steps.append(runner.global_batch_step)
+            seen = self._values.get(key)
+            if seen is None:
+                seen = self._values[key] = ([], [])
+            seen[0].append(loss.detach() if loss.dim() == 0 else loss.detach().sum())  # sum: NaN/inf propagate
+            seen[1].append(step)
+        self._steps.append(step)
         if len(self._steps) == self.check_every:
             self.check(runner)
 
@@ -95,19 +95,16 @@ class NonFiniteLossCallback(Callback):
             f"callbacks={{'nonfinite': NonFiniteLossCallback(mode='skip')}}")
 
     def _scan(self) -> None:
-        """Find, per loss, the first non-finite value written since the last scan; start a new window."""
-        count, steps = len(self._steps), self._steps
-        self._steps = []
-        if not count:
-            return
-        for key, buffer in self._buffers.items():
-            if key in self._first:
+        """Find, per loss, the first non-finite value kept since the last scan (one host read); start anew."""
+        values, self._values, self._steps = self._values, {}, []
+        for key, (losses, steps) in values.items():
+            if key in self._first or not losses:
                 continue
-            values = buffer[:count].cpu()
-            bad = (~torch.isfinite(values)).nonzero()
+            read = torch.stack(losses).cpu()
+            bad = (~torch.isfinite(read)).nonzero()
             if len(bad):
                 index = int(bad[0])
-                self._first[key] = (steps[index], float(values[index]))
+                self._first[key] = (steps[index], float(read[index]))
 
     def _skip_if_nonfinite(self, runner):
         losses = self._losses(runner)

@@ -22,6 +22,11 @@ class SchedulerCallback(Callback):
             return [runner.scheduler[self.scheduler_key]]
         return each(runner.scheduler)
 
+    def handles(self, event: str) -> bool:
+        if event == "on_batch_end":  # no per-batch call for a per-epoch schedule
+            return self.mode == "batch"
+        return super().handles(event)
+
     def on_batch_end(self, runner):
         if self.mode == "batch" and runner.is_train_loader:
             for scheduler in self._schedulers(runner):
