@@ -163,6 +163,7 @@ def test_epoch_period_every_two_epochs_and_at_stage_end(tmp_path):
             before = os.path.getmtime(self.folder(runner) + "/last.pth") if os.path.exists(
                 self.folder(runner) + "/last.pth") else None
             original(self, runner)
+            runner.file_writer.wait()  # the files of this epoch have landed
             after = os.path.getmtime(self.folder(runner) + "/last.pth") if os.path.exists(
                 self.folder(runner) + "/last.pth") else None
             written.append(after is not None and after != before)

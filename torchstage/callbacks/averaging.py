@@ -3,9 +3,14 @@ import torch
 
 from torchstage.callbacks.base import Callback, CallbackOrder
 
+#: Batches whose values are kept before they are folded into the sums: a few device ops per this many
+#: batches instead of one per batch (folded at fixed loader steps, so a resumed loader sums alike).
+FOLD = 64
+
 
 class MetricsAveragingCallback(Callback):
-    """Sums ``batch_metrics`` on the device; at loader end one all-reduce and one host copy give floats.
+    """Keeps each batch's detached metric values and batch size; every :data:`FOLD` batches of a loader they are
+    folded into float64 sums on the device; at loader end one all-reduce and one host copy give floats.
 
     The results land in ``runner.loader_metrics`` (hence ``runner.epoch_metrics[loader]``).
     """
@@ -15,36 +20,64 @@ class MetricsAveragingCallback(Callback):
     state_per_rank = True  # partial sums of a mid-loader checkpoint differ between ranks
 
     def __init__(self):
-        self._sums, self._counts, self._resumed = {}, {}, None
+        self._sums, self._counts, self._kept, self._resumed = {}, {}, {}, None
 
     def on_loader_start(self, runner):
-        self._sums, self._counts = {}, {}
+        self._sums, self._counts, self._kept = {}, {}, {}
         if self._resumed is not None:  # a run resumed mid-loader continues its partial sums
             device = runner.engine.device
             self._sums = {k: v.to(device) for k, v in self._resumed["sums"].items()}
-            self._counts, self._resumed = dict(self._resumed["counts"]), None
+            self._counts = dict(self._resumed["counts"])
+            self._kept = {k: ([v.to(device) if isinstance(v, torch.Tensor) else v for v in values], list(sizes))
+                          for k, (values, sizes) in self._resumed.get("kept", {}).items()}
+            self._resumed = None
 
     def on_batch_end(self, runner):
-        if runner.batch_skipped:
+        loop = runner.loop
+        if loop.batch_skipped:
             return
-        size, sums, counts = runner.batch_size, self._sums, self._counts
-        for key, value in runner.batch_metrics.items():
-            if key in sums:
-                sums[key].add_(value.detach() if isinstance(value, torch.Tensor) else value, alpha=size)
-                counts[key] += size
-            else:
-                value = torch.as_tensor(value.detach() if isinstance(value, torch.Tensor) else value)
-                sums[key] = value.to(torch.float64 if value.device.type in ("cpu", "cuda") else torch.float32) * size
-                counts[key] = size
+        size, kept = loop.batch_size, self._kept
+        for key, value in loop.batch_metrics.items():
+            values = kept.get(key)
+            if values is None:
+                values = kept[key] = ([], [])
+            values[0].append(value.detach() if isinstance(value, torch.Tensor) else value)
+            values[1].append(size)
+        if loop.batch_step % FOLD == 0:
+            self._fold()
+
+    def _fold(self) -> None:
+        """Add the kept values, times their batch sizes, to the float64 sums (a few ops per distinct size)."""
+        kept, self._kept = self._kept, {}
+        for key, (values, sizes) in kept.items():
+            by_size = {}
+            for value, size in zip(values, sizes):
+                by_size.setdefault(size, []).append(value)
+            total = self._sums.get(key)
+            for size, same in by_size.items():
+                if isinstance(same[0], torch.Tensor):
+                    part = torch.stack(same)
+                    part = part.to(torch.float64 if part.device.type in ("cpu", "cuda") else torch.float32)
+                else:
+                    part = torch.tensor(same, dtype=torch.float64)
+                part = part.sum(0) * size
+                total = part if total is None else total.add_(part.to(total.device))
+            self._sums[key] = total
+            self._counts[key] = self._counts.get(key, 0) + sum(sizes)
 
     def state_dict(self):
-        """The partial sums of the current loader (non-empty only for a checkpoint written mid-loader)."""
-        return {"sums": dict(self._sums), "counts": dict(self._counts)} if self._sums else {}
+        """The partial sums and kept values of the current loader (non-empty only for a checkpoint written
+        mid-loader)."""
+        if not self._sums and not self._kept:
+            return {}
+        return {"sums": dict(self._sums), "counts": dict(self._counts),
+                "kept": {k: (list(values), list(sizes)) for k, (values, sizes) in self._kept.items()}}
 
     def load_state_dict(self, state):
         self._resumed = state
 
     def on_loader_end(self, runner):
+        self._fold()
         partial, counts = self._sums, self._counts
         self._sums, self._counts = {}, {}  # a checkpoint written after this loader holds no partial sums
         if not partial:
