@@ -74,6 +74,27 @@ def test_csv_gains_a_column_that_appears_in_a_later_epoch_and_keeps_every_row(tm
     assert float(rows[-1]["loss"]) == pytest.approx(runner.epoch_metrics["valid"]["loss"], rel=1e-12)
 
 
+def test_resumed_run_cuts_the_csv_back_to_the_checkpoint_and_never_repeats_an_epoch(tmp_path):
+    """A row written after the last checkpoint (a kill between the log and the checkpoint) is dropped on resume."""
+    def train(num_epochs, **kwargs):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 1)
+        return SupervisedRunner().train(model=model, criterion=torch.nn.MSELoss(),
+                                        optimizer=torch.optim.SGD(model.parameters(), lr=0.05),
+                                        loaders=regression_loaders(), num_epochs=num_epochs, logdir=str(tmp_path),
+                                        **kwargs)
+
+    train(2)
+    path = tmp_path / "logs" / "valid.csv"
+    with open(path, "a") as f:
+        f.write("main,3,3,999.0\n")  # the row of an epoch whose checkpoint never landed
+    runner = train(4, resume="last")
+    rows = list(csv.DictReader(open(path)))
+    assert [int(r["epoch"]) for r in rows] == [1, 2, 3, 4]
+    assert float(rows[-1]["loss"]) == pytest.approx(runner.epoch_metrics["valid"]["loss"], rel=1e-12)
+    assert runner.callbacks["csv"].state_dict()["epoch_rows"] == {"train": 4, "valid": 4}
+
+
 def test_tensorboard_scalars_read_back(run_dir):
     logdir, history = run_dir
     for loader in ("train", "valid"):
