@@ -26,8 +26,9 @@ class MetricsAveragingCallback(Callback):
         self._sums, self._counts, self._kept = {}, {}, {}
         if self._resumed is not None:  # a run resumed mid-loader continues its partial sums
             device = runner.engine.device
-            self._sums = {k: v.to(device) for k, v in self._resumed["sums"].items()}
-            self._counts = dict(self._resumed["counts"])
+            # (a sharded checkpoint leaves out empty dicts: no fold yet, no sums)
+            self._sums = {k: v.to(device) for k, v in self._resumed.get("sums", {}).items()}
+            self._counts = dict(self._resumed.get("counts", {}))
             self._kept = {k: ([v.to(device) if isinstance(v, torch.Tensor) else v for v in values], list(sizes))
                           for k, (values, sizes) in self._resumed.get("kept", {}).items()}
             self._resumed = None

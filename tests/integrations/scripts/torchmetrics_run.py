@@ -42,6 +42,7 @@ class Report(Callback):
         if runner.is_train_loader and runner.global_batch_step == self.kill_train or (
                 self.kill_valid and runner.loader_key == "valid" and runner.epoch == 2
                 and runner.batch_step == self.kill_valid):
+            runner.file_writer.wait()  # the checkpoints handed over have landed: a kill between writes
             os.kill(os.getpid(), signal.SIGKILL)
 
     def on_epoch_end(self, runner):
