@@ -39,7 +39,8 @@ class CriterionCallback(Callback):
         self._criterion, self._checked = criterion, False
 
     def on_batch_end(self, runner):
-        outputs, targets = runner.batch[self.input_key], runner.batch[self.target_key]
+        batch = runner.loop.batch
+        outputs, targets = batch[self.input_key], batch[self.target_key]
         if not self._checked:  # the first batch of the stage: say clearly what does not fit
             if check_loss_inputs(self._criterion, outputs, targets, self.input_key, self.target_key):
                 _silence_torch_size_warning()  # said once, by check_loss_inputs

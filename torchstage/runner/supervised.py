@@ -17,6 +17,7 @@ class SupervisedRunner(Runner):
 
     requires = ("criterion", "optimizer")
     produces = ()
+    _plain = False
 
     def __init__(self, model=None, engine=None, input_key="features", output_key="logits",
                  target_key="targets", loss_key="loss", device=None, input_target_key=None):
@@ -25,6 +26,9 @@ class SupervisedRunner(Runner):
             target_key = catalyst_target_key(target_key, input_target_key)
         self.input_key, self.output_key = input_key, output_key
         self.target_key, self.loss_key = target_key, loss_key
+        #: one input and one output name and the stock forward: (x, y) batches take the short path
+        self._plain = isinstance(input_key, str) and isinstance(output_key, str) and \
+            type(self).forward is SupervisedRunner.forward
 
     def step_callbacks(self, spec, optimizer_options: dict) -> dict:
         """The loss (one term per name of a dict criterion), then backward and optimizer step."""
@@ -43,6 +47,11 @@ class SupervisedRunner(Runner):
                                     names=names)
 
     def handle_batch(self, batch) -> None:
+        if self.amp_dtype is None and self._plain and type(batch) in (tuple, list) and len(batch) == 2:
+            output = self.model(batch[0])  # the common (x, y) batch without amp: no dict round trip
+            named = {self.output_key: output} if type(output) is torch.Tensor else self._named(output)
+            self.loop.batch = {self.input_key: batch[0], self.target_key: batch[1], **named}
+            return
         batch = self.loop.batch = self._as_dict(batch)
         if self.amp_dtype is None:  # no context to enter per batch without amp
             batch.update(self.forward(batch))
@@ -61,6 +70,10 @@ class SupervisedRunner(Runner):
             output = self.model(batch[self.input_key], **kwargs)
         else:
             output = self.model(**{key: batch[key] for key in self.input_key}, **kwargs)
+        return self._named(output)
+
+    def _named(self, output) -> dict:
+        """The model's ``output`` under ``output_key`` (a dict as is, a tuple by the list of names)."""
         if isinstance(output, torch.Tensor):
             return {self.output_key if isinstance(self.output_key, str) else self.output_key[0]: output}
         if isinstance(output, dict):
