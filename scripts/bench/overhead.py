@@ -3,7 +3,7 @@
 Installed peers (Ignite, Accelerate, Lightning) run the same workload too. All run in turns, the order reversed
 every round, after a warm-up round; prints each contender's median wall and CPU times with their ratio to the
 hand-written loop, and torchstage's paired per-round ratios (robust to load that drifts between rounds).
-Usage: python scripts/bench/overhead.py [--repeats 5] [--num-workers 1]
+Usage: python scripts/bench/overhead.py [--repeats 5] [--num-workers 1] [--threads 1] [--no-peers]
 """
 import argparse
 import logging
@@ -16,6 +16,7 @@ import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import peers  # noqa: E402
+import torch  # noqa: E402
 import workload  # noqa: E402
 
 from torchstage import SupervisedRunner  # noqa: E402
@@ -45,7 +46,9 @@ def main():
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--num-workers", type=int, default=1)
     parser.add_argument("--no-peers", action="store_true", help="skip installed peer frameworks")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (the tutorial's one)")
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     logging.getLogger("torchstage").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", message="Using a target size")
     X, y = workload.make_data()
