@@ -7,7 +7,7 @@ import torch
 
 from tests.resume_helpers import tiny_train_kwargs
 from torchstage import CheckpointError, SupervisedRunner, load_checkpoint
-from torchstage.distributed.strategies import single
+from torchstage import checkpoint
 from torchstage.file_writer import FileWriter
 
 
@@ -42,15 +42,15 @@ def test_a_failed_job_stops_the_queue_and_is_raised_once_in_the_caller():
 
 def _recording_writes(monkeypatch, fail_at=None):
     """Record (file name, thread) of each checkpoint file write; raise like a full disk at write ``fail_at``."""
-    real, writes = single.write_atomic, []
+    real, writes = checkpoint.write_atomic, []
 
-    def write_atomic(path, data, durable=True):
+    def write_atomic(path, data, durable=True, sync_folder=True):
         writes.append((os.path.basename(path), threading.current_thread().name))
         if len(writes) == fail_at:
             raise CheckpointError(f"could not write checkpoint {path!r}: No space left on device; the previous "
                                   f"file, if any, is unchanged")
-        real(path, data, durable)
-    monkeypatch.setattr(single, "write_atomic", write_atomic)
+        real(path, data, durable, sync_folder)
+    monkeypatch.setattr(checkpoint, "write_atomic", write_atomic)
     return writes
 
 

@@ -9,7 +9,7 @@ import contextlib
 
 import torch
 
-from torchstage.checkpoint import serialize, write_atomic
+from torchstage.checkpoint import serialize, write_atomic_copies
 from torchstage.file_writer import hand_over
 
 
@@ -99,10 +99,8 @@ class SingleDevice:
             return
         data = serialize(checkpoint)
 
-        def write():
-            for path in paths:  # copies, not links: damage to one file cannot reach another
-                write_atomic(path, data)
-        hand_over(writer, write)
+        # copies, not links: damage to one file cannot reach another
+        hand_over(writer, lambda: write_atomic_copies(paths, data))
 
 
 def _keyed_by_name(state: dict) -> bool:
