@@ -10,9 +10,10 @@ at :meth:`FileWriter.wait`, which the run calls before anything reads the files 
 import queue
 import threading
 
-#: Jobs that may wait for the thread; a next hand-over blocks until one is done (at most this many
-#: serialized checkpoints are held in memory at once).
-MAX_PENDING = 4
+#: Jobs that may wait for the thread (an epoch hands over two: its checkpoint files, then the summary and
+#: deletions); a further hand-over blocks until one starts. So besides the checkpoint being written at most
+#: one more serialized checkpoint is held in memory: a large model on a slow disk cannot fill the host's RAM.
+MAX_PENDING = 2
 
 
 def hand_over(writer, job) -> None:
