@@ -44,16 +44,20 @@ def write_atomic_copies(paths: list, data: bytes) -> None:
     kept epoch file."""
     for path in paths:
         write_atomic(path, data, sync_folder=False)
-    for folder in dict.fromkeys(os.path.dirname(os.path.abspath(path)) for path in paths):
-        _fsync_folder(folder, paths[0])
+    try:
+        for folder in dict.fromkeys(os.path.dirname(os.path.abspath(path)) for path in paths):
+            _fsync_folder(folder)
+    except OSError as e:
+        raise _write_error(paths[0], e) from e
 
 
 def write_atomic(path: str, data: bytes, durable: bool = True, sync_folder: bool = True) -> None:
     """Write ``data`` to ``path`` so that a crash at any moment leaves the old file or the new one.
 
     A temporary file in the same folder is written, flushed and (``durable``: checkpoints) fsynced, then
-    renamed over ``path`` (and the folder fsynced, unless ``sync_folder=False``: the caller does it once). Logs pass ``durable=False``: still atomic for a crash of
-    the process, and a power loss costs at most their last rows, which the checkpoint's copy rewrites on resume.
+    renamed over ``path`` (and the folder fsynced, unless ``sync_folder=False``: the caller does it once). Logs
+    pass ``durable=False``: still atomic for a crash of the process, and a power loss costs at most their last
+    rows, which the checkpoint's copy rewrites on resume.
     """
     folder = os.path.dirname(os.path.abspath(path))
     tmp = None
@@ -68,27 +72,26 @@ def write_atomic(path: str, data: bytes, durable: bool = True, sync_folder: bool
         os.replace(tmp, path)
         tmp = None
         if durable and sync_folder:
-            _fsync_folder(folder, path)
+            _fsync_folder(folder)
     except OSError as e:
-        raise CheckpointError(f"could not write {'checkpoint ' if path.endswith('.pth') else ''}{path!r}: "
-                              f"{e.strerror or e}; "
-                              f"the previous file, if any, is unchanged") from e
+        raise _write_error(path, e) from e
     finally:
         if tmp is not None and os.path.exists(tmp):
             os.remove(tmp)
 
 
-def _fsync_folder(folder: str, path: str) -> None:
-    """Make the renames in ``folder`` durable (``path``: the file named if it fails)."""
+def _fsync_folder(folder: str) -> None:
+    """Make the renames in ``folder`` durable."""
+    dir_fd = os.open(folder, os.O_RDONLY)
     try:
-        dir_fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-    except OSError as e:
-        raise CheckpointError(f"could not write {'checkpoint ' if path.endswith('.pth') else ''}{path!r}: "
-                              f"{e.strerror or e}; the previous file, if any, is unchanged") from e
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _write_error(path: str, error: OSError) -> CheckpointError:
+    return CheckpointError(f"could not write {'checkpoint ' if path.endswith('.pth') else ''}{path!r}: "
+                           f"{error.strerror or error}; the previous file, if any, is unchanged")
 
 
 def content_checksum(tree) -> int:

@@ -1,8 +1,8 @@
 """Non-finite losses: stop the run at the first NaN/inf train loss (default), or skip such batches.
 
-``mode="stop"`` keeps each train loss (detached, on its device: no host sync) and reads them every ``check_every``
-train batches (one stacked read), at the end of each train loader and before any mid-epoch checkpoint, so no checkpoint
-ever holds weights trained on a non-finite loss; the error names the first such batch.
+``mode="stop"`` keeps each train loss (detached, on its device: no host sync) and reads them, stacked, every
+``check_every`` train batches, at the end of each train loader and before any mid-epoch checkpoint, so no
+checkpoint ever holds weights trained on a non-finite loss; the error names the first such batch.
 ``mode="skip"`` must know before the backward whether to step, so it reads the loss every train batch
 (one host sync per batch, as AMP's grad scaler does); a skipped batch sets ``runner.batch_skipped``, so
 it is left out of the averages, the backward and the step; skipped batches are counted in the loader
@@ -42,7 +42,7 @@ class NonFiniteLossCallback(Callback):
         return {k: metrics[k] for k in keys if isinstance(metrics.get(k), torch.Tensor)}
 
     def on_loader_start(self, runner):
-        self._values, self._steps, self._first, self._skipped = {}, [], {}, 0
+        self._values, self._pending, self._first, self._skipped = {}, 0, {}, 0
         self._loader_start_step = runner.global_batch_step
 
     def on_batch_end(self, runner):
@@ -61,8 +61,8 @@ class NonFiniteLossCallback(Callback):
                 seen = self._values[key] = ([], [])
             seen[0].append(loss.detach() if loss.dim() == 0 else loss.detach().sum())  # sum: NaN/inf propagate
             seen[1].append(step)
-        self._steps.append(step)
-        if len(self._steps) == self.check_every:
+        self._pending += 1
+        if self._pending == self.check_every:
             self.check(runner)
 
     def on_loader_end(self, runner):
@@ -96,7 +96,7 @@ class NonFiniteLossCallback(Callback):
 
     def _scan(self) -> None:
         """Find, per loss, the first non-finite value kept since the last scan (one host read); start anew."""
-        values, self._values, self._steps = self._values, {}, []
+        values, self._values, self._pending = self._values, {}, 0
         for key, (losses, steps) in values.items():
             if key in self._first or not losses:
                 continue
