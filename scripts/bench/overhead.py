@@ -2,12 +2,14 @@
 
 Installed peers (Ignite, Accelerate, Lightning) run the same workload too. All run in turns, the order reversed
 every round, after a warm-up round; prints each contender's median wall and CPU times with their ratio to the
-hand-written loop, and torchstage's paired per-round ratios (robust to load that drifts between rounds).
+hand-written loop, and torchstage's paired per-round ratios (robust to load that drifts between rounds) with a
+95 % bootstrap interval of their median.
 Usage: python scripts/bench/overhead.py [--repeats 5] [--num-workers 1] [--threads 1] [--no-peers]
 """
 import argparse
 import logging
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -39,6 +41,13 @@ def cpu_seconds() -> float:
     """CPU time of this process and its reaped children (the DataLoader workers): steady under other load."""
     t = os.times()
     return t.user + t.system + t.children_user + t.children_system
+
+
+def median_interval(values: list, resamples: int = 2000, seed: int = 0) -> tuple:
+    """95 % percentile-bootstrap interval of the median of ``values``: how far the noise leaves it open."""
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(resamples))
+    return medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
 
 
 def main():
@@ -77,8 +86,9 @@ def main():
               f"cpu median {med_cpu:.3f} s (ratio {med_cpu / base_cpu:.3f})   over {len(values)} runs")
     for label, measured in (("wall", times), ("cpu", cpu)):
         per_round = [t / h for t, h in zip(measured["torchstage"], measured["hand-written"])]
+        low, high = median_interval(per_round)
         print(f"torchstage / hand-written per round ({label}): {' '.join(f'{r:.3f}' for r in per_round)}; "
-              f"median {statistics.median(per_round):.3f}")
+              f"median {statistics.median(per_round):.3f} (95 % interval {low:.3f} to {high:.3f})")
 
 
 if __name__ == "__main__":
