@@ -46,7 +46,7 @@ def write_atomic_copies(paths: list, data: bytes) -> None:
         write_atomic(path, data, sync_folder=False)
     try:
         for folder in dict.fromkeys(os.path.dirname(os.path.abspath(path)) for path in paths):
-            _fsync_folder(folder)
+            fsync_folder(folder)
     except OSError as e:
         raise _write_error(paths[0], e) from e
 
@@ -72,7 +72,7 @@ def write_atomic(path: str, data: bytes, durable: bool = True, sync_folder: bool
         os.replace(tmp, path)
         tmp = None
         if durable and sync_folder:
-            _fsync_folder(folder)
+            fsync_folder(folder)
     except OSError as e:
         raise _write_error(path, e) from e
     finally:
@@ -80,8 +80,8 @@ def write_atomic(path: str, data: bytes, durable: bool = True, sync_folder: bool
             os.remove(tmp)
 
 
-def _fsync_folder(folder: str) -> None:
-    """Make the renames in ``folder`` durable."""
+def fsync_folder(folder: str) -> None:
+    """fsync ``folder``: the names made, renamed or removed in it survive a power loss."""
     dir_fd = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(dir_fd)

@@ -17,7 +17,7 @@ import uuid
 
 import torch
 
-from torchstage.checkpoint import FORMAT, CheckpointError
+from torchstage.checkpoint import FORMAT, CheckpointError, fsync_folder
 
 DATA_PREFIX = ".sharded-"
 _TORCH_NAMES = ("Size",)
@@ -48,10 +48,10 @@ def save_sharded(checkpoint: dict, paths: list, engine) -> None:
                               f"if any, is unchanged") from e
     engine.barrier()  # every rank's shards and the metadata are on disk
     if engine.is_main:
-        _fsync_dir(data)
+        fsync_folder(data)
         for path in paths:
             _point(path, os.path.basename(data))
-        _fsync_dir(folder)
+        fsync_folder(folder)
         collect_garbage(folder, keep=data)
 
 
@@ -74,14 +74,6 @@ def collect_garbage(folder: str, keep: str = None) -> None:
     for data in glob.glob(os.path.join(folder, DATA_PREFIX + "*")):
         if os.path.realpath(data) not in used and data != keep:
             shutil.rmtree(data, ignore_errors=True)
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def load_sharded(path: str) -> dict:
