@@ -2,7 +2,8 @@
 
 Usage: python stateful_loader_run.py LOGDIR KIND [resume]; KIND is "iterable" (a sharded stream with its own
 state: position and a shuffle seed drawn when a pass starts) or "map" (a shuffled map-style dataset).
-KILL_AT_BATCH=n SIGKILLs every rank after global train batch n; last.pth is written every 5 train batches.
+KILL_AT_BATCH=n SIGKILLs every rank after global train batch n, once the checkpoints handed to the file
+writer landed (a kill between checkpoints, not inside a write); last.pth is written every 5 train batches.
 TORCHSTAGE_NPROC=2 runs 2 gloo processes. Each rank appends "epoch batch id,id,..." lines to
 LOGDIR/ids-rank<R>-<first|resumed>.txt.
 """
@@ -71,6 +72,7 @@ class Record(Callback):
         with open(path, "a") as f:
             f.write(f"{runner.epoch} {runner.batch_step} {','.join(map(str, runner.batch['id'].tolist()))}\n")
         if runner.global_batch_step == self.kill_at:
+            runner.file_writer.wait()  # the checkpoints handed over have landed: a kill between writes
             os.kill(os.getpid(), signal.SIGKILL)
 
 
