@@ -1,4 +1,5 @@
-"""Checkpoint integrity: a content checksum verified on load; a damaged or missing last.pth falls back to the
+"""Checkpoint integrity: the CRC-32 of every record of the file verified on load (and the content checksum of
+files written before); a damaged or missing last.pth falls back to the
 newest intact checkpoint (saying which and why), or fails naming every candidate and why."""
 import os
 
@@ -61,6 +62,46 @@ def test_damaged_last_falls_back_to_the_newest_intact_checkpoint(tmp_path, caplo
 def test_a_changed_tensor_is_refused_by_its_checksum(tmp_path):
     _train(tmp_path, num_epochs=1)
     path = tmp_path / "checkpoints" / "best.pth"
+    _change_a_weight(path)
+    with pytest.raises(CheckpointError, match="is damaged: its content does not match the checksum"):
+        load_checkpoint(str(path))
+
+
+def test_a_changed_plain_value_is_refused_naming_the_record(tmp_path):
+    _train(tmp_path, num_epochs=1)
+    path = tmp_path / "checkpoints" / "last.pth"
+    data = open(path, "rb").read()
+    assert data.count(b"torchstage/1") == 1
+    open(path, "wb").write(data.replace(b"torchstage/1", b"torchstage/2"))  # still a valid pickle and zip
+    with pytest.raises(CheckpointError, match=r"is damaged: .* in record 'archive/data.pkl'"):
+        load_checkpoint(str(path))
+
+
+def test_records_keep_their_crc_when_a_user_turned_torch_crcs_off(tmp_path):
+    from torch.utils.serialization import config
+    with config.patch({"save.compute_crc32": False}):
+        _train(tmp_path, num_epochs=1)
+    path = tmp_path / "checkpoints" / "best.pth"
+    assert load_checkpoint(str(path))["loop"]["global_epoch_step"] == 1
+    _change_a_weight(path)
+    with pytest.raises(CheckpointError, match="is damaged: its content does not match the checksum"):
+        load_checkpoint(str(path))
+
+
+def _write_the_older_way(path, checkpoint):
+    """A file as torchstage wrote it before relying on the zip CRCs: a ``checksum`` key over the content; here
+    with torch's CRCs off too, so only that key can tell a changed weight."""
+    from torch.utils.serialization import config
+
+    from torchstage.checkpoint import content_checksum
+    with config.patch({"save.compute_crc32": False}):
+        torch.save({**checkpoint, "checksum": {"crc32": content_checksum(checkpoint)}}, path)
+
+
+def test_files_written_before_are_verified_by_their_content_checksum(tmp_path, straight):
+    path = tmp_path / "older.pth"
+    _write_the_older_way(path, straight)
+    assert differences(load_checkpoint(str(path))["models"], straight["models"]) == []
     _change_a_weight(path)
     with pytest.raises(CheckpointError, match="is damaged: its content does not match the checksum"):
         load_checkpoint(str(path))

@@ -1,17 +1,20 @@
 """The checkpoint file format: one dict of tensors and plain values, written atomically, loaded safely.
 
 Layout (``format = "torchstage/1"``): models, optimizers, schedulers, scaler, callbacks, loop, rng,
-metrics, meta, and ``checksum``: a CRC32 of every tensor's bytes and every plain value, written by
-:func:`serialize` and verified by :func:`load_checkpoint`, so bytes changed inside a tensor are caught.
-``torch.load(weights_only=True)`` reads it, so loading never runs pickled code.
+metrics, meta. The file is ``torch.save``'s zip archive, whose every record (the pickled values and each
+tensor's bytes) carries a CRC-32 that :func:`load_checkpoint` verifies (``torch.load`` does not), so bytes
+changed anywhere in the file are caught. Files written before carry a ``checksum`` key over their content,
+still verified. ``torch.load(weights_only=True)`` reads it, so loading never runs pickled code.
 """
 import io
 import os
 import pickle
 import tempfile
+import zipfile
 import zlib
 
 import torch
+from torch.utils.serialization import config as serialization_config
 
 FORMAT = "torchstage/1"
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")
@@ -95,7 +98,8 @@ def _write_error(path: str, error: OSError) -> CheckpointError:
 
 
 def content_checksum(tree) -> int:
-    """CRC32 over a checkpoint tree: keys, plain values, and each tensor's dtype, shape and bytes, in order."""
+    """CRC32 over a checkpoint tree: keys, plain values, and each tensor's dtype, shape and bytes, in order.
+    Only to verify files written before the zip records' CRCs were relied on (their ``checksum`` key)."""
     crc = 0
 
     def walk(node):
@@ -122,11 +126,31 @@ def content_checksum(tree) -> int:
 
 
 def serialize(checkpoint: dict) -> bytes:
-    """The bytes ``torch.save`` writes for ``checkpoint`` plus its ``checksum`` (see :func:`content_checksum`)."""
+    """The bytes ``torch.save`` writes for ``checkpoint``, each record with its CRC-32 (even where a user
+    turned torch's ``save.compute_crc32`` off): one pass in C instead of a Python walk over the state."""
     content = {k: v for k, v in checkpoint.items() if k != "checksum"}
     buffer = io.BytesIO()
-    torch.save({**content, "checksum": {"crc32": content_checksum(content)}}, buffer)
+    if serialization_config.save.compute_crc32:
+        torch.save(content, buffer)
+    else:
+        with serialization_config.patch({"save.compute_crc32": True}):
+            torch.save(content, buffer)
     return buffer.getvalue()
+
+
+def damaged_record(path: str):
+    """The name of the first record of the zip archive ``path`` whose bytes do not match their CRC-32, or
+    None; None too for a file that is not a zip archive (``torch.load`` says what is wrong with it) and for
+    one saved with torch's CRCs turned off (all zero; such a file of an older torchstage has its checksum)."""
+    if not zipfile.is_zipfile(path):
+        return None
+    try:
+        with zipfile.ZipFile(path) as archive:
+            if all(info.CRC == 0 for info in archive.infolist()):
+                return None
+            return archive.testzip()
+    except (zipfile.BadZipFile, EOFError, ValueError) as e:  # a damaged directory or local header
+        return f"(the archive's directory: {e})"
 
 
 def load_checkpoint(path: str, map_location="cpu") -> dict:
@@ -139,6 +163,10 @@ def load_checkpoint(path: str, map_location="cpu") -> dict:
         return load_sharded(path)
     if not os.path.isfile(path):
         raise CheckpointError(f"checkpoint {path!r} does not exist")
+    record = damaged_record(path)
+    if record is not None:
+        raise CheckpointError(f"checkpoint {path!r} is damaged: its content does not match the checksum written "
+                              f"with it (bytes changed after writing, in record {record!r})")
     try:
         checkpoint = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
@@ -155,7 +183,7 @@ def load_checkpoint(path: str, map_location="cpu") -> dict:
         found = checkpoint.get("format") if isinstance(checkpoint, dict) else type(checkpoint).__name__
         raise CheckpointError(f"{path!r} is not a torchstage checkpoint: format is {found!r}, "
                               f"expected {FORMAT!r}")
-    expected = checkpoint.pop("checksum", {}).get("crc32")
+    expected = checkpoint.pop("checksum", {}).get("crc32")  # files written before: a content checksum too
     if expected is not None and content_checksum(checkpoint) != expected:
         raise CheckpointError(f"checkpoint {path!r} is damaged: its content does not match the checksum written "
                               f"with it (bytes inside a tensor or value changed after writing)")
