@@ -91,6 +91,25 @@ def test_resume_from_epoch_end_continues_to_same_weights(tmp_path):
         assert torch.equal(a, b)
 
 
+def test_metrics_history_is_kept_whole_across_a_resume_also_from_a_file_written_before(tmp_path):
+    """The history travels in the checkpoint as JSON lines; a file holding it as a list (written before) resumes
+    to the same metrics.json as the uninterrupted run."""
+    train(tmp_path / "full", num_epochs=4)
+    full = json.loads((tmp_path / "full" / "checkpoints" / "metrics.json").read_text())
+    for part, older in (("part", False), ("older", True)):
+        train(tmp_path / part, num_epochs=2)
+        last = tmp_path / part / "checkpoints" / "last.pth"
+        checkpoint = load_checkpoint(str(last))
+        state = checkpoint["callbacks"]["checkpoint"]
+        assert [json.loads(line)["epoch"] for line in state["history_jsonl"].splitlines()] == [1, 2]
+        if older:
+            state["history"] = [json.loads(line) for line in state.pop("history_jsonl").splitlines()]
+            write_atomic(str(last), serialize(checkpoint))
+        train(tmp_path / part, num_epochs=4, resume="last")
+        summary = json.loads((tmp_path / part / "checkpoints" / "metrics.json").read_text())
+        assert summary["history"] == full["history"] and summary["best"] == full["best"], part
+
+
 def test_same_checkpoint_under_several_names_is_independent_files(tmp_path):
     train(tmp_path, num_epochs=1)
     folder = tmp_path / "checkpoints"

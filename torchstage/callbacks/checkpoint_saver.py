@@ -39,7 +39,10 @@ class CheckpointCallback(Callback):
             raise ArgumentError("topk", f"must be an integer >= 0 (how many epoch-NNNN.pth to keep), got {topk!r}")
         self.logdir, self.periods = logdir, as_periods(period, "period")
         self.topk, self.load_best_on_end = topk, bool(load_best_on_end)
-        self.best, self.history, self.kept = None, [], []
+        self.best, self.kept = None, []
+        #: each epoch's entry as a line of JSON, made once: the checkpoint and metrics.json of a long run join
+        #: them instead of walking every past epoch again
+        self.history = []
         self._saved_at = None
 
     def folder(self, runner) -> str:
@@ -70,11 +73,11 @@ class CheckpointCallback(Callback):
         value = self._valid_value(runner)
         if value is not None:
             entry["value"] = value
-        self.history.append(entry)
         is_best = value is not None and (self.best is None or self._better(runner, value, self.best["value"]))
         if is_best:
             self.best = entry
         kept, dropped = self._update_topk(runner, entry)
+        self.history.append(json.dumps(entry))
         last_due = epoch_due(self.periods, runner) or runner.epoch == runner.num_epochs
         folder = self.folder(runner)
         targets = ([checkpoint_path(folder, "last")] if last_due else []) + \
@@ -149,19 +152,23 @@ class CheckpointCallback(Callback):
         return value < best if runner.minimize_valid_metric else value > best
 
     def state_dict(self):
-        return {"best": self.best, "history": self.history, "kept": self.kept}
+        return {"best": self.best, "history_jsonl": "\n".join(self.history), "kept": self.kept}
 
     def load_state_dict(self, state):
-        self.best, self.history, self.kept = state["best"], state["history"], state.get("kept", [])
+        self.best, self.kept = state["best"], state.get("kept", [])
+        if "history_jsonl" in state:
+            self.history = state["history_jsonl"].splitlines()
+        else:  # a checkpoint written before the history was kept as JSON lines
+            self.history = [json.dumps(entry) for entry in state["history"]]
 
 
 def metrics_json(summary: dict) -> bytes:
-    """``metrics.json``: a line per key and per history entry; readable, and made by json's C encoder (which
-    ``indent=`` turns off: that costs a run of many epochs more each epoch, as the history grows)."""
+    """``metrics.json``: a line per key and per history entry (``summary["history"]`` holds them as JSON
+    text already); readable, and made by json's C encoder (``indent=`` turns it off)."""
     lines = []
     for key, value in summary.items():
         if key == "history" and value:
-            entries = ",\n    ".join(json.dumps(entry) for entry in value)
+            entries = ",\n    ".join(value)
             lines.append(f'  "history": [\n    {entries}\n  ]')
         else:
             lines.append(f"  {json.dumps(key)}: {json.dumps(value)}")
