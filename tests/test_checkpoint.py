@@ -1,8 +1,10 @@
 """The file format: atomic writes that keep the old file on failure, loading that never runs pickled code."""
 import copy
 import errno
+import itertools
 import os
 import pickle
+import stat
 
 import pytest
 import torch
@@ -19,9 +21,21 @@ def test_write_atomic_replaces_and_leaves_no_temporary(tmp_path):
     ckpt.write_atomic(str(path), b"old")
     ckpt.write_atomic(str(path), b"new")
     assert path.read_bytes() == b"new" and os.listdir(path.parent) == ["last.pth"]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask  # what open() gives: shareable like torch.save's
 
 
-@pytest.mark.parametrize("failing", ["fsync", "replace"])
+def test_write_atomic_steps_over_temporaries_a_killed_process_left(tmp_path, monkeypatch):
+    monkeypatch.setattr(ckpt, "_temporary_numbers", itertools.count())
+    stale = [tmp_path / f".last.pth.{os.getpid()}.{n}.tmp" for n in range(2)]  # same pid, as after a reboot
+    for path in stale:
+        path.write_bytes(b"stale")
+    ckpt.write_atomic(str(tmp_path / "last.pth"), b"new")
+    assert (tmp_path / "last.pth").read_bytes() == b"new" and all(p.read_bytes() == b"stale" for p in stale)
+
+
+@pytest.mark.parametrize("failing", ["write", "fsync", "replace"])
 def test_failed_write_raises_clearly_and_keeps_the_old_file(tmp_path, monkeypatch, failing):
     path = tmp_path / "last.pth"
     ckpt.write_atomic(str(path), b"good")

@@ -6,10 +6,12 @@ tensor's bytes) carries a CRC-32 that :func:`load_checkpoint` verifies (``torch.
 changed anywhere in the file are caught. Files written before carry a ``checksum`` key over their content,
 still verified. ``torch.load(weights_only=True)`` reads it, so loading never runs pickled code.
 """
+import contextlib
+import errno
 import io
+import itertools
 import os
 import pickle
-import tempfile
 import zipfile
 import zlib
 
@@ -57,21 +59,24 @@ def write_atomic_copies(paths: list, data: bytes) -> None:
 def write_atomic(path: str, data: bytes, durable: bool = True, sync_folder: bool = True) -> None:
     """Write ``data`` to ``path`` so that a crash at any moment leaves the old file or the new one.
 
-    A temporary file in the same folder is written, flushed and (``durable``: checkpoints) fsynced, then
-    renamed over ``path`` (and the folder fsynced, unless ``sync_folder=False``: the caller does it once). Logs
-    pass ``durable=False``: still atomic for a crash of the process, and a power loss costs at most their last
-    rows, which the checkpoint's copy rewrites on resume.
+    A temporary file in the same folder is written and (``durable``: checkpoints) fsynced, then renamed over
+    ``path`` (and the folder fsynced, unless ``sync_folder=False``: the caller does it once). Logs pass
+    ``durable=False``: still atomic for a crash of the process, and a power loss costs at most their last
+    rows, which the checkpoint's copy rewrites on resume. Five system calls a file (open, write, fsync,
+    close, rename): in the file writer thread each one lets the training thread wait for the GIL.
     """
     folder = os.path.dirname(os.path.abspath(path))
     tmp = None
     try:
-        os.makedirs(folder, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=folder)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
+        fd, tmp = _create_temporary(folder, os.path.basename(path))
+        try:
+            view = memoryview(data)
+            while view:  # a single write() may write less than asked (over 2 GiB at once on Linux)
+                view = view[os.write(fd, view):]
             if durable:
-                os.fsync(f.fileno())
+                os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
         tmp = None
         if durable and sync_folder:
@@ -79,8 +84,26 @@ def write_atomic(path: str, data: bytes, durable: bool = True, sync_folder: bool
     except OSError as e:
         raise _write_error(path, e) from e
     finally:
-        if tmp is not None and os.path.exists(tmp):
-            os.remove(tmp)
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+
+
+_temporary_numbers = itertools.count()
+
+
+def _create_temporary(folder: str, name: str) -> tuple:
+    """``(fd, path)`` of a new empty file ``.<name>.<pid>.<n>.tmp`` in ``folder`` (made if missing), open for
+    writing with the permissions ``open()`` gives; a name no other writer uses (``O_EXCL``)."""
+    for _ in range(1000):
+        tmp = os.path.join(folder, f".{name}.{os.getpid()}.{next(_temporary_numbers)}.tmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
+        except FileNotFoundError:
+            os.makedirs(folder, exist_ok=True)
+        except FileExistsError:  # left by a process that had this pid and was killed mid-write
+            continue
+    raise FileExistsError(errno.EEXIST, "no free temporary file name", folder)
 
 
 def fsync_folder(folder: str) -> None:
