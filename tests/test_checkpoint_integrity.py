@@ -77,6 +77,17 @@ def test_a_changed_plain_value_is_refused_naming_the_record(tmp_path):
         load_checkpoint(str(path))
 
 
+def test_a_damaged_record_header_is_refused_as_damaged(tmp_path):
+    _train(tmp_path, num_epochs=1)
+    path = tmp_path / "checkpoints" / "last.pth"
+    data = bytearray(open(path, "rb").read())
+    assert data[:4] == b"PK\x03\x04"
+    data[:4] = b"XX\x03\x04"  # the first record's header; the directory at the end still reads
+    open(path, "wb").write(bytes(data))
+    with pytest.raises(CheckpointError, match=r"is damaged: .* in record 'archive/data.pkl'"):
+        load_checkpoint(str(path))
+
+
 def test_records_keep_their_crc_when_a_user_turned_torch_crcs_off(tmp_path):
     from torch.utils.serialization import config
     with config.patch({"save.compute_crc32": False}):

@@ -162,18 +162,19 @@ def serialize(checkpoint: dict) -> bytes:
 
 
 def damaged_record(path: str):
-    """The name of the first record of the zip archive ``path`` whose bytes do not match their CRC-32, or
-    None; None too for a file that is not a zip archive (``torch.load`` says what is wrong with it) and for
-    one saved with torch's CRCs turned off (all zero; such a file of an older torchstage has its checksum)."""
+    """Where the zip archive ``path`` does not match its CRC-32s (``"record 'archive/data/3'"``), or None;
+    None too for a file that is not a zip archive (``torch.load`` says what is wrong with it) and for one
+    saved with torch's CRCs turned off (all zero; such a file of an older torchstage has its checksum)."""
     if not zipfile.is_zipfile(path):
         return None
     try:
         with zipfile.ZipFile(path) as archive:
             if all(info.CRC == 0 for info in archive.infolist()):
                 return None
-            return archive.testzip()
-    except (zipfile.BadZipFile, EOFError, ValueError) as e:  # a damaged directory or local header
-        return f"(the archive's directory: {e})"
+            name = archive.testzip()
+    except (zipfile.BadZipFile, EOFError, ValueError) as e:  # a damaged directory or record header
+        return f"the archive's structure ({e})"
+    return None if name is None else f"record {name!r}"
 
 
 def load_checkpoint(path: str, map_location="cpu") -> dict:
@@ -186,10 +187,10 @@ def load_checkpoint(path: str, map_location="cpu") -> dict:
         return load_sharded(path)
     if not os.path.isfile(path):
         raise CheckpointError(f"checkpoint {path!r} does not exist")
-    record = damaged_record(path)
-    if record is not None:
+    damage = damaged_record(path)
+    if damage is not None:
         raise CheckpointError(f"checkpoint {path!r} is damaged: its content does not match the checksum written "
-                              f"with it (bytes changed after writing, in record {record!r})")
+                              f"with it (bytes changed after writing, in {damage})")
     try:
         checkpoint = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
