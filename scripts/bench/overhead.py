@@ -1,10 +1,12 @@
 """Framework overhead: SupervisedRunner.train vs a hand-written loop on the same tiny workload, same process.
 
-Installed peers (Ignite, Accelerate, Lightning) run the same workload too. All run in turns, the order reversed
-every round, after a warm-up round; prints each contender's median wall and CPU times with their ratio to the
-hand-written loop, and torchstage's paired per-round ratios (robust to load that drifts between rounds) with a
-95 % bootstrap interval of their median.
-Usage: python scripts/bench/overhead.py [--repeats 5] [--num-workers 1] [--threads 1] [--no-peers]
+Installed peers (Ignite, Accelerate, Lightning) run the same workload too. All run in turns (each one in each
+position of a round equally often, see ``round_order``), after a warm-up round; prints each contender's median
+wall and CPU times with their ratio to the hand-written loop, and torchstage's paired per-round ratios (robust
+to load that drifts between rounds) with a 95 % bootstrap interval of their median. ``--control`` runs the
+hand-written loop a second time each round (an A/A pair): its paired ratio, which should be 1, shows how far
+this machine's noise moves the figures.
+Usage: python scripts/bench/overhead.py [--repeats 5] [--num-workers 1] [--threads 1] [--no-peers] [--control]
 """
 import argparse
 import logging
@@ -37,6 +39,14 @@ def run_hand_written(loaders, logdir):
                           checkpoint_path=os.path.join(logdir, "hand.pth"))
 
 
+def round_order(contenders: list, repeat: int) -> list:
+    """The order of round ``repeat``: rotated each round and reversed every other cycle, so that each contender
+    runs in each position equally often (running second or third costs about 1 % here)."""
+    shift = repeat % len(contenders)
+    order = contenders[shift:] + contenders[:shift]
+    return order[::-1] if (repeat // len(contenders)) % 2 else order
+
+
 def cpu_seconds() -> float:
     """CPU time of this process and its reaped children (the DataLoader workers): steady under other load."""
     t = os.times()
@@ -56,6 +66,8 @@ def main():
     parser.add_argument("--num-workers", type=int, default=1)
     parser.add_argument("--no-peers", action="store_true", help="skip installed peer frameworks")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (the tutorial's one)")
+    parser.add_argument("--control", action="store_true",
+                        help="run the hand-written loop twice a round: the A/A ratio is the noise floor")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     logging.getLogger("torchstage").setLevel(logging.WARNING)
@@ -64,6 +76,8 @@ def main():
     loader = workload.make_loader(X, y, args.num_workers)
     loaders = {"train": loader, "valid": loader}
     contenders = {"hand-written": run_hand_written, "torchstage": run_torchstage}
+    if args.control:
+        contenders["hand-written again"] = run_hand_written
     if not args.no_peers:
         contenders.update(peers.available())
     logging.getLogger("lightning").setLevel(logging.ERROR)
@@ -72,8 +86,7 @@ def main():
     cpu = {name: [] for name in contenders}
     with tempfile.TemporaryDirectory() as logdir:
         for repeat in range(args.repeats + 1):
-            order = list(contenders.items())
-            for name, fn in order if repeat % 2 else order[::-1]:  # alternate the order: no contender always first
+            for name, fn in round_order(list(contenders.items()), repeat):
                 start, start_cpu = time.perf_counter(), cpu_seconds()
                 fn(loaders, logdir)
                 if repeat:  # the first round warms up imports, workers and allocators
@@ -82,13 +95,15 @@ def main():
     base, base_cpu = statistics.median(times["hand-written"]), statistics.median(cpu["hand-written"])
     for name, values in times.items():
         med, med_cpu = statistics.median(values), statistics.median(cpu[name])
-        print(f"{name:>14}: wall median {med:.3f} s (ratio {med / base:.3f})   "
+        print(f"{name:>18}: wall median {med:.3f} s (ratio {med / base:.3f})   "
               f"cpu median {med_cpu:.3f} s (ratio {med_cpu / base_cpu:.3f})   over {len(values)} runs")
-    for label, measured in (("wall", times), ("cpu", cpu)):
-        per_round = [t / h for t, h in zip(measured["torchstage"], measured["hand-written"])]
-        low, high = median_interval(per_round)
-        print(f"torchstage / hand-written per round ({label}): {' '.join(f'{r:.3f}' for r in per_round)}; "
-              f"median {statistics.median(per_round):.3f} (95 % interval {low:.3f} to {high:.3f})")
+    paired = ["torchstage"] + (["hand-written again"] if args.control else [])
+    for name in paired:
+        for label, measured in (("wall", times), ("cpu", cpu)):
+            per_round = [t / h for t, h in zip(measured[name], measured["hand-written"])]
+            low, high = median_interval(per_round)
+            print(f"{name} / hand-written per round ({label}): {' '.join(f'{r:.3f}' for r in per_round)}; "
+                  f"median {statistics.median(per_round):.3f} (95 % interval {low:.3f} to {high:.3f})")
 
 
 if __name__ == "__main__":
