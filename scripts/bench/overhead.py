@@ -26,6 +26,10 @@ import workload  # noqa: E402
 from torchstage import SupervisedRunner  # noqa: E402
 
 
+#: The A/A contender of ``--control``: the hand-written loop again, whose ratio to the first should be 1.
+CONTROL = "hand-written again"
+
+
 def run_torchstage(loaders, logdir):
     model, criterion, optimizer, scheduler = workload.make_parts()
     SupervisedRunner().train(model=model, criterion=criterion, optimizer=optimizer, scheduler=scheduler,
@@ -77,7 +81,7 @@ def main():
     loaders = {"train": loader, "valid": loader}
     contenders = {"hand-written": run_hand_written, "torchstage": run_torchstage}
     if args.control:
-        contenders["hand-written again"] = run_hand_written
+        contenders[CONTROL] = run_hand_written
     if not args.no_peers:
         contenders.update(peers.available())
     logging.getLogger("lightning").setLevel(logging.ERROR)
@@ -97,8 +101,7 @@ def main():
         med, med_cpu = statistics.median(values), statistics.median(cpu[name])
         print(f"{name:>18}: wall median {med:.3f} s (ratio {med / base:.3f})   "
               f"cpu median {med_cpu:.3f} s (ratio {med_cpu / base_cpu:.3f})   over {len(values)} runs")
-    paired = ["torchstage"] + (["hand-written again"] if args.control else [])
-    for name in paired:
+    for name in [name for name in ("torchstage", CONTROL) if name in times]:
         for label, measured in (("wall", times), ("cpu", cpu)):
             per_round = [t / h for t, h in zip(measured[name], measured["hand-written"])]
             low, high = median_interval(per_round)
