@@ -50,6 +50,8 @@ class CriterionCallback(Callback):
                 raise explain_failure(self._criterion, exc, outputs, targets, self.input_key,
                                       self.target_key) from exc
             self._checked = True
+        elif runner.amp_dtype is None and self.multiplier == 1:  # the common case, without a call
+            runner.loop.batch_metrics[self.metric_key] = self._criterion(outputs, targets)
         else:
             self._loss_now(runner, outputs, targets)
 

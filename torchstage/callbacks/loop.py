@@ -5,6 +5,9 @@ from torchstage.callbacks.base import Callback, CallbackOrder
 from torchstage.named import each
 
 
+_SEQUENCES = (tuple, list)
+
+
 def batch_size_of(batch) -> int:
     """Number of samples in a batch: the first dimension of the first tensor found in it."""
     if type(batch) in (tuple, list) and batch and type(batch[0]) is torch.Tensor and batch[0].dim():
@@ -47,10 +50,8 @@ class LoopCallback(Callback):
     def on_batch_start(self, runner):
         loop = runner.loop  # per batch: the loop state directly, not through the runner's properties
         batch = loop.batch
-        if type(batch) in (tuple, list) and batch and type(batch[0]) is torch.Tensor and batch[0].dim():
-            size = batch[0].shape[0]  # the common (x, y) batch, without a call
-        else:
-            size = batch_size_of(batch)
+        first = batch[0] if type(batch) in _SEQUENCES and batch else None
+        size = first.shape[0] if type(first) is torch.Tensor and first.dim() else batch_size_of(batch)
         loop.batch_size = size
         loop.loader_sample_step += size
         if loop.is_train_loader:

@@ -41,26 +41,27 @@ class NonFiniteLossCallback(Callback):
         keys = self.keys if self.keys is not None else [k for k in metrics if "loss" in k]
         return {k: metrics[k] for k in keys if isinstance(metrics.get(k), torch.Tensor)}
 
+    def _watches(self, key: str) -> bool:
+        return key in self.keys if self.keys is not None else "loss" in key
+
     def on_loader_start(self, runner):
         self._values, self._pending, self._first, self._skipped = {}, 0, {}, 0
         self._loader_start_step = runner.global_batch_step
 
     def on_batch_end(self, runner):
-        if not runner.is_train_loader:
+        loop = runner.loop
+        if not loop.is_train_loader:
             return
         if self.mode == "skip":
             self._skip_if_nonfinite(runner)
             return
-        step, metrics = runner.global_batch_step, runner.batch_metrics
-        for key in (self.keys if self.keys is not None else metrics):  # the detached losses, read at the next check
-            loss = metrics.get(key)
-            if not isinstance(loss, torch.Tensor) or (self.keys is None and "loss" not in key):
-                continue
-            seen = self._values.get(key)
-            if seen is None:
-                seen = self._values[key] = ([], [])
-            seen[0].append(loss.detach() if loss.dim() == 0 else loss.detach().sum())  # sum: NaN/inf propagate
-            seen[1].append(step)
+        step, watched = loop.global_batch_step, self._values
+        for key, loss in loop.batch_metrics.items():  # the detached losses, read at the next check
+            seen = watched.get(key)
+            if seen is None:  # first time since the last check: a list if this key is watched, else False
+                seen = watched[key] = [] if self._watches(key) else False
+            if seen is not False and isinstance(loss, torch.Tensor):
+                seen.append((step, loss.detach()))
         self._pending += 1
         if self._pending == self.check_every:
             self.check(runner)
@@ -97,14 +98,15 @@ class NonFiniteLossCallback(Callback):
     def _scan(self) -> None:
         """Find, per loss, the first non-finite value kept since the last scan (one host read); start anew."""
         values, self._values, self._pending = self._values, {}, 0
-        for key, (losses, steps) in values.items():
-            if key in self._first or not losses:
+        for key, seen in values.items():
+            if not seen or key in self._first:
                 continue
-            read = torch.stack(losses).cpu()
+            # a non-scalar loss by its sum: NaN/inf survive it
+            read = torch.stack([loss if loss.dim() == 0 else loss.sum() for _, loss in seen]).cpu()
             bad = (~torch.isfinite(read)).nonzero()
             if len(bad):
                 index = int(bad[0])
-                self._first[key] = (steps[index], float(read[index]))
+                self._first[key] = (seen[index][0], float(read[index]))
 
     def _skip_if_nonfinite(self, runner):
         losses = self._losses(runner)

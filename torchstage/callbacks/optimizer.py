@@ -68,16 +68,16 @@ class OptimizerCallback(Callback):
             self._no_sync.__enter__()
 
     def on_batch_end(self, runner):
-        if not runner.is_train_loader:
+        loop = runner.loop  # per batch: the loop state directly, not through the runner's properties
+        if not loop.is_train_loader:
             return
-        if runner.batch_skipped:  # e.g. a non-finite loss under NonFiniteLossCallback(mode="skip")
+        if loop.batch_skipped:  # e.g. a non-finite loss under NonFiniteLossCallback(mode="skip")
             self._leave_no_sync()
             return
-        try:
-            loss = runner.batch_metrics[self.metric_key]
-        except KeyError:
+        loss = loop.batch_metrics.get(self.metric_key)
+        if loss is None:
             raise KeyError(f"OptimizerCallback(metric_key={self.metric_key!r}) found no such loss in "
-                           f"batch_metrics; it has {sorted(runner.batch_metrics)}") from None
+                           f"batch_metrics; it has {sorted(loop.batch_metrics)}")
         if self._group > 1:
             loss = loss / self._group
         if runner.scaler is not None:

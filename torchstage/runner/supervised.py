@@ -48,9 +48,12 @@ class SupervisedRunner(Runner):
 
     def handle_batch(self, batch) -> None:
         if self.amp_dtype is None and self._plain and type(batch) in (tuple, list) and len(batch) == 2:
-            output = self.model(batch[0])  # the common (x, y) batch without amp: no dict round trip
-            named = {self.output_key: output} if type(output) is torch.Tensor else self._named(output)
-            self.loop.batch = {self.input_key: batch[0], self.target_key: batch[1], **named}
+            x, y = batch  # the common (x, y) batch without amp: no dict round trip
+            output = self.model(x)
+            if type(output) is torch.Tensor:
+                self.loop.batch = {self.input_key: x, self.target_key: y, self.output_key: output}
+            else:
+                self.loop.batch = {self.input_key: x, self.target_key: y, **self._named(output)}
             return
         batch = self.loop.batch = self._as_dict(batch)
         if self.amp_dtype is None:  # no context to enter per batch without amp
