@@ -150,6 +150,32 @@ def test_scope_decides_which_callbacks_a_single_process_calls():
     assert runner.callbacks["watchdog"] not in handlers and runner.callbacks["even_batches"] not in handlers
 
 
+def test_train_batches_only_callbacks_are_left_out_of_other_loaders_batches():
+    calls = {}
+
+    class Seen(Callback):
+        def __init__(self, name, train_only):
+            super().__init__()
+            self.name, self.train_batches_only = name, train_only
+
+        def on_batch_start(self, runner):
+            calls.setdefault((self.name, "start"), []).append(runner.loader_key)
+
+        def on_batch_end(self, runner):
+            calls.setdefault((self.name, "end"), []).append(runner.loader_key)
+
+    loaders = {"train": [torch.zeros(1)] * 2, "valid": [torch.zeros(1)] * 3}
+    runner = CountingRunner().train(model=torch.nn.Linear(1, 1), loaders=loaders, num_epochs=1, valid_metric="seen",
+                                    callbacks={"every": Seen("every", False), "train_only": Seen("train_only", True)})
+    assert calls[("every", "start")] == calls[("every", "end")] == ["train"] * 2 + ["valid"] * 3
+    assert calls[("train_only", "start")] == calls[("train_only", "end")] == ["train"] * 2
+    # the default chain's optimizer, non-finite and stop callbacks act on train batches only
+    from torchstage import NonFiniteLossCallback, OptimizerCallback, StopCallback
+    assert OptimizerCallback.train_batches_only and NonFiniteLossCallback.train_batches_only
+    assert StopCallback.train_batches_only
+    assert runner.epoch_metrics["valid"]["seen"] == 1.0
+
+
 def test_chain_lists_defaults_in_order_and_user_callbacks_replace_by_name(tmp_path):
     from torchstage import CheckpointCallback, SupervisedRunner
     from tests.conftest import regression_loaders

@@ -85,8 +85,11 @@ class MetricsAveragingCallback(Callback):
             return
         keys = list(partial)
         sums = torch.stack([partial[k].reshape(()) for k in keys])
-        totals = torch.cat([sums, torch.tensor([counts[k] for k in keys], dtype=sums.dtype, device=sums.device)])
-        values = runner.engine.all_reduce_(totals).tolist()
-        n = len(keys)
-        for i, key in enumerate(keys):
-            runner.loader_metrics[key] = values[i] / values[n + i]
+        if runner.engine.is_distributed:  # one all-reduce of every rank's sums and counts, one host copy
+            totals = torch.cat([sums, torch.tensor([counts[k] for k in keys], dtype=sums.dtype, device=sums.device)])
+            values = runner.engine.all_reduce_(totals).tolist()
+            sums, counts = values[:len(keys)], values[len(keys):]
+        else:
+            sums, counts = sums.tolist(), [counts[k] for k in keys]
+        for key, total, count in zip(keys, sums, counts):
+            runner.loader_metrics[key] = total / count

@@ -60,6 +60,9 @@ class Callback:
     scope: CallbackScope = CallbackScope.All
     #: True if :meth:`state_dict` differs between ranks: checkpoints then keep one state per rank.
     state_per_rank: bool = False
+    #: True if its ``on_batch_start``/``on_batch_end`` act on train loaders only: the runner leaves it out of
+    #: the batch events of other loaders (a subclass that acts on every loader sets it back to False).
+    train_batches_only: bool = False
 
     def __init__(self, order: int = None, node: "CallbackScope" = None, *catalyst_scope, scope: "CallbackScope" = None):
         """Optional instance settings: ``Callback(CallbackOrder.Metric, scope=CallbackScope.Main)``.

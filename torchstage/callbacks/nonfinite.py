@@ -26,6 +26,7 @@ class NonFiniteLossCallback(Callback):
 
     order = CallbackOrder.Metric + 5  # after the criterion, before averaging, backward and the step
     name = "nonfinite"
+    train_batches_only = True
 
     def __init__(self, mode: str = "stop", check_every: int = 100, keys=None):
         if mode not in ("stop", "skip"):

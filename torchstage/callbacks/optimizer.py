@@ -22,6 +22,7 @@ class OptimizerCallback(Callback):
 
     order = CallbackOrder.Optimizer
     name = "optimizer"
+    train_batches_only = True
 
     def __init__(self, metric_key: str = "loss", optimizer_key: str = None, accumulation_steps: int = 1,
                  grad_clip_norm: float = None, grad_clip_value: float = None, *, grad_clip_params: dict = None,

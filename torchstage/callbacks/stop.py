@@ -21,6 +21,7 @@ class StopCallback(Callback):
 
     order = 10_000
     name = "stop"
+    train_batches_only = True
 
     def __init__(self, signals=DEFAULT_SIGNALS, check_every: int = 1):
         if isinstance(check_every, bool) or not isinstance(check_every, int) or check_every < 1:
