@@ -9,6 +9,7 @@ it is left out of the averages, the backward and the step; skipped batches are c
 metric ``nonfinite_skipped``.
 """
 import logging
+import math
 
 import torch
 
@@ -102,12 +103,12 @@ class NonFiniteLossCallback(Callback):
         for key, seen in values.items():
             if not seen or key in self._first:
                 continue
-            # a non-scalar loss by its sum: NaN/inf survive it
-            read = torch.stack([loss if loss.dim() == 0 else loss.sum() for _, loss in seen]).cpu()
-            bad = (~torch.isfinite(read)).nonzero()
-            if len(bad):
-                index = int(bad[0])
-                self._first[key] = (seen[index][0], float(read[index]))
+            # one host read of them all; a non-scalar loss by its sum, which NaN/inf survive
+            read = torch.stack([loss if loss.dim() == 0 else loss.sum() for _, loss in seen]).tolist()
+            if all(map(math.isfinite, read)):
+                continue
+            index = next(i for i, value in enumerate(read) if not math.isfinite(value))
+            self._first[key] = (seen[index][0], read[index])
 
     def _skip_if_nonfinite(self, runner):
         losses = self._losses(runner)
