@@ -10,7 +10,7 @@ _SEQUENCES = (tuple, list)
 
 def batch_size_of(batch) -> int:
     """Number of samples in a batch: the first dimension of the first tensor found in it."""
-    if type(batch) in (tuple, list) and batch and type(batch[0]) is torch.Tensor and batch[0].dim():
+    if type(batch) in _SEQUENCES and batch and type(batch[0]) is torch.Tensor and batch[0].dim():
         return batch[0].shape[0]  # the common (x, y) batch
     if isinstance(batch, torch.Tensor):
         return batch.shape[0] if batch.dim() else 1

@@ -49,7 +49,7 @@ def evaluate_loader(runner, loader, callbacks=None, criterion=None) -> dict:
     for key, callback in items:
         if not isinstance(callback, Callback):
             raise TypeError(f"callbacks[{key!r}] must be a torchstage Callback, got {type(callback).__name__}")
-    saved = runner.loop, runner.callbacks, runner._handlers, runner._eval_batch_handlers, runner.criterion
+    saved = runner.loop, runner.callbacks, runner._handlers, runner.criterion
     try:
         runner.loop = LoopState(stage_key="evaluate", num_epochs=1, loaders={"valid": loader})
         if criterion is not None:
@@ -62,7 +62,7 @@ def evaluate_loader(runner, loader, callbacks=None, criterion=None) -> dict:
         runner._run_event("stage", runner._run_epochs, CancelStage)
         return dict(runner.epoch_metrics.get("valid", {}))
     finally:
-        runner.loop, runner.callbacks, runner._handlers, runner._eval_batch_handlers, runner.criterion = saved
+        runner.loop, runner.callbacks, runner._handlers, runner.criterion = saved
 
 
 def _to_cpu(obj):

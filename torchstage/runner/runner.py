@@ -66,7 +66,6 @@ class Runner(CatalystAttributes):
         self.file_writer = None  #: the thread writing checkpoint files while a run goes on (a FileWriter)
         self.callbacks = {}
         self._handlers = {event: [] for event in EVENTS}
-        self._eval_batch_handlers = ([], [])  #: batch start and end handlers of loaders that do not train
 
     # ---- override points -----------------------------------------------------------------
     def handle_batch(self, batch) -> None:
@@ -190,10 +189,9 @@ class Runner(CatalystAttributes):
         to_device = engine.to_device if engine.moves_batches else None
         # The hot path: _run_event inlined, handler lists and loop state read once per loader, not per batch.
         loop, handle_batch = self.loop, self.handle_batch
-        if loop.is_train_loader:
-            starts, ends = self._handlers["on_batch_start"], self._handlers["on_batch_end"]
-        else:  # without the callbacks whose batch events act on train loaders only
-            starts, ends = self._eval_batch_handlers
+        starts, ends = self._handlers["on_batch_start"], self._handlers["on_batch_end"]
+        if not loop.is_train_loader:  # without the callbacks whose batch events act on train loaders only
+            starts, ends = ([h for h in handlers if not h.__self__.train_batches_only] for handlers in (starts, ends))
         for loop.batch_step, batch in batches:
             loop.batch = to_device(batch) if to_device else batch
             try:
@@ -223,9 +221,6 @@ class Runner(CatalystAttributes):
         active = [cb for cb in callbacks.values() if CallbackScope(cb.scope).runs_on(self.engine)]
         self._handlers = {event: [getattr(cb, event) for cb in active if cb.handles(event)]
                           for event in EVENTS}
-        self._eval_batch_handlers = tuple([getattr(cb, event) for cb in active
-                                           if cb.handles(event) and not cb.train_batches_only]
-                                          for event in ("on_batch_start", "on_batch_end"))
 
     def state_dict(self) -> dict:
         """The whole run as a checkpoint dict (models, optimizers, loop position, RNG...)."""
