@@ -1,14 +1,18 @@
-"""Checkpoint files land off the training thread, in order; a failed write fails the run and deletes nothing."""
+"""Checkpoint and log files land off the training thread, in order; a failed write fails the run and deletes
+nothing; a log file that stalls never stalls training."""
+import csv
 import os
 import threading
 
 import pytest
 import torch
 
+from tests.callbacks.test_loggers import read_tensorboard_scalars
 from tests.resume_helpers import tiny_train_kwargs
-from torchstage import CheckpointError, SupervisedRunner, load_checkpoint
+from torchstage import Callback, CheckpointError, SupervisedRunner, load_checkpoint
 from torchstage import checkpoint
 from torchstage.file_writer import FileWriter
+from torchstage.log_files import LogFiles
 
 
 def test_jobs_run_in_order_on_one_other_thread():
@@ -30,7 +34,7 @@ def test_a_failed_job_stops_the_queue_and_is_raised_once_in_the_caller():
     def fail():
         raise CheckpointError("could not write checkpoint 'x.pth': No space left on device")
     writer.submit(fail)
-    writer.submit(lambda: ran.append("after the failure"))
+    writer.submit(lambda: ran.append("after the failure"), large=False)  # as the run hands over a deletion
     gate.set()
     with pytest.raises(CheckpointError, match="No space left on device"):
         writer.wait()
@@ -38,6 +42,50 @@ def test_a_failed_job_stops_the_queue_and_is_raised_once_in_the_caller():
     writer.submit(lambda: ran.append("next"))
     writer.close()
     assert ran == ["next"]
+
+
+def test_large_jobs_wait_for_a_free_slot_and_small_ones_never_do():
+    """At most ``max_pending`` serialized checkpoints are held (the one being written included); a log row
+    handed over meanwhile is queued at once, and everything still runs in the order it was handed over."""
+    writer, seen, gate = FileWriter(max_pending=2), [], threading.Event()
+    writer.submit(lambda: (gate.wait(10), seen.append("large 1")))  # being written, held
+    writer.submit(lambda: seen.append("large 2"))  # waits in memory
+    writer.submit(lambda: seen.append("small"), large=False)  # returns at once
+    third = threading.Thread(target=writer.submit, args=(lambda: seen.append("large 3"),))
+    third.start()
+    third.join(0.3)
+    assert third.is_alive()  # blocked: two large jobs unfinished
+    gate.set()
+    third.join(10)
+    assert not third.is_alive()
+    writer.close()
+    assert seen == ["large 1", "large 2", "small", "large 3"]
+
+
+def test_log_rows_and_events_are_written_by_the_file_writer_thread_and_a_stalled_log_never_stalls_training(
+        tmp_path, monkeypatch):
+    """The first log write blocks until epoch 3 has started: were logs written in the training thread, the
+    run would never get there. Every row and event still lands, in order, before the run returns."""
+    real_append, threads, released = LogFiles._append, set(), threading.Event()
+
+    def stalled_append(self, path, data):
+        threads.add(threading.current_thread().name)
+        assert released.wait(30), "training waited on a log write"
+        real_append(self, path, data)
+    monkeypatch.setattr(LogFiles, "_append", stalled_append)
+
+    class ReleaseAtEpochThree(Callback):
+        def on_epoch_start(self, runner):
+            if runner.epoch == 3:
+                released.set()
+
+    SupervisedRunner().train(**tiny_train_kwargs(str(tmp_path), num_epochs=4), callbacks=[ReleaseAtEpochThree()])
+    assert threads == {"torchstage-file-writer"}
+    for loader in ("train", "valid"):
+        rows = list(csv.DictReader(open(tmp_path / "logs" / f"{loader}.csv")))
+        assert [int(r["epoch"]) for r in rows] == [1, 2, 3, 4]
+        scalars = read_tensorboard_scalars(tmp_path / "tensorboard" / loader)
+        assert [step for step, _ in scalars["loss"]] == [1, 2, 3, 4]
 
 
 def _recording_writes(monkeypatch, fail_at=None):

@@ -1,27 +1,31 @@
-"""Checkpoint files written by one background thread, in the order the training thread handed them over.
+"""Checkpoint and log files written by one background thread, in the order the training thread handed them over.
 
 The training thread takes the snapshot (serializes the state to bytes) and goes on training; the thread
 writes each file atomically (temporary file, fsync, rename), so a crash at any moment leaves the previous
 file or the new one, never a mix, and files land in order: the ``last.pth`` of epoch 5 never replaces that
 of epoch 6. A failed write stops the queue (nothing handed over after it runs, so no kept top-k file is
 deleted after its successor failed to land) and is raised in the training thread at its next hand-over or
-at :meth:`FileWriter.wait`, which the run calls before anything reads the files and when it ends.
+at :meth:`FileWriter.wait`, which the run calls before anything reads the files and when it ends. The
+loggers' rows and events go through the same queue, so a log file write never makes training wait on the
+file system, and a checkpoint that counts a log's rows lands after them.
 """
 import queue
 import threading
 
-#: Jobs that may wait for the thread (an epoch hands over two: its checkpoint files, then the summary and
-#: deletions); a further hand-over blocks until one starts. So besides the checkpoint being written at most
-#: one more serialized checkpoint is held in memory: a large model on a slow disk cannot fill the host's RAM.
+#: Large jobs (a serialized checkpoint) handed over and not yet finished, the one being written included; a
+#: further large hand-over blocks until one finishes. So besides the checkpoint being written at most one
+#: more is held in memory: a large model on a slow disk cannot fill the host's RAM. Small jobs (log rows,
+#: ``metrics.json``, deletions) never wait for a checkpoint to land.
 MAX_PENDING = 2
 
 
-def hand_over(writer, job) -> None:
-    """``job`` to ``writer``'s thread, or run here when there is no writer (outside a run)."""
+def hand_over(writer, job, large: bool = True) -> None:
+    """``job`` to ``writer``'s thread, or run here when there is no writer (outside a run); ``large=False``
+    for jobs that hold little memory (a log row), which are not bounded by :data:`MAX_PENDING`."""
     if writer is None:
         job()
     else:
-        writer.submit(job)
+        writer.submit(job, large)
 
 
 class FileWriter:
@@ -29,17 +33,21 @@ class FileWriter:
     (or a rank that writes no files) has no thread."""
 
     def __init__(self, max_pending: int = MAX_PENDING):
-        self._jobs = queue.Queue(max_pending)
+        self._jobs = queue.Queue()
+        self._large = threading.Semaphore(max_pending)  # a permit per large job until it has run
         self._error = None
         self._thread = None
 
-    def submit(self, job) -> None:
-        """Run ``job()`` (a callable writing files) after every job handed over before it."""
+    def submit(self, job, large: bool = True) -> None:
+        """Run ``job()`` (a callable writing files) after every job handed over before it; a ``large`` one
+        first waits until fewer than ``max_pending`` large jobs are unfinished."""
         self._raise_error()
         if self._thread is None:
             self._thread = threading.Thread(target=self._work, name="torchstage-file-writer", daemon=True)
             self._thread.start()
-        self._jobs.put(job)
+        if large:
+            self._large.acquire()
+        self._jobs.put((job, large))
 
     def wait(self) -> None:
         """Block until every job handed over so far has run; raise the first failure (once)."""
@@ -53,7 +61,7 @@ class FileWriter:
             self.wait()
         finally:
             if self._thread is not None:
-                self._jobs.put(None)
+                self._jobs.put((None, False))
                 self._thread.join()
                 self._thread = None
 
@@ -64,7 +72,7 @@ class FileWriter:
 
     def _work(self) -> None:
         while True:
-            job = self._jobs.get()
+            job, large = self._jobs.get()
             try:
                 if job is None:
                     return
@@ -73,4 +81,6 @@ class FileWriter:
             except BaseException as error:  # raised in the training thread, which knows what to do with it
                 self._error = error
             finally:
+                if large:
+                    self._large.release()
                 self._jobs.task_done()

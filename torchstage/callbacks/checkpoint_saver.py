@@ -100,7 +100,7 @@ class CheckpointCallback(Callback):
                 if os.path.exists(path):
                     os.remove(path)
             write_atomic(checkpoint_path(folder, "metrics"), summary, durable=False)
-        hand_over(runner.file_writer, finish)
+        hand_over(runner.file_writer, finish, large=False)
 
     def save_last(self, runner) -> str:
         """Write ``last.pth`` for the current position unless already written there; collective."""

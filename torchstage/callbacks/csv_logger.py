@@ -6,13 +6,14 @@ import json
 import os
 
 from torchstage.callbacks.logger_base import EPOCH, LoggerCallback
-from torchstage.checkpoint import write_atomic
+from torchstage.log_files import LogFiles
 
 
 class CSVLogger(LoggerCallback):
     """Epoch files get a row appended per epoch and are rewritten atomically when a new column appears; every
     file is cut back to the rows a checkpoint counted when a resumed run first writes it, so a resumed run
-    never repeats a step. Checkpoints hold row counts, not rows: their size does not grow with the epochs."""
+    never repeats a step. Checkpoints hold row counts, not rows: their size does not grow with the epochs.
+    The writes go through the run's file writer thread, in order, before the checkpoint that counts them."""
 
     name = "csv"
 
@@ -20,14 +21,15 @@ class CSVLogger(LoggerCallback):
         super().__init__(log_period)
         self.logdir, self.epoch_rows, self.appended = logdir, {}, {}  # file -> rows written (kept on resume)
         self._columns = {}  # batch file -> its header, once this process has opened it
-        self._epoch_columns = {}  # loader -> the columns of its epoch file, once this process has written it
+        self._epoch = {}  # loader -> (columns, rows) of its epoch file as this process wrote it
+        self._files = LogFiles()
 
     def folder(self, runner) -> str:
         return os.path.join(self.logdir or runner.spec.logdir, "logs")
 
     def log_hparams(self, hparams, runner):
         text = json.dumps(hparams, indent=1, sort_keys=True, default=str)
-        write_atomic(os.path.join(self.folder(runner), "hparams.json"), text.encode(), durable=False)
+        self._files.replace(runner, os.path.join(self.folder(runner), "hparams.json"), text.encode())
 
     def log_metrics(self, metrics, step, loader, scope, runner):
         if scope == EPOCH:
@@ -38,20 +40,15 @@ class CSVLogger(LoggerCallback):
 
     def _epoch_row(self, runner, loader, metrics):
         row = {"stage": runner.stage_key, "epoch": runner.epoch, "global_epoch": runner.global_epoch_step, **metrics}
-        path, columns = os.path.join(self.folder(runner), f"{loader}.csv"), self._epoch_columns.get(loader)
+        path, (columns, rows) = os.path.join(self.folder(runner), f"{loader}.csv"), self._epoch.get(loader, (None, None))
         if columns is not None and columns.keys() >= row.keys():  # same columns as the file this process wrote
-            with open(path, "a", newline="") as f:
-                csv.DictWriter(f, fieldnames=list(columns), lineterminator="\n").writerow(row)
+            rows.append(row)
+            self._files.append(runner, path, _csv_text(columns, [row]))
         else:  # the first row of this process (after the rows a checkpoint counted) or a new column: rewrite
-            keep = self.epoch_rows.get(loader, 0) if columns is None else None
-            rows = _read_rows(path, keep) + [row]
+            rows = (_read_rows(path, self.epoch_rows.get(loader, 0)) if rows is None else rows) + [row]
             columns = dict.fromkeys(key for r in rows for key in r)
-            text = io.StringIO()
-            writer = csv.DictWriter(text, fieldnames=list(columns), lineterminator="\n")
-            writer.writeheader()
-            writer.writerows(rows)
-            write_atomic(path, text.getvalue().encode(), durable=False)
-            self._epoch_columns[loader] = columns
+            self._files.replace(runner, path, _csv_text(columns, rows, header=True))
+            self._epoch[loader] = (columns, rows)
             self.epoch_rows[loader] = len(rows) - 1
         self.epoch_rows[loader] = self.epoch_rows.get(loader, 0) + 1
 
@@ -60,14 +57,14 @@ class CSVLogger(LoggerCallback):
         if name not in self._columns:  # first write of this process: keep the header and the checkpoint's rows
             keep = self.appended.get(name, 0)
             lines = open(path).read().splitlines(keepends=True)[:keep + 1] if keep and os.path.exists(path) else []
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "w") as f:
-                f.writelines(lines or [",".join(row) + "\n"])
+            self._files.replace(runner, path, "".join(lines or [",".join(row) + "\n"]).encode())
             self.appended[name] = len(lines) - 1 if lines else 0
-            self._columns[name] = (lines[0] if lines else ",".join(row)).rstrip("\n").split(",")
-        with open(path, "a", newline="") as f:
-            csv.DictWriter(f, fieldnames=self._columns[name], extrasaction="ignore", lineterminator="\n").writerow(row)
+            self._columns[name] = dict.fromkeys((lines[0] if lines else ",".join(row)).rstrip("\n").split(","))
+        self._files.append(runner, path, _csv_text(self._columns[name], [row]))
         self.appended[name] += 1
+
+    def close(self, runner, status):
+        self._files.close(runner)
 
     def state_dict(self):
         return {"epoch_rows": dict(self.epoch_rows), "appended": dict(self.appended)}
@@ -76,6 +73,17 @@ class CSVLogger(LoggerCallback):
         rows = state.get("rows")  # older checkpoints held the rows themselves
         self.epoch_rows = {k: len(v) for k, v in rows.items()} if rows is not None else dict(state["epoch_rows"])
         self.appended = dict(state.get("appended", {}))
+        self._columns, self._epoch = {}, {}  # the next write of each file cuts it back to the counted rows
+
+
+def _csv_text(columns: dict, rows: list, header: bool = False) -> bytes:
+    """``rows`` as CSV lines under ``columns`` (values of other keys left out), with the header line first."""
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=list(columns), extrasaction="ignore", lineterminator="\n")
+    if header:
+        writer.writeheader()
+    writer.writerows(rows)
+    return text.getvalue().encode()
 
 
 def _read_rows(path: str, keep=None) -> list:

@@ -131,6 +131,8 @@ class MLflowLogger(LoggerCallback):
 
     def _upload_results(self, runner):
         logdir = runner.spec.logdir
+        if runner.file_writer is not None:  # the checkpoints and log rows handed over have landed
+            runner.file_writer.wait()
         if self.log_checkpoint:
             self.log_artifact(os.path.join(logdir, "checkpoints", f"{self.log_checkpoint}.pth"), runner, "checkpoint")
         self.log_artifact(os.path.join(logdir, "checkpoints", "metrics.json"), runner, "logs")
