@@ -128,3 +128,18 @@ def test_console_summary_per_epoch(tmp_path, caplog):
     lines = [r.getMessage() for r in caplog.records if "epoch" in r.getMessage()]
     assert lines[0].startswith("[main] epoch 1/2 | train: loss=") and "| valid: loss=" in lines[0]
     assert lines[1].startswith("[main] epoch 2/2")
+
+
+def test_one_csv_logger_passed_to_two_runs_writes_each_logdir_whole(tmp_path):
+    """The files a logger keeps open belong to one run: a second run (another logdir) starts its own files."""
+    from torchstage import CSVLogger
+    logger = CSVLogger()
+    for name in ("first", "second"):
+        model = torch.nn.Linear(4, 1)
+        runner = SupervisedRunner().train(model=model, criterion=torch.nn.MSELoss(),
+                                          optimizer=torch.optim.SGD(model.parameters(), lr=0.05),
+                                          loaders=regression_loaders(), num_epochs=2, logdir=str(tmp_path / name),
+                                          callbacks={"csv": logger})
+        rows = list(csv.DictReader(open(tmp_path / name / "logs" / "valid.csv")))
+        assert [int(r["epoch"]) for r in rows] == [1, 2]
+        assert float(rows[-1]["loss"]) == pytest.approx(runner.epoch_metrics["valid"]["loss"], rel=1e-12)

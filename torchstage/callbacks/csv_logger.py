@@ -27,6 +27,10 @@ class CSVLogger(LoggerCallback):
     def folder(self, runner) -> str:
         return os.path.join(self.logdir or runner.spec.logdir, "logs")
 
+    def on_experiment_start(self, runner):
+        self._columns, self._epoch = {}, {}  # a run's first write of each file reads it (and cuts it back)
+        super().on_experiment_start(runner)
+
     def log_hparams(self, hparams, runner):
         text = json.dumps(hparams, indent=1, sort_keys=True, default=str)
         self._files.replace(runner, os.path.join(self.folder(runner), "hparams.json"), text.encode())
