@@ -12,6 +12,7 @@ import argparse
 import logging
 import os
 import random
+import resource
 import statistics
 import sys
 import tempfile
@@ -52,9 +53,11 @@ def round_order(contenders: list, repeat: int) -> list:
 
 
 def cpu_seconds() -> float:
-    """CPU time of this process and its reaped children (the DataLoader workers): steady under other load."""
-    t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
+    """CPU time of this process and its reaped children (the DataLoader workers): steady under other load.
+    Read at nanosecond (this process) and microsecond (children) resolution: ``os.times()`` counts 10 ms
+    clock ticks, 0.7 % of a 1.5 s run, coarser than the differences measured here."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
 
 
 def median_interval(values: list, resamples: int = 2000, seed: int = 0) -> tuple:
