@@ -44,7 +44,8 @@ class CSVLogger(LoggerCallback):
 
     def _epoch_row(self, runner, loader, metrics):
         row = {"stage": runner.stage_key, "epoch": runner.epoch, "global_epoch": runner.global_epoch_step, **metrics}
-        path, (columns, rows) = os.path.join(self.folder(runner), f"{loader}.csv"), self._epoch.get(loader, (None, None))
+        path = os.path.join(self.folder(runner), f"{loader}.csv")
+        columns, rows = self._epoch.get(loader, (None, None))
         if columns is not None and columns.keys() >= row.keys():  # same columns as the file this process wrote
             rows.append(row)
             self._files.append(runner, path, _csv_text(columns, [row]))
@@ -53,8 +54,7 @@ class CSVLogger(LoggerCallback):
             columns = dict.fromkeys(key for r in rows for key in r)
             self._files.replace(runner, path, _csv_text(columns, rows, header=True))
             self._epoch[loader] = (columns, rows)
-            self.epoch_rows[loader] = len(rows) - 1
-        self.epoch_rows[loader] = self.epoch_rows.get(loader, 0) + 1
+        self.epoch_rows[loader] = len(rows)
 
     def _append(self, runner, name, row):
         path = os.path.join(self.folder(runner), name)
