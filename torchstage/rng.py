@@ -22,7 +22,8 @@ def get_rng_state() -> dict:
     version, internal, gauss = random.getstate()
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     state = {
-        "python": {"version": version, "state": torch.tensor(internal, dtype=torch.int64), "gauss": gauss},
+        # (through numpy: a third of torch.tensor's time on a tuple of 625 ints)
+        "python": {"version": version, "state": torch.from_numpy(np.array(internal, dtype=np.int64)), "gauss": gauss},
         "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
                   "has_gauss": int(has_gauss), "cached": float(cached)},
         "torch": torch.get_rng_state(),
