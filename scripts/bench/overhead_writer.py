@@ -1,0 +1,134 @@
+"""Where the default chain's file work runs, and what that costs: the same files written from different places.
+
+Same workload and alternation as ``overhead.py`` (``num_workers=0``); contenders, each paired with the
+hand-written loop in every round:
+
+- ``chain``: the default chain as shipped (file jobs on the run's writer thread);
+- ``inline``: every file job run in the training thread when it is handed over (no writer thread);
+- ``after the run``: every job held and run in the training thread after the last epoch. Not a valid
+  design (a crash would lose every checkpoint): it shows what the same work costs when nothing else runs;
+- ``one CPU``: the training thread (hence the writer it starts) held on the CPU it started on. A library
+  may not pin its user's thread: it shows what the two threads cost each other when they share two CPUs;
+- ``no logdir``: no files at all.
+
+Prints medians of the paired per-round ratios (wall and process CPU) with 95 % intervals, and the
+training thread's voluntary context switches per run (each a wait, mostly for the GIL).
+Usage: python scripts/bench/overhead_writer.py [--repeats 31]
+"""
+import argparse
+import logging
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch  # noqa: E402
+import workload  # noqa: E402
+from overhead import cpu_seconds, median_interval, round_order, run_hand_written  # noqa: E402
+
+from torchstage import SupervisedRunner  # noqa: E402
+from torchstage import file_writer  # noqa: E402
+from torchstage.runner import runner as runner_module  # noqa: E402
+
+
+class _Inline(file_writer.FileWriter):
+    """Runs each job at once, in the thread that hands it over."""
+
+    def submit(self, job, large=True):
+        job()
+
+
+class _AfterTheRun(file_writer.FileWriter):
+    """Holds every job until the run waits for its files (after the last epoch), then runs them there."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._held = []
+
+    def submit(self, job, large=True):
+        self._held.append(job)
+
+    def wait(self):
+        held, self._held = self._held, []
+        for job in held:
+            job()
+
+    def close(self):
+        self.wait()
+
+
+def run_chain(loaders, logdir, writer=file_writer.FileWriter):
+    model, criterion, optimizer, scheduler = workload.make_parts()
+    runner_module.FileWriter = writer
+    try:
+        SupervisedRunner().train(model=model, criterion=criterion, optimizer=optimizer, scheduler=scheduler,
+                                 loaders=loaders, logdir=logdir, num_epochs=workload.NUM_EPOCHS, verbose=False,
+                                 overwrite=True)
+    finally:
+        runner_module.FileWriter = file_writer.FileWriter
+
+
+def current_cpu() -> int:
+    """The CPU this thread is running on (field 39 of Linux's ``/proc/thread-self/stat``)."""
+    with open("/proc/thread-self/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[36])
+
+
+def run_on_one_cpu(loaders, logdir):
+    allowed = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {current_cpu()})
+    try:
+        run_chain(loaders, logdir)
+    finally:
+        os.sched_setaffinity(0, allowed)
+
+
+CONTENDERS = {
+    "hand-written": run_hand_written,
+    "chain": run_chain,
+    "inline": lambda loaders, logdir: run_chain(loaders, logdir, _Inline),
+    "after the run": lambda loaders, logdir: run_chain(loaders, logdir, _AfterTheRun),
+    "one CPU": run_on_one_cpu,
+    "no logdir": lambda loaders, logdir: run_chain(loaders, None),
+}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=31)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    logging.getLogger("torchstage").setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message="Using a target size")
+    X, y = workload.make_data()
+    loader = workload.make_loader(X, y, 0)
+    loaders = {"train": loader, "valid": loader}
+    contenders = dict(CONTENDERS)
+    if not os.path.exists("/proc/thread-self/stat"):  # not Linux
+        del contenders["one CPU"]
+    wall, cpu, waits = ({name: [] for name in contenders} for _ in range(3))
+    with tempfile.TemporaryDirectory() as logdir:
+        for repeat in range(args.repeats + 1):
+            for name, fn in round_order(list(contenders.items()), repeat):
+                switches = resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw
+                start, start_cpu = time.perf_counter(), cpu_seconds()
+                fn(loaders, logdir)
+                if repeat:  # the first round warms up
+                    wall[name].append(time.perf_counter() - start)
+                    cpu[name].append(cpu_seconds() - start_cpu)
+                    waits[name].append(resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw - switches)
+    for name in contenders:
+        line = f"{name:>14}:"
+        for label, measured in (("wall", wall), ("cpu", cpu)):
+            ratios = [t / h for t, h in zip(measured[name], measured["hand-written"])]
+            low, high = median_interval(ratios)
+            line += f"  {label} {statistics.median(ratios):.3f} ({low:.3f} to {high:.3f})"
+        print(f"{line}  training thread waits {statistics.median(waits[name]):.0f} per run")
+
+
+if __name__ == "__main__":
+    main()
