@@ -17,11 +17,9 @@ import statistics
 import sys
 import tempfile
 import time
-import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import peers  # noqa: E402
-import torch  # noqa: E402
 import workload  # noqa: E402
 
 from torchstage import SupervisedRunner  # noqa: E402
@@ -76,12 +74,7 @@ def main():
     parser.add_argument("--control", action="store_true",
                         help="run the hand-written loop twice a round: the A/A ratio is the noise floor")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    logging.getLogger("torchstage").setLevel(logging.WARNING)
-    warnings.filterwarnings("ignore", message="Using a target size")
-    X, y = workload.make_data()
-    loader = workload.make_loader(X, y, args.num_workers)
-    loaders = {"train": loader, "valid": loader}
+    loaders = workload.benchmark_loaders(args.num_workers, args.threads)
     contenders = {"hand-written": run_hand_written, "torchstage": run_torchstage}
     if args.control:
         contenders[CONTROL] = run_hand_written

@@ -9,16 +9,13 @@ paired per-round differences to the hand-written loop.
 Usage: python scripts/bench/overhead_split.py [--repeats 21] [--num-workers 0]
 """
 import argparse
-import logging
 import os
 import statistics
 import sys
 import tempfile
 import time
-import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import torch  # noqa: E402
 import workload  # noqa: E402
 from overhead import median_interval, round_order  # noqa: E402
 
@@ -73,12 +70,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=21)
     parser.add_argument("--num-workers", type=int, default=0)
     args = parser.parse_args()
-    torch.set_num_threads(1)
-    logging.getLogger("torchstage").setLevel(logging.WARNING)
-    warnings.filterwarnings("ignore", message="Using a target size")
-    X, y = workload.make_data()
-    loader = workload.make_loader(X, y, args.num_workers)
-    loaders = {"train": loader, "valid": loader}
+    loaders = workload.benchmark_loaders(args.num_workers)
     contenders = {"hand-written": run_hand_written, "torchstage": run_torchstage,
                   "no logdir": run_torchstage_without_logdir}
     runs = {name: [] for name in contenders}  # (thread total, inside loops, outside loops, other threads)

@@ -16,17 +16,14 @@ training thread's voluntary context switches per run (each a wait, mostly for th
 Usage: python scripts/bench/overhead_writer.py [--repeats 31]
 """
 import argparse
-import logging
 import os
 import resource
 import statistics
 import sys
 import tempfile
 import time
-import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import torch  # noqa: E402
 import workload  # noqa: E402
 from overhead import cpu_seconds, median_interval, round_order, run_hand_written  # noqa: E402
 
@@ -101,12 +98,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=31)
     args = parser.parse_args()
-    torch.set_num_threads(1)
-    logging.getLogger("torchstage").setLevel(logging.WARNING)
-    warnings.filterwarnings("ignore", message="Using a target size")
-    X, y = workload.make_data()
-    loader = workload.make_loader(X, y, 0)
-    loaders = {"train": loader, "valid": loader}
+    loaders = workload.benchmark_loaders(0)
     contenders = dict(CONTENDERS)
     if not os.path.exists("/proc/thread-self/stat"):  # not Linux
         del contenders["one CPU"]

@@ -1,5 +1,7 @@
 """The shared benchmark workload: Catalyst's tutorial regression (1e4 x 10, batch 32, Adam, MSE, MultiStepLR)."""
+import logging
 import time
+import warnings
 
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -14,6 +16,16 @@ def make_data(seed: int = 0):
 
 def make_loader(X, y, num_workers: int = 1):
     return DataLoader(TensorDataset(X, y), batch_size=BATCH_SIZE, num_workers=num_workers)
+
+
+def benchmark_loaders(num_workers: int, threads: int = 1) -> dict:
+    """The tutorial's train and valid loaders (the same data), with ``threads`` torch threads and torchstage's
+    info logs and the tutorial's broadcast warning silenced, as every overhead benchmark runs them."""
+    torch.set_num_threads(threads)
+    logging.getLogger("torchstage").setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message="Using a target size")
+    loader = make_loader(*make_data(), num_workers)
+    return {"train": loader, "valid": loader}
 
 
 def make_parts(seed: int = 0):
