@@ -25,9 +25,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import workload  # noqa: E402
-from overhead import cpu_seconds, median_interval, round_order, run_hand_written  # noqa: E402
+from overhead import cpu_seconds, median_interval, round_order, run_hand_written, run_torchstage  # noqa: E402
 
-from torchstage import SupervisedRunner  # noqa: E402
 from torchstage import file_writer  # noqa: E402
 from torchstage.runner import runner as runner_module  # noqa: E402
 
@@ -59,12 +58,10 @@ class _AfterTheRun(file_writer.FileWriter):
 
 
 def run_chain(loaders, logdir, writer=file_writer.FileWriter):
-    model, criterion, optimizer, scheduler = workload.make_parts()
+    """``overhead.py``'s torchstage run, its file jobs run by ``writer``."""
     runner_module.FileWriter = writer
     try:
-        SupervisedRunner().train(model=model, criterion=criterion, optimizer=optimizer, scheduler=scheduler,
-                                 loaders=loaders, logdir=logdir, num_epochs=workload.NUM_EPOCHS, verbose=False,
-                                 overwrite=True)
+        run_torchstage(loaders, logdir)
     finally:
         runner_module.FileWriter = file_writer.FileWriter
 
