@@ -111,13 +111,13 @@ def test_checkpoints_are_written_by_the_file_writer_thread(tmp_path, monkeypatch
 
 def test_a_failed_checkpoint_write_fails_the_run_and_leaves_the_last_good_one(tmp_path, monkeypatch):
     writes = _recording_writes(monkeypatch)
-    SupervisedRunner().train(**tiny_train_kwargs(str(tmp_path / "probe"), num_epochs=1))
+    SupervisedRunner().train(**tiny_train_kwargs(str(tmp_path / "probe"), num_epochs=1, topk=1))
     per_epoch = len(writes)  # the files of one epoch: last, best, the kept epoch file
-    SupervisedRunner().train(**tiny_train_kwargs(str(tmp_path / "control"), num_epochs=2))
+    SupervisedRunner().train(**tiny_train_kwargs(str(tmp_path / "control"), num_epochs=2, topk=1))
     assert not (tmp_path / "control" / "checkpoints" / "epoch-0001.pth").exists()  # epoch 2 is better: dropped
     writes = _recording_writes(monkeypatch, fail_at=per_epoch + 1)  # the first file of epoch 2
     with pytest.raises(CheckpointError, match="No space left on device"):
-        SupervisedRunner().train(**tiny_train_kwargs(str(tmp_path / "run"), num_epochs=4))
+        SupervisedRunner().train(**tiny_train_kwargs(str(tmp_path / "run"), num_epochs=4, topk=1))
     folder = tmp_path / "run" / "checkpoints"
     assert load_checkpoint(str(folder / "last.pth"))["loop"]["global_epoch_step"] == 1
     assert (folder / "epoch-0001.pth").exists()  # nothing queued after the failure ran: no top-k file deleted

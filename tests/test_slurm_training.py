@@ -146,7 +146,7 @@ def test_srun_trains_to_the_single_process_metrics(runs, name, world_size):
     files = sorted(os.path.relpath(p, logdir) for p in glob.glob(str(logdir / "**" / "*"), recursive=True)
                    if os.path.isfile(p))
     assert [f for f in files if not f.startswith("tensorboard")] == [
-        "checkpoints/best.pth", "checkpoints/epoch-0003.pth", "checkpoints/last.pth", "checkpoints/metrics.json",
+        "checkpoints/best.pth", "checkpoints/last.pth", "checkpoints/metrics.json",
         "logs/hparams.json", "logs/train.csv", "logs/valid.csv", "model_summary.txt"]
     # one event file each for train and valid, and one for the run's hparams
     assert len([f for f in files if f.startswith("tensorboard")]) == 3

@@ -111,7 +111,7 @@ def test_metrics_history_is_kept_whole_across_a_resume_also_from_a_file_written_
 
 
 def test_same_checkpoint_under_several_names_is_independent_files(tmp_path):
-    train(tmp_path, num_epochs=1)
+    train(tmp_path, num_epochs=1, topk=1)
     folder = tmp_path / "checkpoints"
     last, best, epoch = (os.stat(folder / name) for name in ("last.pth", "best.pth", "epoch-0001.pth"))
     assert len({last.st_ino, best.st_ino, epoch.st_ino}) == 3 and last.st_nlink == 1  # not hard links
@@ -145,10 +145,13 @@ def test_topk_keeps_the_k_best_epochs_and_best_pth(tmp_path):
     assert load_checkpoint(str(folder / "last.pth"))["loop"]["global_epoch_step"] == 5
 
 
-def test_topk_zero_writes_no_epoch_files(tmp_path):
-    _, _, folder, _ = _run(tmp_path, topk=0)
-    assert not [f for f in os.listdir(folder) if f.startswith("epoch-")]
-    assert (folder / "best.pth").exists() and (folder / "last.pth").exists()
+@pytest.mark.parametrize("topk", [0, None])  # None: the default
+def test_topk_zero_writes_no_epoch_files(tmp_path, topk):
+    _, _, folder, summary = _run(tmp_path, **({} if topk is None else {"topk": topk}))
+    assert sorted(os.listdir(folder)) == ["best.pth", "last.pth", "metrics.json"]
+    assert summary["topk"] == [] and summary["best"]["global_epoch"] >= 1
+    best = load_checkpoint(str(folder / "best.pth"))  # the best epoch is best.pth, named in metrics.json
+    assert best["loop"]["global_epoch_step"] == summary["best"]["global_epoch"]
 
 
 def test_load_best_on_end_puts_best_weights_in_the_model(tmp_path):

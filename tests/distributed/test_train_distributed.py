@@ -76,9 +76,7 @@ def test_logs_and_checkpoints_are_written_once(runs):
         assert out.count(f"epoch {epoch}/{EPOCHS} |") == 1
     assert len((logdir / "logs" / "valid.csv").read_text().splitlines()) == EPOCHS + 1
     names = sorted(p.name for p in (logdir / "checkpoints").iterdir())
-    epoch_files = [name for name in names if name.startswith("epoch-")]  # topk=1 by default
-    assert len(epoch_files) == 1 and [n for n in names if n not in epoch_files] == ["best.pth", "last.pth",
-                                                                                 "metrics.json"]
+    assert names == ["best.pth", "last.pth", "metrics.json"]  # topk=0 by default: no epoch-NNNN.pth
     checkpoint = torch.load(logdir / "checkpoints" / "last.pth", weights_only=True)
     assert checkpoint["meta"]["world_size"] == 3 and len(checkpoint["rng"]) == 3
     assert not any(key.startswith("module.") for key in checkpoint["models"]["model"])

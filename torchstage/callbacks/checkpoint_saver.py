@@ -22,7 +22,8 @@ class CheckpointCallback(Callback):
 
     ``period``: when ``last.pth`` is written: ``Epoch(n)`` (default ``Epoch(1)``), ``Batch(n)`` (mid-epoch,
     every n train batches) or a tuple of both; the last epoch of each stage always writes it.
-    ``topk``: how many ``epoch-NNNN.pth`` (global epoch number) to keep, the best by the valid metric.
+    ``topk``: how many ``epoch-NNNN.pth`` (global epoch number) to keep, the best by the valid metric; by
+    default none, since the best epoch is ``best.pth`` already (one ``epoch-NNNN.pth`` would be its copy).
     ``load_best_on_end``: load ``best.pth`` weights into the model when the run ends (not after a stop).
     The best score and top-k list are tracked per stage (a new stage may optimise another loss).
     """
@@ -30,7 +31,7 @@ class CheckpointCallback(Callback):
     order = CallbackOrder.Checkpoint
     name = "checkpoint"
 
-    def __init__(self, logdir: str = None, period=Epoch(1), topk: int = 1, load_best_on_end: bool = False, *,
+    def __init__(self, logdir: str = None, period=Epoch(1), topk: int = 0, load_best_on_end: bool = False, *,
                  save_n_best: int = None):
         if save_n_best is not None:  # Catalyst 20.12's name
             note_alias("CheckpointCallback(save_n_best=...)", "CheckpointCallback(topk=...) or train(topk=...)")

@@ -83,7 +83,7 @@ class TrainSpec:
     channels_last: bool = False
     prefetch: bool = False
     checkpoint_period: Any = None
-    topk: int = 1
+    topk: int = 0
     load_best_on_end: bool = False
     requeue: Optional[bool] = None
     resume_lr: str = "refuse"
