@@ -29,11 +29,12 @@ from torchstage import SupervisedRunner  # noqa: E402
 CONTROL = "hand-written again"
 
 
-def run_torchstage(loaders, logdir):
+def run_torchstage(loaders, logdir, **overrides):
+    """The tutorial's ``train()`` call with the default chain; ``overrides``: more ``train()`` arguments."""
     model, criterion, optimizer, scheduler = workload.make_parts()
     SupervisedRunner().train(model=model, criterion=criterion, optimizer=optimizer, scheduler=scheduler,
                              loaders=loaders, logdir=logdir, num_epochs=workload.NUM_EPOCHS, verbose=False,
-                             overwrite=True)
+                             overwrite=True, **overrides)
 
 
 def run_hand_written(loaders, logdir):

@@ -4,6 +4,8 @@ Same workload and alternation as ``overhead.py`` (``num_workers=0``); contenders
 hand-written loop in every round:
 
 - ``chain``: the default chain as shipped (file jobs on the run's writer thread);
+- ``topk=1``: the chain keeping the best epoch's ``epoch-NNNN.pth`` too, the default before 2026-11-25 (a
+  third durable copy of every improving epoch's checkpoint, byte for byte ``best.pth``);
 - ``inline``: every file job run in the training thread when it is handed over (no writer thread);
 - ``after the run``: every job held and run in the training thread after the last epoch. Not a valid
   design (a crash would lose every checkpoint): it shows what the same work costs when nothing else runs;
@@ -57,11 +59,11 @@ class _AfterTheRun(file_writer.FileWriter):
         self.wait()
 
 
-def run_chain(loaders, logdir, writer=file_writer.FileWriter):
-    """``overhead.py``'s torchstage run, its file jobs run by ``writer``."""
+def run_chain(loaders, logdir, writer=file_writer.FileWriter, **overrides):
+    """``overhead.py``'s torchstage run, its file jobs run by ``writer``; ``overrides``: ``train()`` arguments."""
     runner_module.FileWriter = writer
     try:
-        run_torchstage(loaders, logdir)
+        run_torchstage(loaders, logdir, **overrides)
     finally:
         runner_module.FileWriter = file_writer.FileWriter
 
@@ -84,6 +86,7 @@ def run_on_one_cpu(loaders, logdir):
 CONTENDERS = {
     "hand-written": run_hand_written,
     "chain": run_chain,
+    "topk=1": lambda loaders, logdir: run_chain(loaders, logdir, topk=1),
     "inline": lambda loaders, logdir: run_chain(loaders, logdir, _Inline),
     "after the run": lambda loaders, logdir: run_chain(loaders, logdir, _AfterTheRun),
     "one CPU": run_on_one_cpu,
