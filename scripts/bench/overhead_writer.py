@@ -15,7 +15,7 @@ hand-written loop in every round:
 
 Prints medians of the paired per-round ratios (wall and process CPU) with 95 % intervals, and the
 training thread's voluntary context switches per run (each a wait, mostly for the GIL).
-Usage: python scripts/bench/overhead_writer.py [--repeats 31]
+Usage: python scripts/bench/overhead_writer.py [--repeats 31] [--only chain topk=1 ...]
 """
 import argparse
 import os
@@ -97,11 +97,14 @@ CONTENDERS = {
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=31)
+    parser.add_argument("--only", nargs="+", choices=[name for name in CONTENDERS if name != "hand-written"],
+                        help="run these contenders only (with the hand-written loop)")
     args = parser.parse_args()
     loaders = workload.benchmark_loaders(0)
-    contenders = dict(CONTENDERS)
+    contenders = {name: fn for name, fn in CONTENDERS.items()
+                  if args.only is None or name == "hand-written" or name in args.only}
     if not os.path.exists("/proc/thread-self/stat"):  # not Linux
-        del contenders["one CPU"]
+        contenders.pop("one CPU", None)
     wall, cpu, waits = ({name: [] for name in contenders} for _ in range(3))
     with tempfile.TemporaryDirectory() as logdir:
         for repeat in range(args.repeats + 1):
