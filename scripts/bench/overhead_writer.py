@@ -7,6 +7,9 @@ hand-written loop in every round:
 - ``topk=1``: the chain keeping the best epoch's ``epoch-NNNN.pth`` too, the default before 2026-11-25 (a
   third durable copy of every improving epoch's checkpoint, byte for byte ``best.pth``);
 - ``inline``: every file job run in the training thread when it is handed over (no writer thread);
+- ``light inline``: the light jobs (log rows and events, ``metrics.json``) run in the training thread when
+  handed over, the checkpoints on the writer thread (the logs' place before 2026-11-25). A measurement,
+  not a design: a light job may then run before the checkpoint handed over ahead of it;
 - ``after the run``: every job held and run in the training thread after the last epoch. Not a valid
   design (a crash would lose every checkpoint): it shows what the same work costs when nothing else runs;
 - ``one CPU``: the training thread (hence the writer it starts) held on the CPU it started on. A library
@@ -38,6 +41,16 @@ class _Inline(file_writer.FileWriter):
 
     def submit(self, job, large=True):
         job()
+
+
+class _LightInline(file_writer.FileWriter):
+    """Runs light jobs at once in the thread that hands them over; large ones go to the writer thread."""
+
+    def submit(self, job, large=True):
+        if large:
+            super().submit(job, large)
+        else:
+            job()
 
 
 class _AfterTheRun(file_writer.FileWriter):
@@ -88,6 +101,7 @@ CONTENDERS = {
     "chain": run_chain,
     "topk=1": lambda loaders, logdir: run_chain(loaders, logdir, topk=1),
     "inline": lambda loaders, logdir: run_chain(loaders, logdir, _Inline),
+    "light inline": lambda loaders, logdir: run_chain(loaders, logdir, _LightInline),
     "after the run": lambda loaders, logdir: run_chain(loaders, logdir, _AfterTheRun),
     "one CPU": run_on_one_cpu,
     "no logdir": lambda loaders, logdir: run_chain(loaders, None),
