@@ -154,6 +154,19 @@ def test_topk_zero_writes_no_epoch_files(tmp_path, topk):
     assert best["loop"]["global_epoch_step"] == summary["best"]["global_epoch"]
 
 
+@pytest.mark.parametrize("resumed_topk", [0, 1])
+def test_resuming_with_a_smaller_topk_drops_the_files_kept_beyond_it(tmp_path, resumed_topk):
+    train(tmp_path, num_epochs=3, topk=2)
+    folder = tmp_path / "checkpoints"
+    assert len(list(folder.glob("epoch-*.pth"))) == 2
+    train(tmp_path, num_epochs=4, topk=resumed_topk, resume="last")
+    summary = json.loads((folder / "metrics.json").read_text())
+    kept = sorted(p.name for p in folder.glob("epoch-*.pth"))
+    assert kept == [entry["file"] for entry in summary["topk"]] and len(kept) == resumed_topk
+    if resumed_topk:
+        assert kept == [f"epoch-{summary['best']['global_epoch']:04d}.pth"]
+
+
 def test_load_best_on_end_puts_best_weights_in_the_model(tmp_path):
     # maximising the loss makes an early epoch the best one, so best.pth differs from last.pth
     runner, kwargs, folder, summary = _run(tmp_path, num_epochs=4, load_best_on_end=True,

@@ -123,9 +123,13 @@ class CheckpointCallback(Callback):
         runner.load_state_dict(load_checkpoint(checkpoint_path(self.folder(runner), "best")), weights_only=True)
 
     def _update_topk(self, runner, entry):
-        """Add ``entry`` to the kept top-k if it belongs there; return (kept it?, entries to delete)."""
-        if self.topk == 0 or "value" not in entry:
+        """Add ``entry`` to the kept top-k if it belongs there; return (kept it?, entries to delete). A run
+        resumed with a smaller ``topk`` (0 included) drops the files its checkpoint kept beyond it."""
+        if "value" not in entry:
             return False, []
+        if self.topk == 0:
+            dropped, self.kept = self.kept, []
+            return False, dropped
         entry["file"] = os.path.basename(checkpoint_path("", entry["global_epoch"]))
         ranked = self.kept + [{"file": entry["file"], "value": entry["value"], "stage": entry["stage"],
                                "global_epoch": entry["global_epoch"]}]
