@@ -123,19 +123,18 @@ class CheckpointCallback(Callback):
         runner.load_state_dict(load_checkpoint(checkpoint_path(self.folder(runner), "best")), weights_only=True)
 
     def _update_topk(self, runner, entry):
-        """Add ``entry`` to the kept top-k if it belongs there; return (kept it?, entries to delete). A run
-        resumed with a smaller ``topk`` (0 included) drops the files its checkpoint kept beyond it."""
+        """Add ``entry`` to the kept top-k if it belongs there, and trim the list to ``topk`` (a run resumed with
+        a smaller one, 0 included, drops what its checkpoint kept beyond it); return (kept it?, entries to delete)."""
         if "value" not in entry:
             return False, []
-        if self.topk == 0:
-            dropped, self.kept = self.kept, []
-            return False, dropped
-        entry["file"] = os.path.basename(checkpoint_path("", entry["global_epoch"]))
-        ranked = self.kept + [{"file": entry["file"], "value": entry["value"], "stage": entry["stage"],
-                               "global_epoch": entry["global_epoch"]}]
+        ranked = list(self.kept)
+        if self.topk:
+            entry["file"] = os.path.basename(checkpoint_path("", entry["global_epoch"]))
+            ranked.append({"file": entry["file"], "value": entry["value"], "stage": entry["stage"],
+                           "global_epoch": entry["global_epoch"]})
         ranked.sort(key=lambda e: e["value"], reverse=not runner.minimize_valid_metric)  # stable: earlier wins ties
         self.kept, dropped = ranked[: self.topk], ranked[self.topk:]
-        return any(e["file"] == entry["file"] for e in self.kept), dropped
+        return any(e["file"] == entry.get("file") for e in self.kept), dropped
 
     @staticmethod
     def _position(runner) -> tuple:
