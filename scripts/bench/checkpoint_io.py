@@ -57,7 +57,7 @@ def main():
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--epochs", type=int, default=3)
     args = parser.parse_args()
-    workload.benchmark_loaders(0, threads=torch.get_num_threads())  # quiet logs, as the other benchmarks
+    workload.quiet(threads=torch.get_num_threads())
     g = torch.Generator().manual_seed(0)
     x = torch.randn(BATCHES * BATCH_SIZE, WIDTH, generator=g)
     loader = DataLoader(TensorDataset(x, x.roll(1, dims=1)), batch_size=BATCH_SIZE)

@@ -18,12 +18,17 @@ def make_loader(X, y, num_workers: int = 1):
     return DataLoader(TensorDataset(X, y), batch_size=BATCH_SIZE, num_workers=num_workers)
 
 
-def benchmark_loaders(num_workers: int, threads: int = 1) -> dict:
-    """The tutorial's train and valid loaders (the same data), with ``threads`` torch threads and torchstage's
-    info logs and the tutorial's broadcast warning silenced, as every overhead benchmark runs them."""
+def quiet(threads: int = 1) -> None:
+    """``threads`` torch threads, torchstage's info logs and the tutorial's broadcast warning silenced."""
     torch.set_num_threads(threads)
     logging.getLogger("torchstage").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", message="Using a target size")
+
+
+def benchmark_loaders(num_workers: int, threads: int = 1) -> dict:
+    """The tutorial's train and valid loaders (the same data), after :func:`quiet`, as every overhead
+    benchmark runs them."""
+    quiet(threads)
     loader = make_loader(*make_data(), num_workers)
     return {"train": loader, "valid": loader}
 
