@@ -4,42 +4,29 @@ stdin (length-prefixed pickles, in order) with torchstage's own writers, and ans
 A measurement, not a design: it shows what the file jobs cost when their system calls run in an interpreter of
 their own, so that none of them hands the training process's GIL back and forth.
 """
-import os
 import pickle
 import struct
 import sys
 
-from torchstage.checkpoint import write_atomic, write_atomic_copies
+from torchstage.checkpoint import write_atomic_copies
+from torchstage.log_files import LogFiles
 
 
 def main():
-    source, answers, files = sys.stdin.buffer, sys.stdout.buffer, {}
+    source, answers, files = sys.stdin.buffer, sys.stdout.buffer, LogFiles()
+    # the jobs the run would hand to its writer thread, as that thread runs them
+    operations = {"copies": write_atomic_copies, "append": files._append, "replace": files._replace,
+                  "close": files._close_all}
     while True:
         head = source.read(4)
         if len(head) < 4:
             return
         op, *args = pickle.loads(source.read(struct.unpack("<I", head)[0]))
-        if op == "copies":
-            write_atomic_copies(*args)
-        elif op == "replace":  # path, data, durable
-            old = files.pop(args[0], None)
-            if old is not None:
-                old.close()
-            write_atomic(*args)
-        elif op == "append":  # path, data
-            file = files.get(args[0])
-            if file is None:
-                os.makedirs(os.path.dirname(args[0]), exist_ok=True)
-                file = files[args[0]] = open(args[0], "ab")
-            file.write(args[1])
-            file.flush()
-        elif op == "close":
-            for file in files.values():
-                file.close()
-            files.clear()
-        elif op == "ping":
+        if op == "ping":
             answers.write(b"\n")
             answers.flush()
+        else:
+            operations[op](*args)
 
 
 if __name__ == "__main__":

@@ -122,6 +122,13 @@ class _HelperProcess:
         with open(f"/proc/{self._process.pid}/schedstat") as f:
             return int(f.read().split()[0]) / 1e9
 
+    def _write_atomic(self, path, data, durable=True) -> None:
+        """``checkpoint.write_atomic`` in the helper: a durable file as a checkpoint copy, else as a log rewrite."""
+        if durable:
+            self.send("copies", [path], data)
+        else:
+            self.send("replace", path, data)
+
     @contextlib.contextmanager
     def installed(self):
         """The checkpoint, ``metrics.json`` and log writes of a run sent to the helper instead of the writer
@@ -131,11 +138,9 @@ class _HelperProcess:
             self._process = subprocess.Popen([sys.executable, helper], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         patches = [(single, "write_atomic_copies", lambda paths, data: self.send("copies", paths, data)),
                    (single, "hand_over", _run_here), (checkpoint_saver, "hand_over", _run_here),
-                   (checkpoint_saver, "write_atomic",
-                    lambda path, data, durable=True: self.send("replace", path, data, durable)),
+                   (checkpoint_saver, "write_atomic", self._write_atomic),
                    (log_files.LogFiles, "append", lambda files, runner, path, data: self.send("append", path, data)),
-                   (log_files.LogFiles, "replace",
-                    lambda files, runner, path, data: self.send("replace", path, data, False)),
+                   (log_files.LogFiles, "replace", lambda files, runner, path, data: self.send("replace", path, data)),
                    (log_files.LogFiles, "close", lambda files, runner: self.send("close")),
                    (file_writer.FileWriter, "wait", lambda writer: self.wait())]
         saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
