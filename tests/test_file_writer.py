@@ -3,6 +3,7 @@ nothing; a log file that stalls never stalls training."""
 import csv
 import os
 import threading
+import time
 
 import pytest
 import torch
@@ -60,6 +61,53 @@ def test_large_jobs_wait_for_a_free_slot_and_small_ones_never_do():
     assert not third.is_alive()
     writer.close()
     assert seen == ["large 1", "large 2", "small", "large 3"]
+
+
+def test_light_jobs_handed_to_an_idle_thread_are_held_and_land_together_ahead_of_the_next_checkpoint():
+    """Log rows of a loader's end do not wake the thread one by one: they land, in order, with the checkpoint."""
+    writer, seen = FileWriter(hold_seconds=60), []
+    writer.submit(lambda: seen.append("train row"), large=False)
+    writer.submit(lambda: seen.append("valid row"), large=False)
+    time.sleep(0.3)
+    assert seen == []  # held: the idle thread was not woken for them
+    writer.submit(lambda: seen.append("checkpoint"))
+    writer.submit(lambda: seen.append("metrics.json"), large=False)  # the thread is awake: queued at once
+    writer.wait()
+    assert seen == ["train row", "valid row", "checkpoint", "metrics.json"]
+    writer.submit(lambda: seen.append("last row"), large=False)
+    writer.close()  # a held job still lands when the run ends
+    assert seen[-1] == "last row"
+
+
+def test_a_held_light_job_lands_within_hold_seconds_with_nothing_else_handed_over():
+    writer, landed = FileWriter(hold_seconds=0.2), threading.Event()
+    threads = []
+    writer.submit(lambda: (threads.append(threading.current_thread().name), landed.set()), large=False)
+    assert landed.wait(10), "a held log row never landed"
+    assert threads == ["torchstage-file-writer"]
+    writer.close()
+
+
+def test_a_light_job_handed_over_while_a_checkpoint_is_written_follows_it_without_waiting_to_be_due():
+    writer, gate, landed = FileWriter(hold_seconds=60), threading.Event(), threading.Event()
+    writer.submit(lambda: gate.wait(10))
+    writer.submit(landed.set, large=False)
+    gate.set()
+    assert landed.wait(10)  # not held for 60 s: the thread was awake anyway
+    writer.close()
+
+
+def test_a_failure_among_held_jobs_stops_the_ones_after_it():
+    writer, seen = FileWriter(hold_seconds=60), []
+
+    def fail():
+        raise OSError("No space left on device")
+    for job in (lambda: seen.append(1), fail, lambda: seen.append(3)):
+        writer.submit(job, large=False)
+    with pytest.raises(OSError, match="No space left"):
+        writer.wait()
+    assert seen == [1]
+    writer.close()
 
 
 def test_log_rows_and_events_are_written_by_the_file_writer_thread_and_a_stalled_log_never_stalls_training(

@@ -8,6 +8,11 @@ deleted after its successor failed to land) and is raised in the training thread
 at :meth:`FileWriter.wait`, which the run calls before anything reads the files and when it ends. The
 loggers' rows and events go through the same queue, so a log file write never makes training wait on the
 file system, and a checkpoint that counts a log's rows lands after them.
+
+Light jobs (a log row, ``metrics.json``) handed over while the thread is idle are held and handed over
+together: with the next checkpoint, at :meth:`FileWriter.wait`, or after :data:`HOLD_SECONDS`. Waking the
+thread costs both threads more than the write itself (the GIL changes hands at each of its system calls),
+so an epoch's files wake it once instead of once per loader, logger and checkpoint.
 """
 import queue
 import threading
@@ -17,6 +22,9 @@ import threading
 #: more is held in memory: a large model on a slow disk cannot fill the host's RAM. Small jobs (log rows,
 #: ``metrics.json``, deletions) never wait for a checkpoint to land.
 MAX_PENDING = 2
+#: Seconds a light job handed over to an idle thread may be held before the thread runs it (log files lag
+#: the run by at most this much; a checkpoint or a wait hands the held jobs over at once).
+HOLD_SECONDS = 1.0
 
 
 def hand_over(writer, job, large: bool = True) -> None:
@@ -32,9 +40,11 @@ class FileWriter:
     """One daemon thread running file jobs in order; started at the first job, so a run that writes nothing
     (or a rank that writes no files) has no thread."""
 
-    def __init__(self, max_pending: int = MAX_PENDING):
+    def __init__(self, max_pending: int = MAX_PENDING, hold_seconds: float = HOLD_SECONDS):
         self._jobs = queue.Queue()
         self._large = threading.Semaphore(max_pending)  # a permit per large job until it has run
+        self._held, self._lock = [], threading.Lock()  # light jobs not handed to the idle thread yet
+        self._hold_seconds = hold_seconds
         self._error = None
         self._thread = None
 
@@ -46,12 +56,19 @@ class FileWriter:
             self._thread = threading.Thread(target=self._work, name="torchstage-file-writer", daemon=True)
             self._thread.start()
         if large:
+            self._hand_held()  # ahead of it, before any wait for a permit
             self._large.acquire()
-        self._jobs.put((job, large))
+        with self._lock:
+            if not large and not self._jobs.unfinished_tasks:  # idle thread: hold, do not wake it for this
+                self._held.append(job)
+                return
+            self._hand_held_locked()
+            self._jobs.put((job, large))
 
     def wait(self) -> None:
         """Block until every job handed over so far has run; raise the first failure (once)."""
         if self._thread is not None:
+            self._hand_held()
             self._jobs.join()
         self._raise_error()
 
@@ -65,6 +82,16 @@ class FileWriter:
                 self._thread.join()
                 self._thread = None
 
+    def _hand_held(self) -> None:
+        with self._lock:
+            self._hand_held_locked()
+
+    def _hand_held_locked(self) -> None:
+        """The held light jobs into the queue as one job, which stops at the first that fails."""
+        if self._held:
+            held, self._held = self._held, []
+            self._jobs.put((lambda: [job() for job in held], False))
+
     def _raise_error(self) -> None:
         error, self._error = self._error, None
         if error is not None:
@@ -72,7 +99,11 @@ class FileWriter:
 
     def _work(self) -> None:
         while True:
-            job, large = self._jobs.get()
+            try:
+                job, large = self._jobs.get(timeout=self._hold_seconds)
+            except queue.Empty:  # idle for a while: light jobs held since are due
+                self._hand_held()
+                continue
             try:
                 if job is None:
                     return
