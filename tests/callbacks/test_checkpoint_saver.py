@@ -189,6 +189,22 @@ def test_batch_period_writes_mid_epoch_checkpoints(tmp_path):
     assert seen == [(4, False), (8, False), (12, False), (16, False), (20, False)]
 
 
+def test_only_a_mid_epoch_checkpoint_keeps_the_random_state_its_loader_pass_started_from(tmp_path):
+    """A mid-epoch resume replays the interrupted pass from that state; after an epoch the next passes draw
+    their own, so an end-of-epoch checkpoint does not carry (and write) it."""
+    rng = {}
+
+    class Spy(CheckpointCallback):
+        def save_last(self, runner):
+            rng["mid-epoch"] = runner.state_dict()["rng"][0]
+            return super().save_last(runner)
+
+    _run(tmp_path, num_epochs=1, callbacks={"checkpoint": Spy(period=Batch(4))})
+    assert "loader_start" in rng["mid-epoch"]
+    end = load_checkpoint(str(tmp_path / "checkpoints" / "last.pth"))
+    assert end["loop"]["epoch_done"] and "loader_start" not in end["rng"][0] and "torch" in end["rng"][0]
+
+
 def test_epoch_period_every_two_epochs_and_at_stage_end(tmp_path):
     written = []
     original = CheckpointCallback.on_epoch_end

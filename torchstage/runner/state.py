@@ -28,7 +28,7 @@ def runner_state_dict(runner) -> dict:
         "scaler": scaler.state_dict() if scaler is not None else {},
         "callbacks": _callback_states(runner),
         "loop": runner.loop_position(),
-        "rng": runner.engine.all_gather_object({**get_rng_state(), **_loader_start(runner.loader_start_rng)}),
+        "rng": runner.engine.all_gather_object({**get_rng_state(), **_loader_start(runner)}),
         "metrics": {loader: dict(values) for loader, values in runner.epoch_metrics.items()},
         "meta": {"torchstage": __version__, "torch": str(torch.__version__), "world_size": runner.engine.world_size,
                  "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "stage_names": [s.name for s in spec.stage_specs],
@@ -93,9 +93,11 @@ def _callback_states(runner) -> dict:
     return states
 
 
-def _loader_start(state) -> dict:
-    """The random state the current loader pass started from, so a mid-epoch resume replays its order."""
-    return {} if state is None else {"loader_start": state}
+def _loader_start(runner) -> dict:
+    """The random state the current loader pass started from, so a mid-epoch resume replays its order; an
+    end-of-epoch checkpoint needs none (the next epoch's passes draw their own)."""
+    state = runner.loader_start_rng
+    return {} if state is None or runner.epoch_done else {"loader_start": state}
 
 
 def _plain(value):
