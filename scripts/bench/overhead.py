@@ -5,7 +5,8 @@ position of a round equally often, see ``round_order``), after a warm-up round; 
 wall and CPU times with their ratio to the hand-written loop, and torchstage's paired per-round ratios (robust
 to load that drifts between rounds) with a 95 % bootstrap interval of their median. ``--control`` runs the
 hand-written loop a second time each round (an A/A pair): its paired ratio, which should be 1, shows how far
-this machine's noise moves the figures.
+this machine's noise moves the figures. The ratio of the lower quartiles is printed too: less moved by
+bursts of load on the host, which lengthen runs and never shorten them.
 Usage: python scripts/bench/overhead.py [--repeats 5] [--num-workers 1] [--threads 1] [--no-peers] [--control]
 """
 import argparse
@@ -59,6 +60,12 @@ def cpu_seconds() -> float:
     return time.process_time() + children.ru_utime + children.ru_stime
 
 
+def lower_quartile(values: list) -> float:
+    """The run a quarter of the way up: the host's bursts of load lengthen some runs and never shorten any,
+    so beside the median it shows a contender's cost with less of that noise in it."""
+    return statistics.quantiles(values, n=4)[0]
+
+
 def median_interval(values: list, resamples: int = 2000, seed: int = 0) -> tuple:
     """95 % percentile-bootstrap interval of the median of ``values``: how far the noise leaves it open."""
     rng = random.Random(seed)
@@ -94,10 +101,13 @@ def main():
                     times[name].append(time.perf_counter() - start)
                     cpu[name].append(cpu_seconds() - start_cpu)
     base, base_cpu = statistics.median(times["hand-written"]), statistics.median(cpu["hand-written"])
+    low, low_cpu = lower_quartile(times["hand-written"]), lower_quartile(cpu["hand-written"])
     for name, values in times.items():
         med, med_cpu = statistics.median(values), statistics.median(cpu[name])
         print(f"{name:>18}: wall median {med:.3f} s (ratio {med / base:.3f})   "
-              f"cpu median {med_cpu:.3f} s (ratio {med_cpu / base_cpu:.3f})   over {len(values)} runs")
+              f"cpu median {med_cpu:.3f} s (ratio {med_cpu / base_cpu:.3f})   over {len(values)} runs; "
+              f"lower quartiles' ratios {lower_quartile(values) / low:.3f} wall, "
+              f"{lower_quartile(cpu[name]) / low_cpu:.3f} cpu")
     for name in [name for name in ("torchstage", CONTROL) if name in times]:
         for label, measured in (("wall", times), ("cpu", cpu)):
             per_round = [t / h for t, h in zip(measured[name], measured["hand-written"])]
