@@ -5,6 +5,9 @@ import random
 import numpy as np
 import torch
 
+#: Mersenne Twister words (python's and numpy's generators) as bytes: 32-bit little-endian, on every host.
+_WORDS = np.dtype("<u4")
+
 
 def set_seed(seed: int, deterministic: bool = False) -> None:
     """Seed python, numpy and torch (all devices); optionally ask torch for deterministic algorithms."""
@@ -18,27 +21,38 @@ def set_seed(seed: int, deterministic: bool = False) -> None:
 
 
 def get_rng_state() -> dict:
-    """The states of all generators of this process, as tensors and plain values (weights_only-safe)."""
+    """The states of all generators of this process, as plain values (weights_only-safe).
+
+    Each generator's state is one ``bytes`` value: in a checkpoint a tensor costs ``torch.save`` a record
+    and some twenty pickled objects, a third of a small checkpoint's serialization for the three of them.
+    """
     version, internal, gauss = random.getstate()
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     state = {
-        # (through numpy: a third of torch.tensor's time on a tuple of 625 ints)
-        "python": {"version": version, "state": torch.from_numpy(np.array(internal, dtype=np.int64)), "gauss": gauss},
-        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+        "python": {"version": version, "state": np.array(internal, dtype=_WORDS).tobytes(), "gauss": gauss},
+        "numpy": {"kind": kind, "keys": keys.astype(_WORDS).tobytes(), "pos": int(pos),
                   "has_gauss": int(has_gauss), "cached": float(cached)},
-        "torch": torch.get_rng_state(),
+        "torch": torch.get_rng_state().numpy().tobytes(),
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        state["cuda"] = [s.numpy().tobytes() for s in torch.cuda.get_rng_state_all()]
     return state
 
 
 def set_rng_state(state: dict) -> None:
-    """Restore what :func:`get_rng_state` captured."""
+    """Restore what :func:`get_rng_state` captured (also the tensors that checkpoints before 2026-11-25 hold)."""
     py = state["python"]
-    random.setstate((py["version"], tuple(py["state"].tolist()), py["gauss"]))
+    random.setstate((py["version"], tuple(_words(py["state"]).tolist()), py["gauss"]))
     n = state["numpy"]
-    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached"]))
-    torch.set_rng_state(state["torch"])
+    np.random.set_state((n["kind"], _words(n["keys"]).astype(np.uint32), n["pos"], n["has_gauss"], n["cached"]))
+    torch.set_rng_state(_byte_tensor(state["torch"]))
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state_all([_byte_tensor(s) for s in state["cuda"]])
+
+
+def _words(value) -> np.ndarray:
+    return np.frombuffer(value, dtype=_WORDS) if isinstance(value, bytes) else value.numpy()
+
+
+def _byte_tensor(value) -> torch.Tensor:
+    return torch.frombuffer(bytearray(value), dtype=torch.uint8) if isinstance(value, bytes) else value

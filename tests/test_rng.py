@@ -1,0 +1,52 @@
+"""Every random generator's state survives a checkpoint: the draws after a restore are the draws after capture."""
+import io
+import random
+import zipfile
+
+import numpy as np
+import torch
+
+from torchstage.checkpoint import serialize
+from torchstage.rng import get_rng_state, set_rng_state
+
+
+def _draws() -> tuple:
+    return random.random(), np.random.rand(), np.random.randn(), torch.rand(3).tolist(), np.random.randn()
+
+
+def _advance() -> None:
+    random.seed(3), np.random.seed(4), torch.manual_seed(5)
+    random.random(), np.random.rand(), torch.rand(3), np.random.randn()  # numpy now holds a cached gaussian
+
+
+def test_a_state_through_a_checkpoint_file_gives_the_same_draws():
+    _advance()
+    state = get_rng_state()
+    expected = _draws()
+    random.seed(0), np.random.seed(0), torch.manual_seed(0)
+    loaded = torch.load(io.BytesIO(serialize({"rng": state})), weights_only=True)["rng"]
+    set_rng_state(loaded)
+    assert _draws() == expected
+
+
+def test_each_generator_is_one_plain_value_in_the_checkpoint():
+    """Not tensors: each would cost torch.save a record and some twenty pickled objects per checkpoint."""
+    state = get_rng_state()
+    assert not any(isinstance(v, torch.Tensor) for v in (state["python"]["state"], state["numpy"]["keys"],
+                                                         state["torch"]))
+    archive = io.BytesIO(serialize({"rng": state}))
+    assert not [name for name in zipfile.ZipFile(archive).namelist() if "/data/" in name]  # no tensor records
+
+
+def test_a_state_saved_as_tensors_by_an_earlier_version_still_restores():
+    _advance()
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    old = {"python": {"version": version, "state": torch.tensor(internal, dtype=torch.int64), "gauss": gauss},
+           "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                     "has_gauss": int(has_gauss), "cached": float(cached)},
+           "torch": torch.get_rng_state()}
+    expected = _draws()
+    random.seed(0), np.random.seed(0), torch.manual_seed(0)
+    set_rng_state(old)
+    assert _draws() == expected
