@@ -14,6 +14,7 @@ together: with the next checkpoint, at :meth:`FileWriter.wait`, or after :data:`
 thread costs both threads more than the write itself (the GIL changes hands at each of its system calls),
 so an epoch's files wake it once instead of once per loader, logger and checkpoint.
 """
+import functools
 import queue
 import threading
 
@@ -34,6 +35,12 @@ def hand_over(writer, job, large: bool = True) -> None:
         job()
     else:
         writer.submit(job, large)
+
+
+def _run_in_order(jobs: list) -> None:
+    """Held light jobs as one job of the queue: the first that fails stops the ones after it."""
+    for job in jobs:
+        job()
 
 
 class FileWriter:
@@ -90,7 +97,7 @@ class FileWriter:
         """The held light jobs into the queue as one job, which stops at the first that fails."""
         if self._held:
             held, self._held = self._held, []
-            self._jobs.put((lambda: [job() for job in held], False))
+            self._jobs.put((functools.partial(_run_in_order, held), False))
 
     def _raise_error(self) -> None:
         error, self._error = self._error, None
