@@ -14,16 +14,23 @@ def _draws() -> tuple:
     return random.random(), np.random.rand(), np.random.randn(), torch.rand(3).tolist(), np.random.randn()
 
 
+def _seed(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
 def _advance() -> None:
-    random.seed(3), np.random.seed(4), torch.manual_seed(5)
-    random.random(), np.random.rand(), torch.rand(3), np.random.randn()  # numpy now holds a cached gaussian
+    _seed(3)
+    _draws()
+    np.random.randn()  # a third normal draw: numpy now holds the cached second half of a pair
 
 
 def test_a_state_through_a_checkpoint_file_gives_the_same_draws():
     _advance()
     state = get_rng_state()
     expected = _draws()
-    random.seed(0), np.random.seed(0), torch.manual_seed(0)
+    _seed(0)
     loaded = torch.load(io.BytesIO(serialize({"rng": state})), weights_only=True)["rng"]
     set_rng_state(loaded)
     assert _draws() == expected
@@ -47,6 +54,6 @@ def test_a_state_saved_as_tensors_by_an_earlier_version_still_restores():
                      "has_gauss": int(has_gauss), "cached": float(cached)},
            "torch": torch.get_rng_state()}
     expected = _draws()
-    random.seed(0), np.random.seed(0), torch.manual_seed(0)
+    _seed(0)
     set_rng_state(old)
     assert _draws() == expected

@@ -57,7 +57,8 @@ class FileWriter:
 
     def submit(self, job, large: bool = True) -> None:
         """Run ``job()`` (a callable writing files) after every job handed over before it; a ``large`` one
-        first waits until fewer than ``max_pending`` large jobs are unfinished."""
+        first waits until fewer than ``max_pending`` large jobs are unfinished, a light one handed over while
+        the thread is idle is held (see the module's docstring)."""
         self._raise_error()
         if self._thread is None:
             self._thread = threading.Thread(target=self._work, name="torchstage-file-writer", daemon=True)
