@@ -5,7 +5,7 @@ from pathlib import Path
 from setuptools import find_packages, setup
 
 here = Path(__file__).parent
-version = re.search(r'__version__ = "([^"]+)"', (here / "torchstage" / "__init__.py").read_text()).group(1)
+version = re.search(r'__version__ = "([^"]+)"', (here / "torchstage" / "version.py").read_text()).group(1)
 
 setup(
     name="torchstage",

@@ -54,16 +54,19 @@ class GANRunner(torchstage.Runner):
 
         loss_d = bce(discriminator(real), ones) + bce(discriminator(fake.detach()), zeros)
         if self.is_train_loader:
-            self.optimizer["discriminator"].zero_grad(set_to_none=True)
-            loss_d.backward()
-            self.optimizer["discriminator"].step()
+            self.step(loss_d, self.optimizer["discriminator"])
 
         loss_g = bce(discriminator(fake), ones)
         if self.is_train_loader:
-            self.optimizer["generator"].zero_grad(set_to_none=True)
-            loss_g.backward()
-            self.optimizer["generator"].step()
+            self.step(loss_g, self.optimizer["generator"])
         self.batch_metrics.update(loss_d=loss_d.detach(), loss_g=loss_g.detach())
+
+    def step(self, loss, optimizer):
+        """Backward and step through the run's strategy, which applies its precision (amp=) and gradient sync."""
+        strategy = self.engine.strategy
+        strategy.zero_grad(optimizer)  # the generator's loss left gradients in the discriminator
+        strategy.backward(loss, optimizer)
+        strategy.optimizer_step(optimizer)
 
     def sample(self, n: int) -> torch.Tensor:
         """``n`` generated points, on the CPU."""

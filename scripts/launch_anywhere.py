@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from torchstage import Callback, CallbackOrder, SupervisedRunner
-from torchstage.distributed.env import resolve_world
+from torchstage.launch.resolve import resolve_world
 
 
 class SeenWorld(Callback):

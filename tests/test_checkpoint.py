@@ -10,7 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-import torchstage.checkpoint as ckpt
+from torchstage.files import atomic
+from torchstage.files.format import FORMAT
 from torchstage import CheckpointError, SupervisedRunner, load_checkpoint, load_model_weights
 
 from tests.resume_helpers import tiny_train_kwargs
@@ -18,8 +19,8 @@ from tests.resume_helpers import tiny_train_kwargs
 
 def test_write_atomic_replaces_and_leaves_no_temporary(tmp_path):
     path = tmp_path / "sub" / "last.pth"
-    ckpt.write_atomic(str(path), b"old")
-    ckpt.write_atomic(str(path), b"new")
+    atomic.write_atomic(str(path), b"old")
+    atomic.write_atomic(str(path), b"new")
     assert path.read_bytes() == b"new" and os.listdir(path.parent) == ["last.pth"]
     umask = os.umask(0)
     os.umask(umask)
@@ -27,24 +28,24 @@ def test_write_atomic_replaces_and_leaves_no_temporary(tmp_path):
 
 
 def test_write_atomic_steps_over_temporaries_a_killed_process_left(tmp_path, monkeypatch):
-    monkeypatch.setattr(ckpt, "_temporary_numbers", itertools.count())
+    monkeypatch.setattr(atomic, "_temporary_numbers", itertools.count())
     stale = [tmp_path / f".last.pth.{os.getpid()}.{n}.tmp" for n in range(2)]  # same pid, as after a reboot
     for path in stale:
         path.write_bytes(b"stale")
-    ckpt.write_atomic(str(tmp_path / "last.pth"), b"new")
+    atomic.write_atomic(str(tmp_path / "last.pth"), b"new")
     assert (tmp_path / "last.pth").read_bytes() == b"new" and all(p.read_bytes() == b"stale" for p in stale)
 
 
 @pytest.mark.parametrize("failing", ["write", "fsync", "replace"])
 def test_failed_write_raises_clearly_and_keeps_the_old_file(tmp_path, monkeypatch, failing):
     path = tmp_path / "last.pth"
-    ckpt.write_atomic(str(path), b"good")
+    atomic.write_atomic(str(path), b"good")
 
     def disk_full(*args):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-    monkeypatch.setattr(ckpt.os, failing, disk_full)
+    monkeypatch.setattr(atomic.os, failing, disk_full)
     with pytest.raises(CheckpointError, match=r"could not write checkpoint .*last.pth.*No space left on device"):
-        ckpt.write_atomic(str(path), b"half")
+        atomic.write_atomic(str(path), b"half")
     monkeypatch.undo()
     assert path.read_bytes() == b"good" and os.listdir(tmp_path) == ["last.pth"]
 
@@ -53,7 +54,7 @@ def test_unwritable_folder_raises_checkpoint_error(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     with pytest.raises(CheckpointError, match="could not write checkpoint"):
-        ckpt.write_atomic(str(blocker / "last.pth"), b"x")
+        atomic.write_atomic(str(blocker / "last.pth"), b"x")
 
 
 class Payload:
@@ -69,7 +70,7 @@ class Payload:
 def test_checkpoint_that_needs_code_is_refused_and_the_code_does_not_run(tmp_path):
     marker = tmp_path / "pwned"
     path = tmp_path / "evil.pth"
-    torch.save({"format": ckpt.FORMAT, "models": {"model": {}}, "x": Payload(str(marker))}, str(path))
+    torch.save({"format": FORMAT, "models": {"model": {}}, "x": Payload(str(marker))}, str(path))
     with open(path, "rb") as f:  # make sure the file really carries the payload
         assert b"pwned" in f.read()
     with pytest.raises(CheckpointError, match=r"refused to load .*evil.pth.*weights_only=True.*Unsupported global"):
@@ -80,7 +81,7 @@ def test_checkpoint_that_needs_code_is_refused_and_the_code_does_not_run(tmp_pat
 @pytest.mark.filterwarnings("ignore:Detected pickle protocol")
 def test_plain_pickle_and_foreign_files_are_refused(tmp_path):
     path = tmp_path / "pickled.pth"
-    path.write_bytes(pickle.dumps({"format": ckpt.FORMAT}))
+    path.write_bytes(pickle.dumps({"format": FORMAT}))
     with pytest.raises(CheckpointError):
         load_checkpoint(str(path))
     torch.save({"state_dict": {}}, str(tmp_path / "other.pth"))
@@ -94,7 +95,7 @@ def test_state_saved_with_ddp_or_compile_prefixes_loads_into_a_plain_model():
     source = nn.Linear(3, 2)
     prefixed = {f"module._orig_mod.{k}": v for k, v in source.state_dict().items()}
     target = nn.Linear(3, 2)
-    load_model_weights(target, {"format": ckpt.FORMAT, "models": {"model": prefixed}})
+    load_model_weights(target, {"format": FORMAT, "models": {"model": prefixed}})
     assert torch.equal(target.weight, source.weight) and torch.equal(target.bias, source.bias)
 
 
@@ -118,4 +119,4 @@ def test_checkpoint_of_a_ddp_wrapped_model_loads_into_a_plain_one(tmp_path):
     load_model_weights(fresh, path)
     assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), plain.state_dict().values()))
     # the raw DDP state dict (keys "module.…") loads too
-    load_model_weights(fresh, {"format": ckpt.FORMAT, "models": {"model": ddp.state_dict()}})
+    load_model_weights(fresh, {"format": FORMAT, "models": {"model": ddp.state_dict()}})

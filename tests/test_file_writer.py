@@ -11,9 +11,9 @@ import torch
 from tests.callbacks.test_loggers import read_tensorboard_scalars
 from tests.resume_helpers import tiny_train_kwargs
 from torchstage import Callback, CheckpointError, SupervisedRunner, load_checkpoint
-from torchstage import checkpoint
-from torchstage.file_writer import FileWriter
-from torchstage.log_files import LogFiles
+from torchstage.files import atomic
+from torchstage.files.writer import FileWriter
+from torchstage.files.log_files import LogFiles
 
 
 def test_jobs_run_in_order_on_one_other_thread():
@@ -138,7 +138,7 @@ def test_log_rows_and_events_are_written_by_the_file_writer_thread_and_a_stalled
 
 def _recording_writes(monkeypatch, fail_at=None):
     """Record (file name, thread) of each checkpoint file write; raise like a full disk at write ``fail_at``."""
-    real, writes = checkpoint.write_atomic, []
+    real, writes = atomic.write_atomic, []
 
     def write_atomic(path, data, durable=True, sync_folder=True):
         writes.append((os.path.basename(path), threading.current_thread().name))
@@ -146,7 +146,7 @@ def _recording_writes(monkeypatch, fail_at=None):
             raise CheckpointError(f"could not write checkpoint {path!r}: No space left on device; the previous "
                                   f"file, if any, is unchanged")
         real(path, data, durable, sync_folder)
-    monkeypatch.setattr(checkpoint, "write_atomic", write_atomic)
+    monkeypatch.setattr(atomic, "write_atomic", write_atomic)
     return writes
 
 

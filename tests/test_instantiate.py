@@ -3,12 +3,12 @@ import pytest
 import torch
 
 from torchstage import ConfigError
-from torchstage.instantiate import import_target, instantiate
+from torchstage.config.instantiate import import_target, instantiate
 
 
 def test_builds_nested_components_with_kwargs():
     loader = instantiate({"_target_": "torch.utils.data.DataLoader", "batch_size": 4,
-                          "dataset": {"_target_": "torchstage.datasets.synthetic_regression", "num_samples": 10}},
+                          "dataset": {"_target_": "torchstage.data.synthetic.synthetic_regression", "num_samples": 10}},
                          "loaders.train")
     assert isinstance(loader, torch.utils.data.DataLoader)
     assert loader.batch_size == 4 and len(loader.dataset) == 10

@@ -10,7 +10,7 @@ import pytest
 
 from tests.resume_helpers import start_tiny, tiny_train_kwargs
 from torchstage import LogdirLocked, SupervisedRunner, load_checkpoint
-from torchstage.logdir_lock import LOCK_NAME, LogdirLock
+from torchstage.files.lock import LOCK_NAME, LogdirLock
 
 
 def _wait_for(path, proc, timeout=60):

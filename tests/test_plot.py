@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import torchstage
-from torchstage.datasets import synthetic_regression_splits
-from torchstage.plot import plot_logs, read_logs
+from torchstage.data.synthetic import synthetic_regression_splits
+from torchstage.files.plot import plot_logs, read_logs
 
 matplotlib_image = pytest.importorskip("matplotlib.image")
 

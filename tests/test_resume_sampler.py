@@ -3,7 +3,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, RandomSampler
 
-from torchstage.resume_sampler import capture_loader_rng, resume_iterator
+from torchstage.data.resume import capture_loader_rng, resume_iterator
 from torchstage.rng import get_rng_state
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from tests.distributed.multiproc import SCRIPTS
 from tests.slurm_cluster import slurm_cluster  # noqa: F401 (session fixture)
-from torchstage.distributed.slurm import master_port
+from torchstage.launch.slurm.step import master_port
 
 TRAIN = str(SCRIPTS.parents[2] / "scripts" / "launch_anywhere.py")
 pytestmark = pytest.mark.timeout(400)

@@ -9,7 +9,7 @@ import pytest
 from tests.slurm_cluster import slurm_cluster  # noqa: F401
 from torchstage.commands.slurm import add_parser as add_slurm_parser
 from torchstage.commands.slurm import run_slurm_command
-from torchstage.slurm_script import (SbatchOptions, SlurmScriptError, build_sbatch_script, load_sbatch_options,
+from torchstage.launch.slurm.sbatch import (SbatchOptions, SlurmScriptError, build_sbatch_script, load_sbatch_options,
                                      options_from_dict)
 
 

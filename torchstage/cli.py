@@ -4,7 +4,7 @@ import os
 import sys
 
 from torchstage import __version__
-from torchstage.checkpoint import CheckpointError
+from torchstage.files.format import CheckpointError
 from torchstage.commands import checkpoint_tools, env, plot, report, run, slurm, tune
 
 _USER_ERRORS = (ValueError, TypeError, KeyError, FileExistsError, FileNotFoundError, NotADirectoryError, PermissionError,

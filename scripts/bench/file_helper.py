@@ -8,8 +8,8 @@ import pickle
 import struct
 import sys
 
-from torchstage.checkpoint import write_atomic_copies
-from torchstage.log_files import LogFiles
+from torchstage.files.atomic import write_atomic_copies
+from torchstage.files.log_files import LogFiles
 
 
 def main():

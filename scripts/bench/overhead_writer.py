@@ -42,9 +42,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import workload  # noqa: E402
 from overhead import cpu_seconds, median_interval, round_order, run_hand_written, run_torchstage  # noqa: E402
 
-from torchstage import file_writer, log_files  # noqa: E402
-from torchstage.callbacks import checkpoint_saver  # noqa: E402
-from torchstage.distributed.strategies import single  # noqa: E402
+from torchstage.files import log_files  # noqa: E402
+from torchstage.files import writer as file_writer  # noqa: E402
+from torchstage.callbacks.checkpoints import checkpoint_saver  # noqa: E402
+from torchstage.strategies import single  # noqa: E402
 from torchstage.runner import runner as runner_module  # noqa: E402
 
 

@@ -6,7 +6,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from torchstage import Callback, Runner
-from torchstage.callbacks.averaging import FOLD
+from torchstage.callbacks.metrics.averaging import FOLD
 
 
 class ValueRunner(Runner):
@@ -38,7 +38,7 @@ def test_average_is_the_weighted_mean_over_several_folds_and_an_uneven_last_batc
 
 
 def test_state_mid_loader_holds_the_kept_values_so_a_resumed_loader_sums_alike():
-    from torchstage.callbacks.averaging import MetricsAveragingCallback
+    from torchstage.callbacks.metrics.averaging import MetricsAveragingCallback
     loader, _ = _loader()
     states = {}
 

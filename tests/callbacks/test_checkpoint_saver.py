@@ -9,7 +9,9 @@ from tests.conftest import regression_loaders
 from tests.resume_helpers import tiny_train_kwargs
 from torchstage import (Batch, CheckpointCallback, CheckpointError, Epoch, SupervisedRunner, load_checkpoint,
                         load_model_weights)
-from torchstage.checkpoint import FORMAT, serialize, write_atomic
+from torchstage.files.atomic import write_atomic
+from torchstage.files.checkpoint import serialize
+from torchstage.files.format import FORMAT
 
 
 def make_net():

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from torchstage.callbacks.flops import StepFlops, device_peak_flops
+from torchstage.callbacks.monitoring.flops import StepFlops, device_peak_flops
 
 
 @pytest.mark.parametrize("name, dtype, tf32, peak", [

@@ -10,8 +10,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from tests.callbacks.test_loggers import read_tensorboard_scalars
 from torchstage import Batch, Callback, LoggerCallback, SupervisedRunner
-from torchstage.callbacks.config_saver import ConfigSaver
-from torchstage.callbacks.logger_base import BATCH, EPOCH, PERIODIC
+from torchstage.callbacks.checkpoints.config_saver import ConfigSaver
+from torchstage.callbacks.loggers.logger_base import BATCH, EPOCH, PERIODIC
 
 
 class Recorder(LoggerCallback):

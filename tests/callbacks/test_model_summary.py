@@ -5,7 +5,7 @@ import torch
 
 from tests.conftest import regression_loaders
 from torchstage import SupervisedRunner
-from torchstage.callbacks.model_summary import summarize
+from torchstage.callbacks.monitoring.model_summary import summarize
 
 
 class Net(torch.nn.Module):

@@ -10,7 +10,7 @@ from tests.callbacks.test_loggers import read_tensorboard_scalars
 from tests.callbacks.test_mlflow_logger import client_for, history, only_run
 from tests.test_host_syncs import count_syncs  # noqa: F401  (a fixture)
 from torchstage import MLflowLogger, SupervisedRunner
-from torchstage.callbacks.monitor import ThroughputMonitor
+from torchstage.callbacks.monitoring.monitor import ThroughputMonitor
 
 FIGURES = ("time_s", "samples_per_s", "batches_per_s", "data_wait", "peak_memory_mb", "tflops_per_s")
 

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
-from torchstage import Callback, CallbackOrder, Engine, OptimizerCallback, Runner, SupervisedRunner
+from torchstage import Callback, CallbackOrder, OptimizerCallback, Runner, SingleDevice, SupervisedRunner
 
 
 def data(n=64, seed=0):
@@ -145,26 +145,25 @@ def test_gradients_are_none_after_training():
     assert all(p.grad is None for p in model.parameters())
 
 
-class NoSyncEngine(Engine):
-    """A one-process engine that counts how often the optimizer callback asks to skip gradient sync."""
+class NoSyncStrategy(SingleDevice):
+    """A one-process strategy that counts how often the optimizer callback asks to skip gradient sync."""
 
     calls = 0
 
     @contextlib.contextmanager
     def no_sync(self, model):
-        NoSyncEngine.calls += 1
+        NoSyncStrategy.calls += 1
         yield
 
 
-def test_intermediate_backwards_run_under_engine_no_sync():
+def test_intermediate_backwards_run_under_the_strategys_no_sync():
     x, y = data(64)
     model = linear()
     loaders = {"train": DataLoader(TensorDataset(x, y), batch_size=8),
                "valid": DataLoader(TensorDataset(x, y), batch_size=8)}
-    SupervisedRunner(engine=NoSyncEngine()).train(model=model, criterion=nn.MSELoss(), loaders=loaders,
-                                                  optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-                                                  accumulation_steps=4)
-    assert NoSyncEngine.calls == 6  # 8 batches = 2 groups of 4: 3 unsynced backwards each
+    SupervisedRunner().train(model=model, criterion=nn.MSELoss(), loaders=loaders, strategy=NoSyncStrategy(),
+                             optimizer=torch.optim.SGD(model.parameters(), lr=0.1), accumulation_steps=4)
+    assert NoSyncStrategy.calls == 6  # 8 batches = 2 groups of 4: 3 unsynced backwards each
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from torchstage import Callback, HangWatchdog, SupervisedRunner
-from torchstage.callbacks.hang_report import hang_report
-from torchstage.callbacks.watchdog import process_group_timeout
+from torchstage.callbacks.safety.hang_report import hang_report
+from torchstage.callbacks.safety.watchdog import process_group_timeout
 from tests.conftest import regression_loaders
 
 

@@ -1,4 +1,4 @@
-"""``torchstage plot``: exit codes and messages around torchstage.plot."""
+"""``torchstage plot``: exit codes and messages around torchstage.files.plot."""
 import csv
 
 import pytest

@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader
 
 import torchstage
 from torchstage.cli import main
-from torchstage.datasets import synthetic_regression
+from torchstage.data.synthetic import synthetic_regression
 
 REPO = Path(torchstage.__file__).resolve().parent.parent
 
@@ -26,7 +26,7 @@ datasets:
   batch_size: 32
   num_workers: 1
   shuffle: false        # the script's DataLoader does not shuffle
-  train: &data {_target_: torchstage.datasets.synthetic_regression, num_samples: 1000, num_features: 10, seed: 0}
+  train: &data {_target_: torchstage.data.synthetic.synthetic_regression, num_samples: 1000, num_features: 10, seed: 0}
   valid: *data
 num_epochs: 8
 verbose: true
@@ -37,7 +37,7 @@ FOUNDATION_LOADERS = FOUNDATION.split("datasets:")[0] + """\
 loaders:
   train: &loader
     _target_: torch.utils.data.DataLoader
-    dataset: {_target_: torchstage.datasets.synthetic_regression, num_samples: 1000, num_features: 10, seed: 0}
+    dataset: {_target_: torchstage.data.synthetic.synthetic_regression, num_samples: 1000, num_features: 10, seed: 0}
     batch_size: 32
     num_workers: 1
   valid: *loader
@@ -127,8 +127,8 @@ stages:
     optimizer: {_target_: torch.optim.Adam, lr: 1e-3}
     datasets:
       batch_size: 100
-      train: {_target_: torchstage.datasets.synthetic_regression, num_samples: 300, seed: 0}
-      valid: {_target_: torchstage.datasets.synthetic_regression, num_samples: 100, seed: 1}
+      train: {_target_: torchstage.data.synthetic.synthetic_regression, num_samples: 300, seed: 0}
+      valid: {_target_: torchstage.data.synthetic.synthetic_regression, num_samples: 100, seed: 1}
 logdir: two
 """
 
@@ -214,8 +214,8 @@ criterion: {_target_: torch.nn.MSELoss}
 optimizer: {_target_: torch.optim.SGD, lr: "1e-2"}
 datasets:
   batch_size: 16
-  train: {_target_: torchstage.datasets.synthetic_regression, num_samples: 64, num_features: 10}
-  valid: {_target_: torchstage.datasets.synthetic_regression, num_samples: 32, num_features: 10, seed: 1}
+  train: {_target_: torchstage.data.synthetic.synthetic_regression, num_samples: 64, num_features: 10}
+  valid: {_target_: torchstage.data.synthetic.synthetic_regression, num_samples: 32, num_features: 10, seed: 1}
 num_epochs: 1
 logdir: out
 """

@@ -1,7 +1,7 @@
 """resolve_world: precedence, process counts, and errors that name the setting."""
 import pytest
 
-from torchstage.distributed.env import World, resolve_world
+from torchstage.launch.resolve import World, resolve_world
 
 TORCHRUN = {"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29400"}
 
@@ -79,7 +79,7 @@ def test_world_prints_one_field_per_line():
 
 
 def test_launched_into_world_only_for_torchrun_or_slurm_worlds_of_several():
-    from torchstage.distributed.env import launched_into_world
+    from torchstage.launch.resolve import launched_into_world
     torchrun = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
     assert launched_into_world(torchrun)
     assert not launched_into_world({**torchrun, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"})

@@ -2,10 +2,10 @@
 host), PBS/PALS and LSF/jsrun as their documentation describes them (no such scheduler installs here)."""
 import pytest
 
-from torchstage.distributed.environments import mpi
-from torchstage.distributed.environments.lsf import compute_hosts
-from torchstage.distributed.env import resolve_world
-from torchstage.distributed.slurm import master_port
+from torchstage.launch.environments import mpi
+from torchstage.launch.environments.lsf import compute_hosts
+from torchstage.launch.resolve import resolve_world
+from torchstage.launch.slurm.step import master_port
 
 # Measured: rank 1 of `mpirun -np 2` (Open MPI 4.1.4) and of `mpiexec.mpich -np 2` (MPICH 4.0.2).
 OPENMPI = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
@@ -48,7 +48,7 @@ def test_openmpi_on_one_host_uses_loopback_and_the_job_id_port():
 
 
 def test_mpich_on_one_host_uses_the_hydra_proxy_for_the_port(monkeypatch):
-    monkeypatch.setattr("torchstage.distributed.environments.mpich.ancestor_pid", lambda name: 4242)
+    monkeypatch.setattr("torchstage.launch.environments.mpich.ancestor_pid", lambda name: 4242)
     world = resolve_world(environ=MPICH, gpus=0)
     assert place(world) == (1, 2, 1, 0, "mpich")
     assert (world.master_addr, world.master_port) == ("127.0.0.1", master_port(4242, {}))
@@ -115,6 +115,6 @@ def test_broken_launcher_variables_are_named(env, match):
 
 
 def test_launched_into_world_for_mpi_launches():
-    from torchstage.distributed.env import launched_into_world
+    from torchstage.launch.resolve import launched_into_world
     assert launched_into_world(OPENMPI)
     assert not launched_into_world({"PMI_RANK": "0", "PMI_SIZE": "1"})

@@ -10,7 +10,7 @@ import torch
 
 from tests.distributed.multiproc import run as run_script, script_env
 from tests.resume_helpers import EXACT_KEYS, ROOT, differences
-from torchstage.checkpoint import load_checkpoint
+from torchstage.files.checkpoint import load_checkpoint
 
 SCRIPT = os.path.join(ROOT, "tests", "resume_scripts", "fsdp_run.py")
 #: Settings shared by the runs compared with each other: mid-epoch checkpoints, clipping, accumulation.

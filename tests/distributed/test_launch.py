@@ -54,6 +54,6 @@ def test_without_devices_or_settings_the_function_runs_here(monkeypatch):
     monkeypatch.delenv("TORCHSTAGE_NPROC", raising=False)
     for name in ("RANK", "WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr("torchstage.distributed.env.local_gpus", lambda: 0)
+    monkeypatch.setattr("torchstage.launch.resolve.local_gpus", lambda: 0)
     assert distributed_cmd_run(lambda a, b=0: a + b, 2, b=3) == 5
     assert distributed_cmd_run(lambda: "here", distributed=False, nprocs=4) == "here"

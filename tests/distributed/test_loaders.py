@@ -3,9 +3,9 @@ import torch
 from torch.utils.data import (BatchSampler, DataLoader, DistributedSampler, SequentialSampler, TensorDataset,
                               WeightedRandomSampler)
 
-from torchstage.distributed.samplers import StridedEvalSampler
+from torchstage.data.samplers import StridedEvalSampler
 from torchstage import Engine
-from torchstage.distributed.loaders import ShardedSampler, distribute_loader, distribute_loaders
+from torchstage.data.loaders import ShardedSampler, distribute_loader, distribute_loaders
 
 DATA = TensorDataset(torch.arange(101).float())
 

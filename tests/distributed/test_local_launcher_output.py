@@ -2,7 +2,7 @@
 import io
 import os
 
-from torchstage.distributed.local_launcher import _relay
+from torchstage.launch.local_launcher import _relay
 
 
 def test_blank_lines_are_not_relayed_as_bare_rank_prefixes():

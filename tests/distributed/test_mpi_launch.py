@@ -62,8 +62,8 @@ def test_mpi_launch_forms_one_world_with_single_process_metrics(name, nproc, sin
 
 
 EXCHANGE = """
-from torchstage.distributed.environments.mpi import exchange_through_mpi4py
-from torchstage.distributed.env import resolve_world
+from torchstage.launch.environments.mpi import exchange_through_mpi4py
+from torchstage.launch.resolve import resolve_world
 import json, os
 rank, size = int(os.environ["OMPI_COMM_WORLD_RANK"]), int(os.environ["OMPI_COMM_WORLD_SIZE"])
 print("EXCHANGE" + json.dumps([rank, exchange_through_mpi4py(rank, size)]), flush=True)

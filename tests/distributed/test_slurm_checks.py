@@ -1,8 +1,8 @@
 """SLURM layouts that would hang or idle GPUs fail before any collective, saying what was found and the fix."""
 import pytest
 
-from torchstage.distributed.env import resolve_world
-from torchstage.distributed.slurm import SlurmConfigError, master_port
+from torchstage.launch.resolve import resolve_world
+from torchstage.launch.slurm.step import SlurmConfigError, master_port
 
 # What the batch script of `sbatch -N 2 --ntasks-per-node=1` sees (measured on the local cluster).
 BATCH = {"ENVIRONMENT": "BATCH", "SLURM_JOB_ID": "1", "SLURM_JOBID": "1", "SLURM_NTASKS": "2", "SLURM_NPROCS": "2",

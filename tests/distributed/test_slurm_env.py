@@ -12,9 +12,10 @@ import time
 import pytest
 
 from tests.slurm_cluster import slurm_cluster  # noqa: F401
-from torchstage.distributed import slurm
-from torchstage.distributed.slurm import (SlurmConfigError, SlurmStep, SlurmWorld, master_addr, master_port,
-                                          rank0_host, slurm_step, slurm_world)
+from torchstage.launch.slurm import step as slurm
+from torchstage.launch.slurm.step import (SlurmConfigError, SlurmStep, master_addr, master_port, rank0_host,
+                                          slurm_step, slurm_world)
+from torchstage.launch.world import World
 
 
 def step_env(procid=0, nodeid=0, localid=0, ntasks=4, nodes="node[1-2]", tpn="2(x2)", **extra):
@@ -84,23 +85,24 @@ def test_inconsistent_step_raises(change, match):
 def test_one_task_per_device():
     step = slurm_step(step_env(procid=3, nodeid=1, localid=1))
     for devices in (0, 1, 2):
-        assert slurm_world(step, devices) == SlurmWorld(rank=3, world_size=4, local_rank=1, local_world_size=2,
-                                                        node_rank=1, nnodes=2, spawn_local=0)
+        assert slurm_world(step, devices) == World(rank=3, world_size=4, local_rank=1, local_size=2,
+                                                   node_rank=1, nnodes=2, spawn=0, source="slurm")
 
 
 def test_one_task_per_node_spawns_per_device():
     step = slurm_step(step_env(procid=1, nodeid=1, ntasks=2, tpn="1(x2)"))
     world = slurm_world(step, 4)
-    assert (world.spawn_local, world.rank, world.world_size, world.node_rank) == (4, 4, 8, 1)
+    assert (world.spawn, world.rank, world.world_size, world.node_rank) == (4, 4, 8, 1)
     assert [slurm_world(step, 4).child(i).rank for i in range(4)] == [4, 5, 6, 7]
-    assert world.child(3).local_rank == 3 and world.child(3).spawn_local == 0
+    assert world.child(3).local_rank == 3 and world.child(3).spawn == 0
     with pytest.raises(ValueError):
         world.child(4)
 
 
 def test_uneven_cpu_layout_is_fine():
     step = slurm_step(step_env(procid=2, nodeid=1, ntasks=3, tpn="2,1"))
-    assert slurm_world(step, 0) == SlurmWorld(2, 3, 0, 1, 1, 2, 0)
+    assert slurm_world(step, 0) == World(rank=2, world_size=3, local_rank=0, local_size=1, node_rank=1,
+                                         nnodes=2, spawn=0, source="slurm")
 
 
 @pytest.mark.parametrize("tpn, ntasks, devices, match", [
@@ -129,7 +131,7 @@ def test_rank0_host_follows_slurm_order_not_string_sort():
 def test_master_addr_override_and_unresolvable(monkeypatch):
     step = slurm_step(step_env(nodes="no-such-host-x[1-2]"))
     assert master_addr(step, {"MASTER_ADDR": "10.1.2.3"}) == "10.1.2.3"
-    monkeypatch.setattr(slurm, "_scontrol_node_addr", lambda host: None)
+    monkeypatch.setattr(slurm, "scontrol_node_addr", lambda host: None)
     with pytest.raises(SlurmConfigError, match="no-such-host-x1.*set MASTER_ADDR"):
         master_addr(step, {})
 
@@ -158,7 +160,7 @@ def test_master_port_rules():
 # ---- on the real cluster ----------------------------------------------------------------------------
 PROBE = """
 import json, os, sys
-from torchstage.distributed.slurm import slurm_step, slurm_world, master_addr, master_port
+from torchstage.launch.slurm.step import slurm_step, slurm_world, master_addr, master_port
 step = slurm_step()
 devices = int(sys.argv[1]) if len(sys.argv) > 1 else 0
 out = {"procid": os.environ.get("SLURM_PROCID"), "host": os.environ.get("SLURMD_NODENAME"), "step": step is not None}
@@ -183,7 +185,7 @@ def probe(env, *srun_args, devices=0, check=True):
 def test_srun_two_tasks_per_node(slurm_cluster):
     rows = probe(slurm_cluster, "-N", "2", "--ntasks-per-node=2")
     assert [r["rank"] for r in rows] == [0, 1, 2, 3]
-    assert {r["world_size"] for r in rows} == {4} and {r["spawn_local"] for r in rows} == {0}
+    assert {r["world_size"] for r in rows} == {4} and {r["spawn"] for r in rows} == {0}
     assert [r["local_rank"] for r in rows] == [0, 1, 0, 1]
     assert [r["node_rank"] for r in rows] == [0, 0, 1, 1]
     assert [r["host"] for r in rows] == ["node1", "node1", "node2", "node2"]
@@ -193,7 +195,7 @@ def test_srun_two_tasks_per_node(slurm_cluster):
 
 def test_srun_one_task_per_node_spawns(slurm_cluster):
     rows = probe(slurm_cluster, "-N", "2", devices=2)
-    assert [(r["rank"], r["world_size"], r["spawn_local"], r["node_rank"]) for r in rows] == [(0, 4, 2, 0), (2, 4, 2, 1)]
+    assert [(r["rank"], r["world_size"], r["spawn"], r["node_rank"]) for r in rows] == [(0, 4, 2, 0), (2, 4, 2, 1)]
 
 
 def test_srun_bad_layout_errors_on_every_task(slurm_cluster):

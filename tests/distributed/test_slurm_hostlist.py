@@ -7,7 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tests.slurm_cluster import slurm_cluster  # noqa: F401
-from torchstage.distributed.slurm import expand_hostlist, expand_tasks_per_node, SlurmConfigError
+from torchstage.launch.slurm.hostlist import expand_hostlist
+from torchstage.launch.slurm.step import SlurmConfigError, expand_tasks_per_node
 
 
 @pytest.mark.parametrize("expr, hosts", [

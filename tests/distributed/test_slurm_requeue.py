@@ -11,7 +11,7 @@ import torch
 from tests.conftest import regression_loaders
 from tests.slurm_cluster import slurm_cluster  # noqa: F401 (session fixture)
 from torchstage import SupervisedRunner
-from torchstage.distributed.slurm_requeue import check_requeue_arg, restart_count
+from torchstage.launch.slurm.requeue import check_requeue_arg, restart_count
 
 
 def test_requeued_job_resumes_from_last_unless_told_otherwise():
@@ -44,7 +44,7 @@ PROBE = textwrap.dedent("""
     import torch
     from tests.conftest import regression_loaders
     from torchstage import SupervisedRunner
-    from torchstage.distributed.slurm_requeue import requeue_blocker, slurm_job_id
+    from torchstage.launch.slurm.requeue import requeue_blocker, slurm_job_id
     print("blocker:", requeue_blocker(slurm_job_id()))
     model = torch.nn.Linear(4, 1)
     try:

@@ -16,7 +16,7 @@ from torch.utils.data import TensorDataset
 
 from torchstage import Batch, Callback, Engine, SupervisedRunner
 
-HAS_LAUNCHER = importlib.util.find_spec("torchstage.distributed.world") is not None
+HAS_LAUNCHER = importlib.util.find_spec("torchstage.launch.enter") is not None
 
 
 class Chaos(Callback):

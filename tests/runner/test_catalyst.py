@@ -68,7 +68,7 @@ class Dtypes(dl.Callback):
 
 
 def test_fp16_true_on_cpu_trains_under_bf16_and_says_so(caplog, monkeypatch):
-    monkeypatch.setattr("torchstage.aliases._noted", set())  # notes are once per process
+    monkeypatch.setattr("torchstage.catalyst.names._noted", set())  # notes are once per process
     dtypes = Dtypes()
     with caplog.at_level(logging.INFO, logger="torchstage"):
         runner, weights = trained_weights(fp16=True, callbacks=[dtypes])
@@ -85,7 +85,7 @@ def test_fp16_true_on_cpu_trains_under_bf16_and_says_so(caplog, monkeypatch):
                                        ({"apex": True}, "auto"), ({"opt_level": "O0"}, None), ({}, None),
                                        (False, None), (None, None), (True, "auto")])
 def test_fp16_values_map_to_amp(fp16, amp):
-    from torchstage.runner.catalyst import fp16_to_amp
+    from torchstage.catalyst.runner import fp16_to_amp
     assert fp16_to_amp(fp16) == amp
 
 

@@ -4,7 +4,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from torchstage import Callback, Engine, SupervisedRunner
-from torchstage.distributed.prefetch import prefetch_to_device
+from torchstage.data.prefetch import prefetch_to_device
 
 
 def conv_net():

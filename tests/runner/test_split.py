@@ -8,7 +8,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from torchstage import SupervisedRunner
-from torchstage.runner.dataset_loaders import build_datasets, dataset_loader_names
+from torchstage.data.datasets import build_datasets, dataset_loader_names
 
 DATA = TensorDataset(torch.arange(100).float().unsqueeze(1), torch.zeros(100, 1))
 
@@ -38,7 +38,7 @@ def test_split_ignores_the_global_seed_and_follows_split_seed():
 
 
 def test_split_is_identical_in_another_process():
-    code = ("import torch; from torch.utils.data import TensorDataset; from torchstage.runner.dataset_loaders import "
+    code = ("import torch; from torch.utils.data import TensorDataset; from torchstage.data.datasets import "
             "build_datasets; torch.manual_seed(123); d = TensorDataset(torch.zeros(100, 1)); "
             "print(build_datasets({'batch_size': 8, 'train': d, 'valid_ratio': 0.2})['valid'].indices)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -1,7 +1,7 @@
 """The callback contract: event methods, the order phases, the rank scope and cancel exceptions."""
 from enum import EnumMeta, IntEnum
 
-from torchstage.aliases import callback_settings, enum_alias
+from torchstage.catalyst.names import callback_scope, enum_alias
 
 EVENTS = (
     "on_experiment_start", "on_stage_start", "on_epoch_start", "on_loader_start", "on_batch_start",
@@ -69,8 +69,14 @@ class Callback:
 
         ``node`` is Catalyst 20.12's name for ``scope``; subclasses may also set class attributes instead.
         """
-        settings = callback_settings(type(self).__name__, order, node, catalyst_scope, scope)
-        self.__dict__.update(settings)
+        owner = type(self).__name__
+        if order is not None:
+            if isinstance(order, bool) or not isinstance(order, int):
+                raise TypeError(f"{owner}(): order must be an int such as CallbackOrder.Metric, got {order!r}")
+            self.order = order
+        scope = callback_scope(owner, node, catalyst_scope, scope, CallbackScope)  # Catalyst 20.12's node=...
+        if scope is not None:
+            self.scope = scope
 
     def on_experiment_start(self, runner): pass
     def on_stage_start(self, runner): pass

@@ -9,7 +9,9 @@ import sys
 
 import torch
 
-from torchstage.checkpoint import CheckpointError, load_checkpoint, serialize, write_atomic
+from torchstage.files.atomic import write_atomic
+from torchstage.files.checkpoint import load_checkpoint, serialize
+from torchstage.files.format import CheckpointError
 
 def add_parser(subparsers) -> None:
     """Register ``checkpoint inspect`` on the ``torchstage`` command."""

@@ -4,7 +4,7 @@ import json
 import os
 import sys
 
-from torchstage.distributed.env import detected, local_gpus, resolve_world
+from torchstage.launch.resolve import detected, local_gpus, resolve_world, variables_read
 
 EPILOG = """\
 examples:
@@ -16,16 +16,6 @@ examples:
 
 The first thing to run when a cluster job hangs: every task should agree on the world size,
 the master address and port, and each should have its own rank."""
-
-SHOWN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHSTAGE_NPROC",
-                   "CUDA_VISIBLE_DEVICES", "SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_PROCID", "SLURM_LOCALID",
-                   "SLURM_NODEID", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_STEP_NODELIST",
-                   "SLURM_STEP_TASKS_PER_NODE", "SLURM_GPUS_PER_TASK", "ENVIRONMENT", "OMPI_COMM_WORLD_RANK",
-                   "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID",
-                   "PALS_RANKID", "PALS_LOCAL_RANKID", "PALS_NODEID", "PBS_JOBID", "PBS_NODEFILE",
-                   "JSM_NAMESPACE_RANK", "JSM_NAMESPACE_SIZE", "JSM_NAMESPACE_LOCAL_RANK", "LSB_JOBID",
-                   "LSB_MCPU_HOSTS")
-
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
@@ -54,7 +44,7 @@ def env_command(args) -> int:
         "master_addr": world.master_addr,
         "master_port": world.master_port, "backend": world.backend, "gpus": local_gpus(),
         "host": os.uname().nodename, "pid": os.getpid(),
-        "variables": {name: os.environ[name] for name in SHOWN_VARIABLES if name in os.environ},
+        "variables": {name: os.environ[name] for name in variables_read() if name in os.environ},
         "environments": checked,
     }
     if args.json:

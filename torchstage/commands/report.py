@@ -2,7 +2,7 @@
 import argparse
 import sys
 
-from torchstage.report import write_report
+from torchstage.files.report import write_report
 
 EPILOG = """\
 examples:

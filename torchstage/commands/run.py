@@ -7,7 +7,7 @@ import sys
 
 from torchstage.config.train_call import train_from_config, with_defaults
 from torchstage.config.yaml_files import dump_config, load_config
-from torchstage.instantiate import ALLOWED_TARGETS_VAR, ConfigError
+from torchstage.config.instantiate import ALLOWED_TARGETS_VAR, ConfigError
 from torchstage.logging_setup import ensure_console_handler
 from torchstage.runner.chain import describe_chain
 

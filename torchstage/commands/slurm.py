@@ -1,11 +1,11 @@
-"""``torchstage slurm``: write, save or submit an sbatch script built by :mod:`torchstage.slurm_script`."""
+"""``torchstage slurm``: write, save or submit an sbatch script built by :mod:`torchstage.launch.slurm.sbatch`."""
 import argparse
 import os
 import subprocess
 import sys
 from typing import Optional
 
-from torchstage.slurm_script import SlurmScriptError, build_sbatch_script, load_sbatch_options, options_from_dict
+from torchstage.launch.slurm.sbatch import SlurmScriptError, build_sbatch_script, load_sbatch_options, options_from_dict
 
 _FLAGS = [("--job-name", str), ("--nodes", int), ("--ntasks-per-node", int), ("--gpus-per-node", int),
           ("--gres", str), ("--cpus-per-task", int), ("--partition", str), ("--account", str), ("--qos", str),

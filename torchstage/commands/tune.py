@@ -1,12 +1,12 @@
-"""``torchstage tune``: an Optuna study over the trials of a ``torchstage run`` config (see torchstage/tuning.py)."""
+"""``torchstage tune``: an Optuna study over the trials of a ``torchstage run`` config (see torchstage/config/tuning.py)."""
 import argparse
 import logging
 import sys
 
 from torchstage.config.yaml_files import load_config
-from torchstage.instantiate import ConfigError
+from torchstage.config.instantiate import ConfigError
 from torchstage.logging_setup import ensure_console_handler
-from torchstage.tuning import tune
+from torchstage.config.tuning import tune
 
 DESCRIPTION = """\
 Search hyperparameters with Optuna: each trial trains the config (as `torchstage run` would)

@@ -6,8 +6,8 @@ from collections.abc import Mapping
 import torch
 
 from torchstage.callbacks.base import Callback
-from torchstage.instantiate import TARGET, ConfigError, check_arguments, import_target, instantiate, is_component, join
-from torchstage.runner.dataset_loaders import FACTORY, LOADER_OPTIONS, _is_dataset
+from torchstage.config.instantiate import TARGET, ConfigError, check_arguments, import_target, instantiate, is_component, join
+from torchstage.data.datasets import FACTORY, LOADER_OPTIONS, _is_dataset
 from torchstage.runner.runner import Runner
 
 DEFAULT_RUNNER = "torchstage.SupervisedRunner"

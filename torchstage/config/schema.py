@@ -4,7 +4,7 @@ import difflib
 import typing
 from collections.abc import Mapping
 
-from torchstage.instantiate import ConfigError, _matches, _scalar_kinds, join
+from torchstage.config.instantiate import ConfigError, _matches, _scalar_kinds, join
 from torchstage.runner.spec import STAGE_KEYS, StageSpec, TrainSpec
 
 #: Top-level keys that are not ``train`` arguments.

@@ -1,6 +1,6 @@
 """A config -> the very ``runner.train(...)`` call a script would make, and running it.
 
-Components are ``{_target_: import.path, **kwargs}`` nodes (see :mod:`torchstage.instantiate`). The config
+Components are ``{_target_: import.path, **kwargs}`` nodes (see :mod:`torchstage.config.instantiate`). The config
 is checked against :class:`~torchstage.runner.spec.TrainSpec` at run time, so new ``train`` arguments are
 config keys at once. Every mistake raises :class:`~torchstage.ConfigError` naming the YAML path, before training.
 """
@@ -11,7 +11,8 @@ from torchstage.config.components import (build_callbacks, build_datasets, build
                                           build_runner, build_schedulers)
 from torchstage.config.schema import EXTRA_KEYS, check_config
 from torchstage.config.yaml_files import dump_config
-from torchstage.instantiate import ConfigError, instantiate, join
+from torchstage.catalyst.runner import translate_train_kwargs
+from torchstage.config.instantiate import ConfigError, instantiate, join
 from torchstage.rng import set_seed
 from torchstage.runner.setup import prepare, train_in_world
 from torchstage.runner.spec import STAGE_KEYS, TrainSpec, make_spec
@@ -92,5 +93,10 @@ def train_from_config(config: Mapping, dry_run: bool = False, callbacks: Mapping
 
 
 def with_defaults(config: Mapping) -> dict:
-    """A copy of ``config`` with ``seed`` filled in, so a saved config does not depend on a default."""
+    """A copy of ``config`` with Catalyst 20.12's argument names translated as ``train()`` translates them
+    (``fp16: true`` is ``amp: auto``) and ``seed`` filled in, so a saved config does not depend on a default."""
+    try:
+        config = translate_train_kwargs(config)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError("", str(exc)) from exc
     return {**config, "seed": config.get("seed", TrainSpec().seed)}

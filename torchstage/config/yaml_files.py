@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 import yaml
 
-from torchstage.instantiate import TARGET, ConfigError
+from torchstage.config.instantiate import TARGET, ConfigError
 
 
 class _Loader(yaml.SafeLoader):

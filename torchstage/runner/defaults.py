@@ -1,4 +1,5 @@
-"""The default callback chain of every run, decided here and nowhere else.
+"""The default callback chain of every run and of every pass that trains nothing (``evaluate_loader``, ``infer``),
+decided here and nowhere else.
 
 Each callback checks its own arguments in its constructor; a ``train()`` argument that configures one is
 passed to it, and a malformed value is reported under the name given to ``train()`` (:func:`named_as`).
@@ -6,29 +7,29 @@ A runner adds the callbacks of its training step through one hook, :meth:`Runner
 (SupervisedRunner: the loss and the optimizer step). Users replace a default by giving its name.
 """
 from torchstage.arguments import named_as
-from torchstage.callbacks.averaging import MetricsAveragingCallback
-from torchstage.callbacks.checkpoint_saver import CheckpointCallback
-from torchstage.callbacks.config_saver import ConfigSaver
-from torchstage.callbacks.console import ConsoleLogger
-from torchstage.callbacks.csv_logger import CSVLogger
-from torchstage.callbacks.debug import CheckRunCallback, LimitBatchesCallback
-from torchstage.callbacks.loader_state import LoaderStateCallback, is_stateful_loader
-from torchstage.callbacks.even_batches import EvenBatchesCallback
-from torchstage.callbacks.loop import LoopCallback
-from torchstage.callbacks.optimizer import OptimizerCallback
-from torchstage.callbacks.periodic_validation import PeriodicValidationCallback
-from torchstage.callbacks.model_summary import ModelSummary
-from torchstage.callbacks.monitor import ThroughputMonitor
-from torchstage.callbacks.nonfinite import NonFiniteLossCallback
-from torchstage.callbacks.progress import ProgressBar
-from torchstage.callbacks.requeue import RequeueCallback
-from torchstage.callbacks.scheduler import SchedulerCallback
-from torchstage.callbacks.stop import StopCallback
-from torchstage.callbacks.tensorboard import TensorBoardLogger
-from torchstage.callbacks.timer import TimerCallback
-from torchstage.callbacks.validation import ValidEveryCallback
-from torchstage.callbacks.watchdog import HangWatchdog
-from torchstage.distributed.slurm_requeue import slurm_job_id
+from torchstage.callbacks.metrics.averaging import MetricsAveragingCallback
+from torchstage.callbacks.checkpoints.checkpoint_saver import CheckpointCallback
+from torchstage.callbacks.checkpoints.config_saver import ConfigSaver
+from torchstage.callbacks.loggers.console import ConsoleLogger
+from torchstage.callbacks.loggers.csv_logger import CSVLogger
+from torchstage.callbacks.control.debug import CheckRunCallback, LimitBatchesCallback
+from torchstage.callbacks.checkpoints.loader_state import LoaderStateCallback, is_stateful_loader
+from torchstage.callbacks.safety.even_batches import EvenBatchesCallback
+from torchstage.callbacks.training.loop import LoopCallback
+from torchstage.callbacks.training.optimizer import OptimizerCallback
+from torchstage.callbacks.control.periodic_validation import PeriodicValidationCallback
+from torchstage.callbacks.monitoring.model_summary import ModelSummary
+from torchstage.callbacks.monitoring.monitor import ThroughputMonitor
+from torchstage.callbacks.training.nonfinite import NonFiniteLossCallback
+from torchstage.callbacks.loggers.progress import ProgressBar
+from torchstage.callbacks.safety.requeue import RequeueCallback
+from torchstage.callbacks.training.scheduler import SchedulerCallback
+from torchstage.callbacks.safety.stop import StopCallback
+from torchstage.callbacks.loggers.tensorboard import TensorBoardLogger
+from torchstage.callbacks.monitoring.timer import TimerCallback
+from torchstage.callbacks.control.validation import ValidEveryCallback
+from torchstage.callbacks.safety.watchdog import HangWatchdog
+from torchstage.launch.slurm.requeue import slurm_job_id
 from torchstage.periods import Epoch
 from torchstage.runner.chain import merge_chain
 
@@ -47,12 +48,18 @@ def stage_chains(runner, spec) -> list:
     return chains
 
 
-def default_callbacks(runner, spec) -> dict:
-    """Bookkeeping, the hang watchdog and the even-batches check (both act under several processes only),
-    non-finite loss detection, the runner's step, metric averaging, scheduler (if any), checkpoints and logs
-    (with a logdir), the feature switches (valid_every, valid_period, check, overfit, timeit, monitor),
-    console, graceful stop, SLURM requeue (inside a SLURM job), model summary, progress (verbose), the config
-    copy (config runs)."""
+def default_callbacks(runner, spec=None, *, evaluate: bool = False) -> dict:
+    """Name -> callback of the default chain: bookkeeping first, always.
+
+    Of a training run for ``spec``: the hang watchdog and the even-batches check (both act under several
+    processes only), non-finite loss detection, the runner's step, metric averaging, scheduler (if any),
+    checkpoints and logs (with a logdir), the feature switches (valid_every, valid_period, check, overfit,
+    timeit, monitor), console, graceful stop, SLURM requeue (inside a SLURM job), model summary, progress
+    (verbose), the config copy (config runs). Of a pass that trains nothing (no ``spec``): bookkeeping only
+    (``infer``), and with ``evaluate`` metric averaging and the runner's loss (when it has a criterion).
+    """
+    if spec is None:
+        return _pass_chain(runner, evaluate)
     with named_as(mode="scheduler_step"):
         scheduler = SchedulerCallback(mode=spec.scheduler_step)
     with named_as(period="checkpoint_period"):
@@ -98,6 +105,15 @@ def default_callbacks(runner, spec) -> dict:
     chain.update(runner.step_callbacks(spec, {name: getattr(spec, name) for name in OPTIMIZER_ARGS}))
     if spec.config_text is not None and spec.logdir is not None:
         chain["config"] = ConfigSaver(spec.config_text)
+    return chain
+
+
+def _pass_chain(runner, evaluate: bool) -> dict:
+    chain = {"loop": LoopCallback()}
+    if evaluate:
+        chain["averaging"] = MetricsAveragingCallback()
+        if runner.loss_callback is not None and runner.criterion is not None:
+            chain["criterion"] = runner.loss_callback()
     return chain
 
 

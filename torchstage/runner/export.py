@@ -5,10 +5,10 @@ import os
 import torch
 
 from torchstage.callbacks.base import Callback, CancelStage
-from torchstage.callbacks.loop import LoopCallback
-from torchstage.checkpoint import load_checkpoint
+from torchstage.files.checkpoint import load_checkpoint
 from torchstage.runner.chain import merge_chain
-from torchstage.runner.inference import _ready
+from torchstage.runner.defaults import default_callbacks
+from torchstage.runner.inference import ready
 
 BACKENDS = ("jit", "export")
 
@@ -49,7 +49,7 @@ def trace(runner, model=None, batch=None, loader=None, logdir=None, mode: str = 
         batch = next(iter(loader))
     if model is not None:
         runner.model = model
-    _ready(runner, "trace")
+    ready(runner, "trace")
     net = runner.unwrapped_model
     if isinstance(net, dict):
         raise ValueError("trace(): the runner holds a dict of models; pass model=<the one to trace>")
@@ -100,7 +100,7 @@ def use_model(runner, model, resume, what: str) -> None:
     """``model=`` replaces the runner's model; ``resume=`` loads a checkpoint's model weights into it."""
     if model is not None:
         runner.model = model
-    _ready(runner, what)
+    ready(runner, what)
     if resume is not None:
         runner.load_state_dict(load_checkpoint(os.fspath(resume)), weights_only=True)
 
@@ -125,7 +125,7 @@ def infer(runner, model=None, loaders=None, callbacks=None, resume=None, **unsup
     for key, callback in items:
         if not isinstance(callback, Callback):
             raise TypeError(f"callbacks[{key!r}] must be a torchstage Callback, got {type(callback).__name__}")
-    runner.set_callbacks(merge_chain({"loop": LoopCallback()}, callbacks))
+    runner.set_callbacks(merge_chain(default_callbacks(runner), callbacks))
     runner.stage_key, runner.num_epochs, runner.epoch, runner.loaders = "infer", 1, 0, dict(loaders)
     runner.global_epoch_step = runner.global_batch_step = runner.global_sample_step = 0
     runner.epoch_metrics = {}

@@ -6,7 +6,7 @@ checked by that callback, built in :mod:`torchstage.runner.defaults`.
 import torch
 
 from torchstage.named import map_named
-from torchstage.runner.amp import amp_dtype
+from torchstage.strategies.precision import amp_dtype
 
 
 def check_switches(spec) -> None:

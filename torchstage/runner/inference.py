@@ -1,17 +1,16 @@
 """Inference with a runner: model outputs batch by batch, and the metrics of one pass without training."""
 import torch
 
-from torchstage.callbacks.averaging import MetricsAveragingCallback
 from torchstage.callbacks.base import Callback, CancelStage
-from torchstage.callbacks.loop import LoopCallback
-from torchstage.callbacks.watchdog import HangWatchdog
-from torchstage.distributed.engine import Engine
+from torchstage.callbacks.safety.watchdog import HangWatchdog
 from torchstage.named import each
 from torchstage.runner.chain import merge_chain
+from torchstage.runner.defaults import default_callbacks
 from torchstage.runner.loop_state import LoopState
+from torchstage.strategies.engine import Engine
 
 
-def _ready(runner, what: str) -> None:
+def ready(runner, what: str) -> None:
     """Give a never-trained runner an engine and put its model(s) on the engine's device."""
     if runner.model is None:
         raise ValueError(f"{what} needs a model: pass {type(runner).__name__}(model=...) or call train() first")
@@ -24,7 +23,7 @@ def _ready(runner, what: str) -> None:
 
 def predict_loader(runner, loader, to_cpu: bool = False):
     """Yield ``runner.predict_batch(batch)`` per batch in eval mode without grad; model modes restored at the end."""
-    _ready(runner, "predict_loader")
+    ready(runner, "predict_loader")
     models = each(runner.model)
     modes = [model.training for model in models]
     try:
@@ -44,7 +43,7 @@ def evaluate_loader(runner, loader, callbacks=None, criterion=None) -> dict:
 
     Returns the loader metrics; the runner's own state (chain, counters, metrics) is left as it was.
     """
-    _ready(runner, "evaluate_loader")
+    ready(runner, "evaluate_loader")
     items = callbacks.items() if isinstance(callbacks, dict) else enumerate(callbacks or ())
     for key, callback in items:
         if not isinstance(callback, Callback):
@@ -54,10 +53,8 @@ def evaluate_loader(runner, loader, callbacks=None, criterion=None) -> dict:
         runner.loop = LoopState(stage_key="evaluate", num_epochs=1, loaders={"valid": loader})
         if criterion is not None:
             runner.criterion = criterion
-        chain = {"loop": LoopCallback(), "averaging": MetricsAveragingCallback()}
+        chain = default_callbacks(runner, evaluate=True)
         chain.update({k: cb for k, cb in saved[1].items() if isinstance(cb, HangWatchdog)})  # beats on
-        if runner.loss_callback is not None and runner.criterion is not None:
-            chain["criterion"] = runner.loss_callback()
         runner.set_callbacks(merge_chain(chain, callbacks))
         runner._run_event("stage", runner._run_epochs, CancelStage)
         return dict(runner.epoch_metrics.get("valid", {}))

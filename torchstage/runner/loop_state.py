@@ -7,7 +7,22 @@ from dataclasses import dataclass, field, fields
 from operator import attrgetter
 from typing import Any, Optional
 
+from torchstage.catalyst.runner import flat_epoch_metric
 from torchstage.stop_request import StopRequest
+
+
+class EpochMetrics(dict):
+    """``{loader: {metric: value}}`` of the current epoch, written by the loop; a key it lacks is read as Catalyst
+    20.12's flat view of them (``["train_loss"]`` is ``["train"]["loss"]``)."""
+
+    def __missing__(self, key):
+        return flat_epoch_metric(self, key)
+
+    def get(self, key, default=None):
+        try:
+            return self[key]
+        except KeyError:
+            return default
 
 
 @dataclass
@@ -48,7 +63,7 @@ class LoopState:
     global_sample_step: int = 0
     batch_metrics: dict = field(default_factory=dict)
     loader_metrics: dict = field(default_factory=dict)
-    epoch_metrics: dict = field(default_factory=dict)
+    epoch_metrics: EpochMetrics = field(default_factory=EpochMetrics)
     periodic_metrics: dict = field(default_factory=dict)  #: results of mid-epoch validation
     periodic_step: Optional[int] = None  #: global batch step of the last mid-epoch validation
     loader_start_rng: Optional[dict] = None  #: random state the current loader pass started from
@@ -70,7 +85,7 @@ LOOP_FIELDS = tuple(f.name for f in fields(LoopState))
 def expose_loop_state(cls):
     """Class decorator: each :class:`LoopState` field becomes a read/write attribute of ``cls`` (via ``self.loop``)."""
     for name in LOOP_FIELDS:
-        if hasattr(cls, name):  # a base class already routes it (e.g. epoch_metrics' flat Catalyst keys)
+        if hasattr(cls, name):  # the class defines it itself
             continue
         get = attrgetter(f"loop.{name}")
         setattr(cls, name, property(get, _setter(name), doc=f"``runner.loop.{name}``"))
@@ -78,6 +93,11 @@ def expose_loop_state(cls):
 
 
 def _setter(name):
+    if name == "epoch_metrics":  # a dict assigned (a checkpoint's metrics) keeps the flat view
+        def set_metrics(self, value):
+            self.loop.epoch_metrics = value if isinstance(value, EpochMetrics) or value is None else EpochMetrics(value)
+        return set_metrics
+
     def set_field(self, value):
         setattr(self.loop, name, value)
     return set_field

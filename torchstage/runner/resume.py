@@ -3,14 +3,15 @@
 An epoch-boundary checkpoint resumes at the next epoch (or the next stage). A mid-epoch one (written
 after a train batch) resumes in the same epoch and loader: loaders the old run had finished in that
 epoch are not run again, and the interrupted loader skips its done batches by index (see
-:mod:`torchstage.resume_sampler`), with the counters, partial metrics and RNG the old run had.
+:mod:`torchstage.data.resume`), with the counters, partial metrics and RNG the old run had.
 """
 import logging
 import os
 
-from torchstage.callbacks.checkpoint_saver import checkpoint_folders
-from torchstage.checkpoint import CheckpointError, checkpoint_files, load_checkpoint, load_newest_intact
-from torchstage.resume_sampler import capture_loader_rng, resume_iterator
+from torchstage.callbacks.checkpoints.checkpoint_saver import checkpoint_folders
+from torchstage.files.checkpoint import checkpoint_files, load_checkpoint, load_newest_intact
+from torchstage.files.format import CheckpointError
+from torchstage.data.resume import capture_loader_rng, resume_iterator
 from torchstage.runner.resume_checks import apply_after_load, check_before_load, report_epochs
 from torchstage.runner.loop_state import ResumePoint
 from torchstage.rng import set_rng_state

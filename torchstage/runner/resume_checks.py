@@ -5,7 +5,7 @@ import os
 
 import torch
 
-from torchstage.checkpoint import CheckpointError, clean_state_dict
+from torchstage.files.format import CheckpointError, clean_state_dict
 from torchstage.named import named
 
 logger = logging.getLogger("torchstage")

@@ -1,25 +1,25 @@
 """The Runner: experiment -> stages -> epochs -> loaders -> batches, each level run by one helper."""
-import contextlib
 import logging
 
 import torch
 
 from torchstage.callbacks.base import (EVENTS, CallbackScope, CancelBatch, CancelEpoch, CancelLoader, CancelRun,
                                        CancelStage)
-from torchstage.distributed.engine import Engine
-from torchstage.distributed.prefetch import prefetch_to_device
-from torchstage.file_writer import FileWriter
-from torchstage.logdir_lock import LogdirLock
-from torchstage.runner.defaults import default_callbacks
+from torchstage.catalyst.runner import CatalystAttributes
+from torchstage.data.prefetch import prefetch_to_device
+from torchstage.files.lock import LogdirLock
+from torchstage.files.writer import FileWriter
 from torchstage.named import map_named
 from torchstage.runner import export, inference
-from torchstage.runner.catalyst import CatalystAttributes, adopt_catalyst_handle_batch, translate_train_kwargs
+from torchstage.runner.defaults import default_callbacks
 from torchstage.runner.loop_state import LoopState, expose_loop_state
 from torchstage.runner.resume import loader_batches, remaining_loaders
 from torchstage.runner.setup import train_in_world
 from torchstage.runner.spec import TrainSpec, make_spec
 from torchstage.runner.state import load_runner_state_dict, runner_state_dict
 from torchstage.stop_request import RunStopped
+from torchstage.strategies.engine import Engine
+from torchstage.strategies.precision import FULL, Precision
 
 logger = logging.getLogger("torchstage")
 
@@ -32,8 +32,8 @@ class Runner(CatalystAttributes):
     :class:`~torchstage.SupervisedRunner` is the ready-made one for ``model(input) -> output`` tasks.
     The loop's position and counters live in ``runner.loop`` (a :class:`~torchstage.runner.loop_state.LoopState`),
     each field also readable and writable as an attribute (``runner.epoch``, ``runner.batch_step``...).
-    Catalyst 20.12's ``_handle_batch(batch)`` override and attribute names also work (see
-    :mod:`torchstage.runner.catalyst`).
+    Catalyst 20.12's ``_handle_batch(batch)`` override and attribute names also work, through the one base
+    class :class:`~torchstage.catalyst.runner.CatalystAttributes`.
     """
 
     #: Metric names this runner's handle_batch writes; ``None`` means unknown until the first loader.
@@ -42,12 +42,6 @@ class Runner(CatalystAttributes):
     requires = ()
     #: A method making the loss callback that ``evaluate_loader`` adds when there is a criterion (None: no loss).
     loss_callback = None
-    #: Autocast dtype of ``train(amp=...)`` (None: full precision) and the fp16 grad scaler, set by setup.
-    amp_dtype = scaler = None
-
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        adopt_catalyst_handle_batch(cls)
 
     def __init__(self, model=None, engine=None, device=None):
         if isinstance(engine, (str, torch.device)):  # Catalyst 20.12's Runner(model, device)
@@ -74,9 +68,27 @@ class Runner(CatalystAttributes):
 
     def autocast(self):
         """Context for forward and loss under ``train(amp=...)``; a shared no-op context without amp."""
-        if self.amp_dtype is None:
-            return _NO_AUTOCAST
-        return torch.autocast(self.engine.device.type, dtype=self.amp_dtype)
+        return self.precision.autocast()
+
+    @property
+    def precision(self) -> Precision:
+        """The strategy's precision for this run: autocast dtype and grad scaler (full precision before a run)."""
+        return self.engine.strategy.precision if self.engine is not None else FULL
+
+    @property
+    def amp_dtype(self):
+        """Autocast dtype of ``train(amp=...)``; None in full precision."""
+        return self.precision.dtype
+
+    @property
+    def scaler(self):
+        """The float16 grad scaler of ``train(amp="fp16")`` (None otherwise); the strategy applies it."""
+        return self.precision.scaler
+
+    @scaler.setter
+    def scaler(self, scaler) -> None:
+        precision = self.precision
+        self.engine.strategy.precision = Precision(precision.dtype, scaler, precision.device_type)
 
     def predict_batch(self, batch) -> dict:
         """The model outputs for one batch, for :meth:`predict_loader`; runs ``handle_batch`` by default."""
@@ -116,7 +128,7 @@ class Runner(CatalystAttributes):
     # ---- entry point ---------------------------------------------------------------------
     def train(self, **kwargs) -> "Runner":
         """Check every argument, then run all stages; see :class:`~torchstage.runner.spec.TrainSpec`."""
-        return train_in_world(self, make_spec(self, translate_train_kwargs(kwargs)))
+        return train_in_world(self, make_spec(self, kwargs))
 
     def run(self) -> "Runner":
         """Run the prepared experiment; fires ``on_exception`` (then re-raises) if anything fails.
@@ -237,9 +249,8 @@ class Runner(CatalystAttributes):
     @property
     def unwrapped_model(self):
         """The model (or dict of models) without DDP/compile wrappers."""
-        return map_named(self.engine.unwrap, self.model)
+        return map_named(self.engine.strategy.unwrap, self.model)
 
 
-_NO_AUTOCAST = contextlib.nullcontext()
 _START = {level: f"on_{level}_start" for level in ("experiment", "stage", "epoch", "loader", "batch")}
 _END = {level: f"on_{level}_end" for level in _START}

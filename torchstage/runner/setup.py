@@ -1,36 +1,37 @@
 """Turning a checked spec into a ready runner: engine, seed, logdir, models, loaders, chains, resume."""
 import logging
+from dataclasses import replace
 
 import torch
 
-from torchstage.callbacks.watchdog import process_group_timeout
-from torchstage.distributed.engine import Engine
-from torchstage.distributed.loaders import distribute_loaders
-from torchstage.distributed.world import current_engine, in_world, run_in_world
-from torchstage.logdir_lock import LogdirLock
+from torchstage.callbacks.safety.watchdog import process_group_timeout
+from torchstage.data.datasets import build_loaders
+from torchstage.data.loaders import distribute_loaders
+from torchstage.files.lock import LogdirLock
+from torchstage.launch.enter import run_in_world
+from torchstage.launch.world import World
 from torchstage.logging_setup import ensure_console_handler
 from torchstage.named import each, map_named, named
 from torchstage.rng import set_seed
-from torchstage.runner.amp import setup_amp
 from torchstage.runner.chain import describe_chain
-from torchstage.runner.dataset_loaders import build_loaders
-from torchstage.runner.spec import check_valid_loader
 from torchstage.runner.features import compile_models
 from torchstage.runner.loop_state import LoopState
 from torchstage.runner.resume import checkpoint_to_resume, restore
+from torchstage.runner.spec import check_valid_loader
+from torchstage.strategies.engine import Engine
 
 logger = logging.getLogger("torchstage")
 
 
 def train_in_world(runner, spec):
     """Train as this process's rank of its world (joined or launched first, see ``run_in_world``); the runner."""
-    return run_in_world(lambda: _train_here(runner, spec), spec.distributed, spec.nprocs,
+    return run_in_world(lambda world: _train_here(runner, spec, world), spec.distributed, spec.nprocs,
                         timeout=process_group_timeout(spec.hang_timeout))
 
 
-def _train_here(runner, spec):
+def _train_here(runner, spec, world: World):
     """Prepare with this rank's engine, run with the models the strategy wrapped, leave the plain models behind."""
-    prepare(runner, spec, current_engine(spec.strategy) if in_world() else None)
+    prepare(runner, spec, world)
     model = runner.model
     runner.model = _wrap_models(runner)
     try:
@@ -39,16 +40,14 @@ def _train_here(runner, spec):
         runner.model = model
 
 
-def prepare(runner, spec, engine: Engine = None) -> None:
-    """Everything before the first event: no training happens here, every user error is raised here."""
+def prepare(runner, spec, world: World = None) -> None:
+    """Everything before the first event on this rank of ``world`` (None: one process): no training happens
+    here, every user error is raised here."""
     ensure_console_handler()
     runner.spec = spec
-    runner.engine = engine or runner.engine or Engine()
-    runner.engine.strategy = spec.strategy
-    runner.engine.channels_last, runner.engine.prefetch = bool(spec.channels_last), bool(spec.prefetch)
+    runner.engine = run_engine(runner.engine, world or World(), spec)
     set_seed(spec.seed + runner.engine.rank, spec.deterministic)
     runner.model = spec.model
-    setup_amp(runner, spec.amp)
     for stage in spec.stage_specs:
         if isinstance(stage.criterion, torch.nn.Module):
             stage.criterion.to(runner.engine.device)
@@ -70,6 +69,18 @@ def prepare(runner, spec, engine: Engine = None) -> None:
         restore(runner, found[1], path=found[0])
     if runner.engine.is_main and spec.verbose:
         logger.info("callbacks of stage %r:\n%s", runner.stage_key, describe_chain(runner.callbacks))
+
+
+def run_engine(engine: Engine, world: World, spec) -> Engine:
+    """This rank's engine for the run, the one place it is made: from the world under several processes, else the
+    runner's own engine (``device=``, a subclass) or the default one; with the run's strategy, set up for its
+    precision, and placement settings."""
+    if world.is_distributed or engine is None:
+        engine = Engine.for_world(world)
+    engine = replace(engine, strategy=spec.strategy, channels_last=bool(spec.channels_last),
+                     prefetch=bool(spec.prefetch))
+    spec.strategy.setup(engine, spec.amp)
+    return engine
 
 
 def stage_loaders(spec, engine) -> list:
@@ -95,7 +106,7 @@ def _wrap_models(runner):
     """The models as the strategy trains them (rebinding the run's optimizers if it replaces parameters)."""
     models = named(runner.model, "model")
     optimizers = {id(o): o for stage in runner.spec.stage_specs for o in each(stage.optimizer)}
-    wrapped = runner.engine.strategy.wrap_models(models, runner.engine, list(optimizers.values()), runner.amp_dtype)
+    wrapped = runner.engine.strategy.wrap_models(models, runner.engine, list(optimizers.values()))
     return wrapped if isinstance(runner.model, dict) else wrapped["model"]
 
 

@@ -10,10 +10,11 @@ from typing import Any, Optional
 import torch
 
 from torchstage.callbacks.base import Callback
-from torchstage.distributed.slurm_requeue import check_requeue_arg
-from torchstage.distributed.strategies.resolve import resolve_strategy
+from torchstage.catalyst.runner import translate_train_kwargs
+from torchstage.launch.slurm.requeue import check_requeue_arg
+from torchstage.strategies.resolve import resolve_strategy
 from torchstage.runner.component_checks import check_components, check_logdir, check_resume
-from torchstage.runner.dataset_loaders import dataset_loader_names
+from torchstage.data.datasets import dataset_loader_names
 from torchstage.runner.defaults import stage_chains
 from torchstage.runner.features import check_switches
 from torchstage.runner.errors import RunnerException
@@ -102,7 +103,9 @@ def train_arguments() -> list:
 
 def make_spec(runner, kwargs: dict, config_text: str = None) -> TrainSpec:
     """Validate ``train`` keyword arguments, resolve stages and build their callback chains (which check the
-    arguments they are given); raise ValueError/TypeError naming the argument."""
+    arguments they are given); raise ValueError/TypeError naming the argument. The one way from ``train()``'s
+    arguments, or a config's, to a run: Catalyst 20.12's argument names (``fp16``...) are translated here."""
+    kwargs = translate_train_kwargs(kwargs)
     names = train_arguments()
     unknown = sorted(set(kwargs) - set(names))
     if unknown:

@@ -4,10 +4,10 @@ import time
 
 import torch
 
-from torchstage import __version__
-from torchstage.checkpoint import FORMAT, CheckpointError, clean_state_dict
+from torchstage.files.format import FORMAT, CheckpointError, clean_state_dict
 from torchstage.named import named
 from torchstage.rng import get_rng_state, set_rng_state
+from torchstage.version import __version__
 
 logger = logging.getLogger("torchstage")
 HPARAMS = ("num_epochs", "valid_loader", "valid_metric", "minimize_valid_metric", "seed", "deterministic",
@@ -17,7 +17,6 @@ HPARAMS = ("num_epochs", "valid_loader", "valid_metric", "minimize_valid_metric"
 def runner_state_dict(runner) -> dict:
     """Every part of the run needed to resume it exactly; collective under several processes."""
     spec, strategy = runner.spec, runner.engine.strategy
-    scaler = runner.scaler
     models = named(runner.unwrapped_model, "model")
     return {
         "format": FORMAT,
@@ -25,7 +24,7 @@ def runner_state_dict(runner) -> dict:
         "optimizers": {k: strategy.optimizer_state_dict(o, models)
                        for k, o in named(runner.optimizer, "optimizer").items()},
         "schedulers": {k: s.state_dict() for k, s in named(runner.scheduler, "scheduler").items()},
-        "scaler": scaler.state_dict() if scaler is not None else {},
+        "scaler": strategy.precision.state_dict(),
         "callbacks": _callback_states(runner),
         "loop": runner.loop_position(),
         "rng": runner.engine.all_gather_object({**get_rng_state(), **_loader_start(runner)}),
@@ -54,9 +53,7 @@ def load_runner_state_dict(runner, checkpoint: dict, weights_only: bool = False)
                 lambda o, s: strategy.load_optimizer_state_dict(o, models, s))
     _load_named("scheduler", named(runner.scheduler, "scheduler"), checkpoint["schedulers"],
                 lambda o, s: o.load_state_dict(s))
-    scaler = runner.scaler
-    if scaler is not None and checkpoint.get("scaler"):
-        scaler.load_state_dict(checkpoint["scaler"])
+    strategy.precision.load_state_dict(checkpoint.get("scaler", {}))
     for name, state in checkpoint.get("callbacks", {}).items():
         if name in runner.callbacks:
             if runner.callbacks[name].state_per_rank:

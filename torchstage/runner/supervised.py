@@ -1,9 +1,9 @@
 """SupervisedRunner: ``model(batch[input_key]) -> batch[output_key]``, with criterion and optimizer callbacks."""
 import torch
 
-from torchstage.callbacks.optimizer import OptimizerCallback
-from torchstage.callbacks.output_losses import OutputLossesCallback, as_terms
-from torchstage.runner.catalyst import catalyst_target_key
+from torchstage.callbacks.training.optimizer import OptimizerCallback
+from torchstage.callbacks.training.output_losses import OutputLossesCallback, as_terms
+from torchstage.catalyst.runner import catalyst_target_key
 from torchstage.runner.runner import Runner
 
 

@@ -1,0 +1,193 @@
+"""Checkpoints: ``last.pth`` every period, ``best.pth`` and the top-k ``epoch-NNNN.pth`` by the valid metric.
+
+Files live in ``logdir/checkpoints/`` with ``metrics.json``; every write is atomic. ``last.pth`` may be
+written after a train batch (``Batch(n)``), which resumes mid-epoch exactly.
+"""
+import glob
+import json
+import math
+import os
+
+from torchstage.catalyst.callback_args import renamed_argument
+from torchstage.arguments import ArgumentError
+from torchstage.callbacks.base import Callback, CallbackOrder
+from torchstage.callbacks.training.nonfinite import NonFiniteLossCallback
+from torchstage.files.atomic import write_atomic
+from torchstage.files.checkpoint import load_checkpoint
+from torchstage.files.format import checkpoint_folder, checkpoint_path
+from torchstage.files.writer import hand_over
+from torchstage.periods import Batch, Epoch, as_periods, batch_due, epoch_due
+
+
+class CheckpointCallback(Callback):
+    """Writes checkpoints atomically on the main rank; every rank takes part and decides "best" alike.
+
+    ``period``: when ``last.pth`` is written: ``Epoch(n)`` (default ``Epoch(1)``), ``Batch(n)`` (mid-epoch,
+    every n train batches) or a tuple of both; the last epoch of each stage always writes it.
+    ``topk``: how many ``epoch-NNNN.pth`` (global epoch number) to keep, the best by the valid metric; by
+    default none, since the best epoch is ``best.pth`` already (one ``epoch-NNNN.pth`` would be its copy).
+    ``load_best_on_end``: load ``best.pth`` weights into the model when the run ends (not after a stop).
+    The best score and top-k list are tracked per stage (a new stage may optimise another loss).
+    """
+
+    order = CallbackOrder.Checkpoint
+    name = "checkpoint"
+
+    def __init__(self, logdir: str = None, period=Epoch(1), topk: int = 0, load_best_on_end: bool = False, *,
+                 save_n_best: int = None):
+        topk = renamed_argument("CheckpointCallback", "save_n_best", save_n_best, "topk", topk, default=0)
+        if isinstance(topk, bool) or not isinstance(topk, int) or topk < 0:
+            raise ArgumentError("topk", f"must be an integer >= 0 (how many epoch-NNNN.pth to keep), got {topk!r}")
+        self.logdir, self.periods = logdir, as_periods(period, "period")
+        self.topk, self.load_best_on_end = topk, bool(load_best_on_end)
+        self.best, self.kept = None, []
+        #: each epoch's entry as a line of JSON, made once: the checkpoint and metrics.json of a long run join
+        #: them instead of walking every past epoch again
+        self.history = []
+        self._saved_at = None
+
+    def folder(self, runner) -> str:
+        """This callback's checkpoint folder: ``<logdir>/checkpoints`` of its own logdir or the run's."""
+        return checkpoint_folder(self.logdir or runner.spec.logdir)
+
+    def on_experiment_start(self, runner):
+        if runner.engine.is_main:  # temporary files of a write that a crash interrupted
+            for stale in glob.glob(os.path.join(self.folder(runner), ".*.tmp")):
+                os.remove(stale)
+
+    def on_stage_start(self, runner):
+        if self.best is not None and self.best.get("stage") != runner.stage_key:
+            self.best, self.kept = None, []
+
+    def handles(self, event: str) -> bool:
+        if event == "on_batch_end":  # only batch periods need a look after every batch
+            return any(isinstance(period, Batch) for period in self.periods)
+        return super().handles(event)
+
+    def on_batch_end(self, runner):
+        if batch_due(self.periods, runner):
+            self.save_last(runner)
+
+    def on_epoch_end(self, runner):
+        entry = {"stage": runner.stage_key, "epoch": runner.epoch, "global_epoch": runner.global_epoch_step,
+                 "metrics": {k: dict(v) for k, v in runner.epoch_metrics.items()}}
+        value = self._valid_value(runner)
+        if value is not None:
+            entry["value"] = value
+        is_best = value is not None and (self.best is None or self._better(runner, value, self.best["value"]))
+        if is_best:
+            self.best = entry
+        kept, dropped = self._update_topk(runner, entry)
+        self.history.append(json.dumps(entry))
+        last_due = epoch_due(self.periods, runner) or runner.epoch == runner.num_epochs
+        folder = self.folder(runner)
+        targets = ([checkpoint_path(folder, "last")] if last_due else []) + \
+                  ([checkpoint_path(folder, "best")] if is_best else []) + \
+                  ([os.path.join(folder, entry["file"])] if kept else [])
+        if targets:  # independent files: damage to one cannot reach another (collective)
+            _check_finite(runner)
+            runner.engine.strategy.save_checkpoint(runner.state_dict(), targets, runner.engine, runner.file_writer)
+        if last_due:
+            self._saved_at = self._position(runner)
+        if not runner.engine.is_main:
+            return
+        summary = metrics_json({"valid_loader": runner.valid_loader, "valid_metric": runner.valid_metric,
+                                "minimize_valid_metric": runner.minimize_valid_metric, "best": self.best,
+                                "last": entry, "topk": self.kept, "history": self.history})
+        dropped = [os.path.join(folder, old["file"]) for old in dropped]
+
+        def finish():  # after the new files landed (same thread, in order): drop old top-k files, the summary
+            for path in dropped:
+                if os.path.exists(path):
+                    os.remove(path)
+            write_atomic(checkpoint_path(folder, "metrics"), summary, durable=False)
+        hand_over(runner.file_writer, finish, large=False)
+
+    def save_last(self, runner) -> str:
+        """Write ``last.pth`` for the current position unless already written there; collective."""
+        path = checkpoint_path(self.folder(runner), "last")
+        position = self._position(runner)
+        if self._saved_at == position:
+            return path
+        _check_finite(runner)
+        runner.engine.strategy.save_checkpoint(runner.state_dict(), [path], runner.engine, runner.file_writer)
+        self._saved_at = position
+        return path
+
+    def on_experiment_end(self, runner):
+        if runner.file_writer is not None:  # every checkpoint on disk before anything (a logger) reads one
+            runner.file_writer.wait()
+        if not self.load_best_on_end or runner.stop_request is not None or self.best is None:
+            return
+        runner.engine.barrier()  # the main rank has written best.pth
+        runner.load_state_dict(load_checkpoint(checkpoint_path(self.folder(runner), "best")), weights_only=True)
+
+    def _update_topk(self, runner, entry):
+        """Add ``entry`` to the kept top-k if it belongs there, and trim the list to ``topk`` (a run resumed with
+        a smaller one, 0 included, drops what its checkpoint kept beyond it); return (kept it?, entries to delete)."""
+        if "value" not in entry:
+            return False, []
+        ranked = list(self.kept)
+        if self.topk:
+            entry["file"] = os.path.basename(checkpoint_path("", entry["global_epoch"]))
+            ranked.append({"file": entry["file"], "value": entry["value"], "stage": entry["stage"],
+                           "global_epoch": entry["global_epoch"]})
+        ranked.sort(key=lambda e: e["value"], reverse=not runner.minimize_valid_metric)  # stable: earlier wins ties
+        self.kept, dropped = ranked[: self.topk], ranked[self.topk:]
+        return any(e["file"] == entry.get("file") for e in self.kept), dropped
+
+    @staticmethod
+    def _position(runner) -> tuple:
+        return runner.stage_key, runner.epoch, runner.global_batch_step, runner.epoch_done
+
+    @staticmethod
+    def _valid_value(runner):
+        metrics = runner.epoch_metrics.get(runner.valid_loader)
+        if metrics is None:
+            return None  # validation did not run this epoch
+        if runner.valid_metric not in metrics:
+            raise KeyError(f"valid_metric={runner.valid_metric!r} was not produced on loader "
+                           f"{runner.valid_loader!r}; it produced {sorted(metrics)}")
+        value = metrics[runner.valid_metric]
+        return None if math.isnan(value) else value
+
+    @staticmethod
+    def _better(runner, value, best) -> bool:
+        return value < best if runner.minimize_valid_metric else value > best
+
+    def state_dict(self):
+        return {"best": self.best, "history_jsonl": "\n".join(self.history), "kept": self.kept}
+
+    def load_state_dict(self, state):
+        self.best, self.kept = state["best"], state.get("kept", [])
+        if "history_jsonl" in state:
+            self.history = state["history_jsonl"].splitlines()
+        else:  # a checkpoint written before the history was kept as JSON lines
+            self.history = [json.dumps(entry) for entry in state["history"]]
+
+
+def metrics_json(summary: dict) -> bytes:
+    """``metrics.json``: a line per key and per history entry (``summary["history"]`` holds them as JSON
+    text already); readable, and made by json's C encoder (``indent=`` turns it off)."""
+    lines = []
+    for key, value in summary.items():
+        if key == "history" and value:
+            entries = ",\n    ".join(value)
+            lines.append(f'  "history": [\n    {entries}\n  ]')
+        else:
+            lines.append(f"  {json.dumps(key)}: {json.dumps(value)}")
+    return ("{\n" + ",\n".join(lines) + "\n}\n").encode()
+
+
+def _check_finite(runner) -> None:
+    """No checkpoint holds weights trained on a non-finite loss: read the watchers' flags first (collective)."""
+    for callback in runner.callbacks.values():
+        if isinstance(callback, NonFiniteLossCallback):
+            callback.check(runner)
+
+
+def checkpoint_folders(chain: dict, logdir) -> list:
+    """The folders the checkpoint callbacks of ``chain`` write to (``logdir``'s own folder if none names one)."""
+    folders = [checkpoint_folder(cb.logdir or logdir) for cb in chain.values()
+               if isinstance(cb, CheckpointCallback) and (cb.logdir or logdir) is not None]
+    return list(dict.fromkeys(folders))

@@ -1,0 +1,147 @@
+"""Smoke and debug runs: a few batches per loader (``check=True``), the same batches every epoch (``overfit``)."""
+import io
+import itertools
+import logging
+import torch
+
+from torchstage.catalyst.callback_args import renamed_argument
+from torchstage.arguments import ArgumentError, check_int
+from torchstage.callbacks.base import Callback, CallbackOrder, CancelLoader, CancelStage
+from torchstage.callbacks.checkpoints.checkpoint_saver import checkpoint_folders
+from torchstage.files.checkpoint import load_checkpoint, serialize
+from torchstage.files.format import CheckpointError, checkpoint_path
+from torchstage.named import named
+
+logger = logging.getLogger("torchstage")
+
+
+class LimitBatchesCallback(Callback):
+    """Every loader yields at most ``num_batches`` batches per epoch.
+
+    With ``same_batches=True`` (``train(overfit=...)``) the first ``num_batches`` batches of each loader
+    are taken once and yielded again every epoch, so a model that can learn at all drives their loss
+    toward zero. The loader is swapped for a short one at loader start: nothing else is iterated.
+    """
+
+    order = CallbackOrder.Internal
+    name = "limit_batches"
+
+    def __init__(self, num_batches: int, same_batches: bool = False):
+        self.num_batches, self.same_batches = check_int("num_batches", num_batches), same_batches
+        self._cache = {}
+
+    @classmethod
+    def for_overfit(cls, overfit) -> "LimitBatchesCallback":
+        """``train(overfit=True)`` (one batch) or ``overfit=n``: the same first batches every epoch."""
+        if overfit is not True and (isinstance(overfit, bool) or not isinstance(overfit, int) or overfit < 1):
+            raise ArgumentError("overfit", f"must be True/False or the number of batches to repeat, >= 1, "
+                                           f"got {overfit!r}")
+        return cls(1 if overfit is True else overfit, same_batches=True)
+
+    def on_loader_start(self, runner):
+        if not self.same_batches:
+            runner.loader = _Limited(runner.loader, self.num_batches)
+            return
+        key = (runner.stage_key, runner.loader_key)
+        if key not in self._cache:
+            self._cache[key] = list(itertools.islice(runner.loader, self.num_batches))
+        runner.loader = self._cache[key]
+
+
+class BatchOverfitCallback(LimitBatchesCallback):
+    """Per-loader overfitting, as Catalyst 20.12's: ``BatchOverfitCallback(train=10, valid=0.5)``.
+
+    An int is a number of batches, a float a share of the loader's batches; loaders not named take one.
+    Like ``train(overfit=n)``, each loader yields its first batches, the same ones every epoch (Catalyst
+    cycled them for the loader's full length).
+    """
+
+    def __init__(self, **loader_batches):
+        for loader, n in loader_batches.items():
+            ok = (isinstance(n, int) and not isinstance(n, bool) and n >= 1) or (isinstance(n, float) and 0 < n <= 1)
+            if not ok:
+                raise ValueError(f"BatchOverfitCallback({loader}={n!r}): expected a number of batches >= 1 or a "
+                                 f"share of the loader in (0, 1]")
+        super().__init__(1, same_batches=True)
+        self.loader_batches = loader_batches
+
+    def on_loader_start(self, runner):
+        n = self.loader_batches.get(runner.loader_key, 1)
+        self.num_batches = max(1, int(len(runner.loader) * n)) if isinstance(n, float) else n
+        super().on_loader_start(runner)
+
+
+class _Limited:
+    """The first ``n`` batches of a fresh pass over ``loader``; has a length when the loader has one."""
+
+    def __init__(self, loader, n: int):
+        self.loader, self.n = loader, n
+        self.sampler = getattr(loader, "sampler", None)
+
+    def __iter__(self):
+        return itertools.islice(iter(self.loader), self.n)
+
+    def __len__(self):
+        return min(self.n, len(self.loader))
+
+
+class CheckRunCallback(Callback):
+    """``train(check=True)``: end each stage after ``num_epochs`` epochs, then verify a checkpoint round trip.
+
+    ``num_batch_steps`` (default 3, as Catalyst 20.12) ends each loader after that many batches
+    (``train(check=True)`` adds a 2-batch limit of its own); ``num_epoch_steps`` is 20.12's ``num_epochs``.
+    At the end of the run the runner's state is serialized and loaded back with ``weights_only=True``;
+    with a checkpoint callback, the ``last.pth`` it wrote is read back and loaded into the model, and its
+    weights must equal the model's. A failure raises :class:`~torchstage.CheckpointError`.
+    """
+
+    order = CallbackOrder.External
+    name = "check"
+
+    def __init__(self, num_epochs: int = None, num_batch_steps: int = 3, *, num_epoch_steps: int = None):
+        num_epochs = renamed_argument("CheckRunCallback", "num_epoch_steps", num_epoch_steps, "num_epochs", num_epochs)
+        num_epochs = 2 if num_epochs is None else num_epochs
+        for name, value in (("num_epochs", num_epochs), ("num_batch_steps", num_batch_steps)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"CheckRunCallback: {name} must be an integer >= 1, got {value!r}")
+        self.num_epochs, self.num_batch_steps = num_epochs, num_batch_steps
+
+    def on_batch_end(self, runner):
+        if self.num_batch_steps is not None and runner.batch_step >= self.num_batch_steps:
+            raise CancelLoader()
+
+    def on_experiment_start(self, runner):
+        if runner.engine.is_main:
+            where = (f"; checkpoints and logs go to {runner.spec.logdir} (a scratch folder: the real run's "
+                     f"logdir stays untouched)" if runner.spec.logdir is not None else "")
+            logger.info("check run: at most %d epoch(s) per stage, a few batches per loader%s", self.num_epochs,
+                        where)
+
+    def on_stage_start(self, runner):
+        runner.num_epochs = min(runner.num_epochs, self.num_epochs)  # progress and logs show the real count
+
+    def on_epoch_end(self, runner):
+        if runner.epoch >= self.num_epochs and runner.epoch < runner.num_epochs:
+            raise CancelStage()
+
+    def on_experiment_end(self, runner):
+        state = torch.load(io.BytesIO(serialize(runner.state_dict())), weights_only=True)
+        _load_and_compare(runner, state, "the serialized runner state")
+        folders = checkpoint_folders(runner.callbacks, runner.spec.logdir)
+        if folders:
+            runner.engine.barrier()  # the main rank has written last.pth
+            path = checkpoint_path(folders[0], "last")
+            _load_and_compare(runner, load_checkpoint(path), path)
+        logger.info("check run passed: %d batch(es) trained, checkpoint reloaded into the model",
+                    runner.global_batch_step)
+
+
+def _load_and_compare(runner, checkpoint: dict, what: str) -> None:
+    models = named(runner.unwrapped_model, "model")
+    before = {name: {k: v.detach().clone() for k, v in m.state_dict().items()} for name, m in models.items()}
+    runner.load_state_dict(checkpoint, weights_only=True)
+    for name, model in models.items():
+        for key, value in model.state_dict().items():
+            if not torch.equal(value, before[name][key]):
+                raise CheckpointError(f"check run: {what} did not restore model {name!r}: {key!r} differs "
+                                      f"from the trained weights")

@@ -1,0 +1,165 @@
+"""The logger protocol: what every logger (CSV, TensorBoard, MLflow...) receives, and how others reach them.
+
+A logger is a main-rank callback. The base class turns run events into five calls a logger implements:
+:meth:`LoggerCallback.log_hparams` once at the start, :meth:`~LoggerCallback.log_metrics` for loader metrics
+(per epoch), train batch scalars (every ``log_period``) and mid-epoch validation, and
+:meth:`~LoggerCallback.log_artifact` for files (a checkpoint, a plot, a trace). Other callbacks (monitors,
+the profiler, periodic validation) report through :func:`log_metrics` and :func:`log_artifact`, which
+reach every logger of the run. A logger's :meth:`state_dict` (e.g. a tracking run id) is kept in
+checkpoints, so a resumed or requeued run continues the same tracking run.
+"""
+import dataclasses
+import os
+
+import torch
+import yaml
+
+from torchstage.arguments import ArgumentError
+from torchstage.callbacks.base import Callback, CallbackOrder, CallbackScope
+from torchstage.callbacks.checkpoints.config_saver import ConfigSaver
+from torchstage.periods import Batch, as_periods, batch_due
+
+#: ``scope`` of :meth:`LoggerCallback.log_metrics`: loader metrics of an epoch (step: the global epoch).
+EPOCH, BATCH, PERIODIC = "epoch", "batch", "periodic"
+
+
+def check_batch_period(period) -> tuple:
+    """The periods of ``log_period``: only ``Batch(n)`` (epoch values are always logged); ``()`` for none."""
+    if isinstance(period, tuple) and not period:
+        return ()
+    periods = as_periods(period, "log_period")
+    if not periods or not all(isinstance(p, Batch) for p in periods):
+        raise ArgumentError("log_period", f"must be Batch(n) (train batch metrics every n batches), got {period!r}")
+    return periods
+
+
+class LoggerCallback(Callback):
+    """Base of every logger: override the ``log_*`` methods, not the events.
+
+    ``log_period``: ``Batch(n)`` logs the train batch metrics every ``n`` train batches (one host read per
+    period, shared by all loggers, never per batch); ``()`` never; ``None`` (default) follows
+    ``train(log_period=...)``.
+    """
+
+    order = CallbackOrder.Logging
+    scope = CallbackScope.Main
+
+    def __init__(self, log_period=None):
+        self.periods = None if log_period is None else check_batch_period(log_period)
+
+    # ---- what a logger implements ---------------------------------------------------------
+    def log_hparams(self, hparams: dict, runner) -> None:
+        """The run's hyperparameters (plain values), once per process start (a resume sends them again)."""
+
+    def log_metrics(self, metrics: dict, step: int, loader: str, scope: str, runner) -> None:
+        """Float ``metrics`` of ``loader`` at ``step``: ``scope`` is EPOCH (step = global epoch), BATCH or
+        PERIODIC (step = global train batch)."""
+
+    def log_artifact(self, path: str, runner, kind: str = "file") -> None:
+        """A file of the run (``kind``: "checkpoint", "plot", "trace", "summary"...) to keep with it."""
+
+    def close(self, runner, status: str) -> None:
+        """The run ended: ``status`` is "FINISHED", "STOPPED" (a graceful stop, to be resumed) or "FAILED"."""
+
+    # ---- events ----------------------------------------------------------------------------
+    def handles(self, event: str) -> bool:
+        if event == "on_batch_end":  # no per-batch call without a batch period
+            return self.periods is None or bool(self.periods)
+        return super().handles(event)
+
+    def on_experiment_start(self, runner):
+        if self.periods is None:
+            self.periods = check_batch_period(runner.spec.log_period or ())
+        self.log_hparams(run_hparams(runner), runner)
+
+    def on_batch_end(self, runner):
+        if self.periods and batch_due(self.periods, runner):
+            self.log_metrics(batch_scalars(runner), runner.global_batch_step, runner.loader_key, BATCH, runner)
+
+    def on_loader_end(self, runner):
+        self.log_metrics(dict(runner.loader_metrics), runner.global_epoch_step, runner.loader_key, EPOCH, runner)
+
+    def on_experiment_end(self, runner):
+        self.close(runner, "STOPPED" if runner.stop_request is not None else "FINISHED")
+
+    def on_exception(self, runner):
+        self.close(runner, "FAILED")
+
+
+def loggers(runner) -> list:
+    """The loggers of the current chain that run in this process (none on other ranks than the main one)."""
+    if not runner.engine.is_main:
+        return []
+    return [cb for cb in runner.callbacks.values() if isinstance(cb, LoggerCallback)]
+
+
+def log_metrics(runner, metrics: dict, step: int, loader: str, scope: str) -> None:
+    """Send float ``metrics`` to every logger of the run (main rank; a no-op elsewhere)."""
+    for logger in loggers(runner):
+        logger.log_metrics(metrics, step, loader, scope, runner)
+
+
+def log_artifact(runner, path: str, kind: str = "file") -> None:
+    """Send a file to every logger of the run (main rank; a no-op elsewhere)."""
+    for logger in loggers(runner):
+        logger.log_artifact(os.fspath(path), runner, kind)
+
+
+def batch_scalars(runner) -> dict:
+    """The current batch's scalar metrics as floats, read from the device once for all loggers."""
+    cached = getattr(runner, "_logged_batch", None)
+    if cached is not None and cached[0] is runner.batch_metrics:
+        return cached[1]
+    values = {k: v for k, v in runner.batch_metrics.items()
+              if isinstance(v, (float, int)) or (isinstance(v, torch.Tensor) and v.numel() == 1)}
+    floats = torch.stack([torch.as_tensor(v).detach().reshape(()).double().cpu() for v in values.values()]) \
+        if values else torch.zeros(0)
+    result = dict(zip(values, floats.tolist()))
+    runner._logged_batch = (runner.batch_metrics, result)
+    return result
+
+
+def run_hparams(runner) -> dict:
+    """The resolved ``train()`` arguments as plain values (objects by class name), the world's shape, and the
+    flattened YAML config (``config.<path>``) of a ``torchstage run``."""
+    spec, hparams = runner.spec, {}
+    for field in dataclasses.fields(spec):
+        value = getattr(spec, field.name)
+        if field.name in _SKIPPED or value is None:
+            continue
+        if field.name == "stages":
+            value = list(value)
+        elif field.name == "callbacks":
+            value = list(value) if isinstance(value, dict) else [type(cb).__name__ for cb in value]
+        elif field.name == "optimizer" and hasattr(value, "param_groups"):
+            hparams["lr"] = value.param_groups[0].get("lr")
+        hparams[field.name] = _plain(value)
+    hparams.update(world_size=runner.engine.world_size, device=runner.engine.device.type)
+    for callback in runner.callbacks.values():
+        if isinstance(callback, ConfigSaver):
+            hparams.update(_flatten(yaml.safe_load(callback.text) or {}, "config."))
+    return hparams
+
+
+_SKIPPED = ("stage_specs", "loaders", "datasets", "resume", "overwrite", "verbose")  # not hyperparameters
+
+
+def _plain(value):
+    if isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)) and all(isinstance(v, (bool, int, float, str)) for v in value):
+        return ", ".join(map(str, value))
+    if isinstance(value, dict) and all(not isinstance(v, (dict, list)) for v in value.values()):
+        return ", ".join(f"{k}={_plain(v)}" for k, v in value.items())
+    if isinstance(value, (torch.nn.Module, torch.optim.Optimizer)) or hasattr(value, "state_dict"):
+        return type(value).__name__
+    return repr(value) if len(repr(value)) <= 200 else type(value).__name__
+
+
+def _flatten(tree, prefix: str) -> dict:
+    if not isinstance(tree, dict):
+        return {prefix.rstrip("."): _plain(tree)}
+    flat = {}
+    for key, value in tree.items():
+        flat.update(_flatten(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": _plain(value)})
+    return flat

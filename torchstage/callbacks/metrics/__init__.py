@@ -1,0 +1,2 @@
+"""Metric callbacks: per-batch updates of accumulators, loader-level averages and aggregations, exact across
+ranks."""

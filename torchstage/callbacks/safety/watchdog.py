@@ -1,0 +1,168 @@
+"""Hang detection: a rank that makes no progress for ``hang_timeout`` seconds ends the job with a report.
+
+Each event stores a timestamp (the only per-batch cost: no lock, no host sync). A daemon thread wakes a
+few times per timeout, publishes this rank's position to the process group's store when it changed and,
+once no event came for ``timeout`` seconds, writes to stderr where every rank was (read back from the
+store), which ranks stopped outside a collective (what the others wait for), and the Python stack of this rank's training thread, then ends the
+process (exit code :data:`HANG_EXIT_CODE`); the launcher, torchrun or ``srun --kill-on-bad-exit`` stops
+the others. A rank waiting in a collective for a stuck peer fires too, but gives that peer a few seconds
+to report first.
+"""
+import json
+import math
+import os
+import sys
+import threading
+import time
+import traceback
+from datetime import timedelta
+from numbers import Real
+
+from torchstage.arguments import ArgumentError
+from torchstage.callbacks.base import Callback, CallbackOrder, CallbackScope
+from torchstage.callbacks.safety.hang_report import hang_report, position, where
+
+
+#: Exit code of a rank ended by the watchdog (the convention of GNU ``timeout``).
+HANG_EXIT_CODE = 124
+#: The process group's collective timeout is ``hang_timeout`` plus this: the watchdog, which names the rank
+#: and shows its stack, speaks first; the group's timeout ends collectives no watchdog watches.
+GROUP_TIMEOUT_MARGIN = 60.0
+_BEAT, _FIRED = "torchstage/watchdog/beat{}", "torchstage/watchdog/fired{}"
+
+
+def check_hang_timeout(value, name: str = "timeout"):
+    """``value`` as seconds (a float > 0), or None when disabled (None or 0); an ArgumentError otherwise."""
+    if value is None or (isinstance(value, Real) and not isinstance(value, bool) and value == 0):
+        return None
+    if isinstance(value, bool) or not isinstance(value, Real) or not 0 < value < math.inf:
+        raise ArgumentError(name, f"must be a number of seconds > 0, or None/0 to disable hang detection, "
+                                  f"got {value!r}")
+    return float(value)
+
+
+def process_group_timeout(hang_timeout):
+    """The ``timedelta`` a run's process group gets for ``hang_timeout`` (None: torch's default)."""
+    seconds = check_hang_timeout(hang_timeout, "hang_timeout")
+    return None if seconds is None else timedelta(seconds=seconds + GROUP_TIMEOUT_MARGIN)
+
+
+class HangWatchdog(Callback):
+    """Ends the job when this rank makes no progress (no batch, loader, epoch or stage event) for ``timeout`` s.
+
+    Active with several processes only (one process has no peer waiting on it, and a debugger
+    breakpoint must not kill it). ``timeout=None`` or ``0`` disables it.
+    """
+
+    order = CallbackOrder.Internal
+    scope = CallbackScope.Distributed  # no cost in a single process
+
+    def __init__(self, timeout=300):
+        self.timeout = check_hang_timeout(timeout)
+        self._beat = None  # (monotonic time, event) of the last progress, written per event (one clock read)
+        self._thread = self._stop = None
+
+    def handles(self, event: str) -> bool:
+        return self.timeout is not None and super().handles(event)
+
+    # ---- events: each one is progress ----------------------------------------------------------
+    def on_experiment_start(self, runner):
+        if self.timeout is None or not runner.engine.is_distributed:
+            return
+        self._mark("experiment start")
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, args=(runner, threading.get_ident(), self._stop),
+                                        name="torchstage-hang-watchdog", daemon=True)
+        self._thread.start()
+
+    def on_stage_start(self, runner): self._mark("stage start")
+    def on_epoch_start(self, runner): self._mark("epoch start")
+    def on_loader_start(self, runner): self._mark("loader start")
+    def on_batch_start(self, runner): self._mark("batch start")
+    def on_batch_end(self, runner): self._mark("batch end")
+    def on_loader_end(self, runner): self._mark("loader end")
+    def on_epoch_end(self, runner): self._mark("epoch end")
+    def on_stage_end(self, runner): self._mark("stage end")
+
+    def on_experiment_end(self, runner):
+        self._end()
+
+    def on_exception(self, runner):
+        self._end()
+
+    def _mark(self, event: str) -> None:
+        self._beat = (time.monotonic(), event)
+
+    def _end(self) -> None:
+        if self._stop is not None:
+            self._stop.set()
+            self._thread.join(timeout=5)
+        self._thread = self._stop = None
+
+    # ---- the watching thread ----------------------------------------------------------------------
+    def _watch(self, runner, loop_thread: int, stop: threading.Event) -> None:
+        store, rank, world_size = _store(), runner.engine.rank, runner.engine.world_size
+        interval = min(max(self.timeout / 10, 0.05), 5.0)
+        published = None
+        while not stop.wait(interval):
+            beat = self._beat
+            if beat is not published:
+                published = beat
+                _publish(store, _BEAT.format(rank), position(runner, beat))
+            if time.monotonic() - beat[0] >= self.timeout:
+                break
+        else:
+            return
+        frame = sys._current_frames().get(loop_thread)
+        mine = {**position(runner, beat), **where(frame)}
+        _publish(store, _FIRED.format(rank), mine)
+        # A rank waiting in a collective lets the peer it waits for report first (with that peer's stack);
+        # a rank stuck elsewhere gives the others a moment to say where they wait, then reports. When all
+        # wait (mismatched collectives), rank 0, which holds the store, reports first.
+        if mine["waiting"]:
+            pause = 2 * interval + (5.0 if rank == 0 else 10.0)
+        else:
+            pause = min(1.0, self.timeout / 2)
+        if stop.wait(pause):
+            return
+        ranks = _read_all(store, world_size)
+        ranks[rank] = mine
+        report = hang_report(rank, self.timeout, ranks, traceback.format_stack(frame) if frame else [], HANG_EXIT_CODE)
+        try:
+            sys.stderr.write(report)  # a dying process's report, like a traceback: stderr, on every rank
+            sys.stderr.flush()
+        finally:
+            os._exit(HANG_EXIT_CODE)
+
+
+def _store():
+    """The default process group's store (shared by all ranks), or None (this rank then reports alone)."""
+    try:
+        from torch.distributed import distributed_c10d  # the store is not public API; any failure: no store
+        return distributed_c10d._get_default_store()
+    except Exception:
+        return None
+
+
+def _publish(store, key: str, info: dict) -> None:
+    if store is not None:
+        try:
+            store.set(key, json.dumps(info))
+        except Exception:
+            pass
+
+
+def _read_all(store, world_size: int) -> dict:
+    """Rank -> where it stands: what its watchdog reported when it fired, else its last heartbeat."""
+    ranks = {}
+    if store is None:
+        return ranks
+    try:
+        for rank in range(world_size):
+            for key in (_FIRED.format(rank), _BEAT.format(rank)):
+                if store.check([key]):
+                    ranks[rank] = json.loads(store.get(key))
+                    break
+    except Exception:
+        pass
+    return ranks

@@ -1,0 +1,125 @@
+"""The schedule of backward and optimizer steps on train loaders: gradient accumulation, clipping; the strategy acts."""
+from torchstage.arguments import check_int, check_positive
+from torchstage.callbacks.base import Callback, CallbackOrder
+from torchstage.catalyst.callback_args import optimizer_args
+
+
+class OptimizerCallback(Callback):
+    """Every train batch the strategy backpropagates the loss; every ``accumulation_steps`` batches it clips and
+    steps the optimizer (then resets its gradients).
+
+    This callback keeps the schedule (how many batches a group holds, when to clip, when to step) and asks the
+    engine's strategy (``runner.engine.strategy``) to act: its ``backward``, ``clip_gradients``,
+    ``optimizer_step`` and ``no_sync`` know where the gradients live and apply the precision (the float16 grad
+    scaler: clipping sees unscaled gradients). Each loss is divided by the number of batches in its accumulation
+    group, so the update equals one batch that many times larger (for mean-reduced losses and equal batch sizes).
+    The last group of a loader may be shorter; with a loader of known length it is divided by its own size.
+    Intermediate batches (forward and backward) run inside the strategy's ``no_sync(model)`` (DDP: no gradient
+    all-reduce until the last micro-batch). Clipping is by value (``grad_clip_value``) and/or by total norm
+    (``grad_clip_norm``). One scaler shared by several optimizer callbacks is updated after each of their steps;
+    a multi-optimizer AMP run should step in handle_batch.
+    """
+
+    order = CallbackOrder.Optimizer
+    name = "optimizer"
+    train_batches_only = True
+
+    def __init__(self, metric_key: str = "loss", optimizer_key: str = None, accumulation_steps: int = 1,
+                 grad_clip_norm: float = None, grad_clip_value: float = None, *, grad_clip_params: dict = None,
+                 loss_key: str = None, decouple_weight_decay: bool = False, use_fast_zero_grad: bool = False,
+                 use_amp: bool = None, use_apex: bool = None):
+        metric_key, grad_clip_norm, grad_clip_value = optimizer_args(  # Catalyst 20.12's arguments translated
+            metric_key, loss_key, grad_clip_norm, grad_clip_value, grad_clip_params, decouple_weight_decay, use_amp,
+            use_apex)
+        check_int("accumulation_steps", accumulation_steps)
+        check_positive("grad_clip_norm", grad_clip_norm)
+        check_positive("grad_clip_value", grad_clip_value)
+        self.metric_key, self.optimizer_key = metric_key, optimizer_key
+        self.accumulation_steps = accumulation_steps
+        self.grad_clip_norm, self.grad_clip_value = grad_clip_norm, grad_clip_value
+
+    def _optimizer(self, runner):
+        return runner.optimizer if self.optimizer_key is None else runner.optimizer[self.optimizer_key]
+
+    def on_stage_start(self, runner):
+        self._optimizer_now = self._optimizer(runner)
+        if self._optimizer_now is None:
+            raise ValueError(f"stage {runner.stage_key!r} has no optimizer; pass optimizer=... to train()")
+        self._strategy = strategy = runner.engine.strategy
+        self._backward = strategy.backward  # bound once: it runs every train batch
+
+    def on_loader_start(self, runner):
+        self._pending, self._group, self._no_sync = 0, self.accumulation_steps, None
+        if runner.is_train_loader:
+            self._length = _length(runner.loader)
+            self._strategy.zero_grad(self._optimizer_now)
+
+    def handles(self, event: str) -> bool:
+        if event == "on_batch_start":  # only accumulation opens a no_sync context before the forward
+            return self.accumulation_steps > 1
+        return super().handles(event)
+
+    def on_batch_start(self, runner):
+        if not runner.is_train_loader:
+            return
+        if self._pending == 0 and self._length is not None:  # a group's first batch: how many it will hold
+            self._group = min(self.accumulation_steps, self._length - runner.batch_step + 1)
+        if self._pending + 1 < self._group:
+            # DDP decides at forward time whether the backward syncs, so the context spans the batch.
+            self._no_sync = self._strategy.no_sync(runner.model)
+            self._no_sync.__enter__()
+
+    def on_batch_end(self, runner):
+        loop = runner.loop  # per batch: the loop state directly, not through the runner's properties
+        if not loop.is_train_loader:
+            return
+        if loop.batch_skipped:  # e.g. a non-finite loss under NonFiniteLossCallback(mode="skip")
+            self._leave_no_sync()
+            return
+        loss = loop.batch_metrics.get(self.metric_key)
+        if loss is None:
+            raise KeyError(f"OptimizerCallback(metric_key={self.metric_key!r}) found no such loss in "
+                           f"batch_metrics; it has {sorted(loop.batch_metrics)}")
+        if self._group > 1:
+            loss = loss / self._group
+        self._pending += 1
+        if self._no_sync is None:
+            self._backward(loss, self._optimizer_now)
+        else:
+            try:
+                self._backward(loss, self._optimizer_now)
+            finally:
+                self._leave_no_sync()
+        if self._pending >= self._group:
+            self._step()
+
+    def _leave_no_sync(self):
+        if self._no_sync is not None:
+            self._no_sync.__exit__(None, None, None)
+            self._no_sync = None
+
+    def on_exception(self, runner):
+        if getattr(self, "_no_sync", None) is not None:
+            self._leave_no_sync()
+
+    def on_loader_end(self, runner):
+        self._leave_no_sync()
+        if not runner.is_train_loader:
+            return
+        if self._pending:  # a loader of unknown length (or cut short) left a partial group
+            # rescaled to the group's real size and, under DDP, averaged where no_sync skipped the all-reduce
+            self._strategy.finish_partial_group(self._optimizer_now, runner.engine, self._group / self._pending)
+            self._step()
+        runner.loader_metrics["lr"] = self._optimizer_now.param_groups[0]["lr"]
+
+    def _step(self):
+        self._strategy.clip_gradients(self._optimizer_now, self.grad_clip_norm, self.grad_clip_value)
+        self._strategy.optimizer_step(self._optimizer_now)
+        self._pending = 0
+
+
+def _length(loader):
+    try:
+        return len(loader)
+    except TypeError:
+        return None

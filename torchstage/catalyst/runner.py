@@ -1,0 +1,168 @@
+"""Catalyst 20.12 on the runner: its attribute names, its ``_handle_batch(batch)`` override point, its flat epoch
+metric keys and its ``train()`` argument names (``fp16``, ``main_metric``...), each mapped to torchstage's with a
+one-time note.
+"""
+from torchstage.catalyst.names import note_alias
+from torchstage.strategies.engine import Engine
+
+#: train() arguments Catalyst 20.12 spelled differently -> torchstage's name.
+TRAIN_RENAMED = {"main_metric": "valid_metric", "minimize_metric": "minimize_valid_metric", "initial_seed": "seed",
+                 "fp16": "amp"}
+#: train() arguments of Catalyst 20.12 with no torchstage meaning -> why, and what to do instead.
+TRAIN_GONE = {
+    "stage_kwargs": "set per-stage settings with stages={'name': {...}}",
+    "state_kwargs": "set per-stage settings with stages={'name': {...}}",
+    "checkpoint_data": "checkpoints hold tensors and plain values only; save extra data next to them in logdir",
+}
+_APEX = ("apex was removed from torchstage: native autocast replaces opt_level 'O1'; 'O2'/'O3' (fp16 master "
+         "weights, a half-precision model) have no equivalent. Pass fp16=True or amp='fp16'/'bf16'")
+
+
+def translate_train_kwargs(kwargs: dict) -> dict:
+    """``train()`` keyword arguments with Catalyst 20.12 names replaced by torchstage's (each noted once)."""
+    if not any(name in kwargs for name in (*TRAIN_RENAMED, *TRAIN_GONE)):
+        return kwargs
+    kwargs = dict(kwargs)
+    for old, why in TRAIN_GONE.items():
+        if old in kwargs:
+            raise TypeError(f"train({old}=...) is Catalyst 20.12's and has no torchstage meaning: {why}")
+    for old, new in TRAIN_RENAMED.items():
+        if old not in kwargs:
+            continue
+        if new in kwargs:
+            raise TypeError(f"train() got both {old}= (Catalyst 20.12's name) and {new}=; give only {new}=")
+        value = kwargs.pop(old)
+        note_alias(f"train({old}=...)", f"train({new}=...)" if old != "fp16" else "train(amp='auto'|'fp16'|'bf16')")
+        kwargs[new] = fp16_to_amp(value) if old == "fp16" else value
+    return kwargs
+
+
+def fp16_to_amp(fp16):
+    """The ``amp=`` value for Catalyst 20.12's ``fp16=``: ``True``/``{"amp": True}``/``{"opt_level": "O1"}``
+    give ``"auto"`` (fp16 on CUDA, bf16 elsewhere); ``False``/``None``/``{}``/``"O0"`` full precision."""
+    if fp16 is None or fp16 is False:
+        return None
+    if fp16 is True:
+        return "auto"
+    if not isinstance(fp16, dict):
+        raise TypeError(f"fp16 must be True, False or a dict such as {{'amp': True}}, got {fp16!r}")
+    unknown = sorted(set(fp16) - {"amp", "apex", "opt_level"})
+    if unknown:
+        raise ValueError(f"fp16={fp16!r}: keys {unknown} are apex settings; {_APEX}")
+    level = fp16.get("opt_level", "O1" if fp16.get("apex") else None)
+    if level is not None:
+        if level not in ("O0", "O1"):
+            raise ValueError(f"fp16={fp16!r}: opt_level {level!r}: {_APEX}")
+        return "auto" if level == "O1" else None
+    return "auto" if fp16.get("amp") else None
+
+
+def flat_epoch_metric(metrics: dict, key):
+    """``metrics["train_loss"]``, Catalyst 20.12's flat key, read as ``metrics["train"]["loss"]`` (noted once);
+    KeyError where no loader and metric make ``key``. The lookup behind a missing key of the loop's epoch metrics."""
+    if isinstance(key, str):
+        for loader, values in metrics.items():
+            if isinstance(values, dict) and key.startswith(f"{loader}_") and key[len(loader) + 1:] in values:
+                note_alias("runner.epoch_metrics['<loader>_<metric>']", "runner.epoch_metrics['<loader>']['<metric>']")
+                return values[key[len(loader) + 1:]]
+    raise KeyError(key)
+
+
+class _Alias:
+    """A Catalyst 20.12 runner attribute: reads torchstage's value (noting its name once); assignable."""
+
+    def __init__(self, preferred: str, read):
+        self.preferred, self.read = preferred, read
+
+    def __set_name__(self, owner, name):
+        self.name = name
+
+    def __get__(self, runner, owner=None):
+        if runner is None:
+            return self
+        if self.name in runner.__dict__:
+            return runner.__dict__[self.name]
+        note_alias(f"runner.{self.name}", self.preferred)
+        return self.read(runner)
+
+    def __set__(self, runner, value):
+        runner.__dict__[self.name] = value
+
+
+def _engine(runner):
+    if runner.engine is None:
+        runner.engine = Engine()
+    return runner.engine
+
+
+def _early_stop(runner, value):
+    raise AttributeError("runner.need_early_stop is Catalyst 20.12's stop flag; torchstage callbacks raise "
+                         "torchstage.CancelLoader() (end this loader), CancelStage() or CancelRun() instead")
+
+
+class CatalystAttributes:
+    """Catalyst 20.12 on a runner class, its one hook: the attribute names, each reading the torchstage attribute
+    it names, and a ``_handle_batch(batch)`` override adopted as ``handle_batch``."""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        adopt_catalyst_handle_batch(cls)
+    input = _Alias("runner.batch", lambda r: r.loop.batch)
+    output = _Alias("runner.batch", lambda r: r.loop.batch)
+    batch_in = _Alias("runner.batch", lambda r: r.input)
+    batch_out = _Alias("runner.batch", lambda r: r.output)
+    device = _Alias("runner.engine.device", lambda r: _engine(r).device)
+    global_epoch = _Alias("runner.global_epoch_step", lambda r: r.global_epoch_step)
+    loader_name = _Alias("runner.loader_key", lambda r: r.loader_key)
+    loader_batch_step = _Alias("runner.batch_step (counted from 1)", lambda r: r.batch_step - 1)
+    loader_len = _Alias("len(runner.loader)", lambda r: len(r.loader))
+    stage = _Alias("runner.stage_key", lambda r: r.stage_key)
+    stage_name = _Alias("runner.stage_key", lambda r: r.stage_key)
+    is_valid_loader = _Alias("runner.loader_key.startswith('valid')", lambda r: r.loader_key.startswith("valid"))
+    is_infer_loader = _Alias("runner.loader_key.startswith('infer')", lambda r: r.loader_key.startswith("infer"))
+    valid_metrics = _Alias("runner.epoch_metrics[runner.valid_loader]",
+                           lambda r: r.epoch_metrics.get(r.valid_loader, {}))
+    main_metric = _Alias("runner.valid_metric", lambda r: r.valid_metric)
+    minimize_metric = _Alias("runner.minimize_valid_metric", lambda r: r.minimize_valid_metric)
+    distributed_rank = _Alias("runner.engine.rank", lambda r: _engine(r).rank)
+    is_distributed_master = _Alias("runner.engine.is_main", lambda r: _engine(r).is_main)
+    is_distributed_worker = _Alias("not runner.engine.is_main", lambda r: not _engine(r).is_main)
+    is_check_run = _Alias("runner.spec.check", lambda r: r.spec.check)
+    state = _Alias("runner", lambda r: r)
+    need_early_stop = property(lambda r: False, _early_stop)
+
+
+def catalyst_target_key(target_key: str, input_target_key: str) -> str:
+    """``SupervisedRunner(input_target_key=...)``, Catalyst 20.12's name for ``target_key``."""
+    if target_key != "targets":
+        raise TypeError("give target_key=... or Catalyst 20.12's input_target_key=..., not both")
+    note_alias("SupervisedRunner(input_target_key=...)", "SupervisedRunner(target_key=...)")
+    return input_target_key
+
+
+def adopt_catalyst_handle_batch(cls) -> None:
+    """A runner class defining Catalyst 20.12's ``_handle_batch(batch)`` gets a ``handle_batch`` that calls it."""
+    if "_handle_batch" not in cls.__dict__:
+        return
+    if "handle_batch" in cls.__dict__:
+        raise TypeError(f"{cls.__name__} defines both handle_batch (torchstage) and _handle_batch (Catalyst 20.12); "
+                        f"keep one")
+    cls.handle_batch = _catalyst_handle_batch
+
+
+def _catalyst_handle_batch(self, batch) -> None:
+    """Catalyst 20.12's step: ``self.input`` is the batch, ``self._handle_batch(batch)`` fills ``self.output``;
+    ``self.batch`` becomes both merged, so torchstage's callbacks read them too."""
+    note_alias(f"{type(self).__name__}._handle_batch(batch) with self.input/self.output",
+               "handle_batch(batch) writing self.batch")
+    as_dict = getattr(self, "_as_dict", None)  # SupervisedRunner: (x, y) -> {input_key: x, target_key: y}, as 20.12
+    if as_dict is not None:
+        batch = as_dict(batch)
+    self.input, self.output = batch, {}
+    self._handle_batch(batch)
+    inputs, output = self.input, self.output  # the step may have replaced either
+    if isinstance(output, dict) and output:
+        self.batch = {**inputs, **output} if isinstance(inputs, dict) else dict(output)
+    else:
+        self.batch = inputs
+

@@ -1,0 +1,138 @@
+"""Entering a world: spawn local workers, or join the process group this process belongs to.
+
+:func:`run_in_world` is the one way in, for ``train()`` and :func:`distributed_cmd_run` alike; it hands the
+:class:`~torchstage.launch.world.World` it entered to the function it runs.
+
+Workers are started by running this program's command line again with the torchrun variables set
+(see :mod:`torchstage.launch.local_launcher`); each worker then finds itself inside the world and trains.
+The launching process never trains: it waits for the workers and exits with their exit code.
+"""
+import contextlib
+import logging
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from torchstage.launch.local_launcher import Launcher, relaunch_command, watch_parent
+from torchstage.launch.resolve import LAUNCHED_ENV, local_gpus, resolve_world, started_by_launcher
+from torchstage.launch.world import World
+from torchstage.logging_setup import ensure_console_handler
+
+logger = logging.getLogger("torchstage")
+#: The world whose process group :func:`joined` initialised, while it is initialised.
+_joined = None
+
+
+def in_world() -> bool:
+    """True when a torch.distributed process group is initialised in this process."""
+    return dist.is_available() and dist.is_initialized()
+
+
+def current_world() -> World:
+    """The world of this process's initialised process group (the one joined here, or one the user initialised);
+    a single process when there is none."""
+    if not in_world():
+        return World()
+    if _joined is not None:
+        return _joined
+    rank, size = dist.get_rank(), dist.get_world_size()
+    try:  # the launcher's own variables, where they describe this group
+        resolved = resolve_world()
+        local_rank = resolved.local_rank if (resolved.rank, resolved.world_size) == (rank, size) else None
+    except ValueError:
+        local_rank = None
+    if local_rank is None:
+        local_rank = rank % max(1, local_gpus())
+    return World(rank=rank, world_size=size, local_rank=local_rank, source="process group",
+                 backend=dist.get_backend(), why="a process group initialised before train()")
+
+
+def launch_and_exit(world: World) -> None:
+    """Run ``world.spawn`` workers of this program and end this process with their exit code.
+
+    Raises ``SystemExit(0)`` when all succeed, else ``SystemExit(code of the first failing rank)``: code
+    after the launching call runs only in the workers, never here with an untrained model.
+    """
+    ensure_console_handler()
+    command = relaunch_command()
+    logger.info("starting %d processes (%s, ranks %d-%d of %d): %s", world.spawn, world.backend, world.rank,
+                world.rank + world.spawn - 1, world.world_size, " ".join(command))
+    raise SystemExit(Launcher(command, world).run())
+
+
+@contextlib.contextmanager
+def joined(world: World, timeout=None):
+    """Initialise this rank's process group for the block; destroy it when the block succeeds.
+
+    ``timeout`` (a ``timedelta``, None: torch's default) ends a collective that waits longer for a peer.
+
+    A failing block leaves the group alone: the process is about to exit and the launcher stops the
+    other ranks, so nobody waits on a collective with a dead peer.
+    """
+    global _joined
+    if os.environ.get(LAUNCHED_ENV):
+        watch_parent()
+    if world.backend == "nccl":
+        torch.cuda.set_device(world.local_rank)
+    kwargs = {} if timeout is None else {"timeout": timeout}
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        kwargs["store"] = _attempt_store(world, timeout)
+    else:
+        kwargs["init_method"] = f"tcp://{world.master_addr}:{world.master_port}"
+    dist.init_process_group(world.backend, rank=world.rank, world_size=world.world_size, **kwargs)
+    _joined = world
+    yield world
+    _joined = None
+    dist.destroy_process_group()
+
+
+def _attempt_store(world: World, timeout):
+    """The torchrun agent's store, namespaced by restart attempt.
+
+    After ``--max-restarts`` the agent's store still holds the previous attempt's gloo addresses; a
+    restarted rank would dial a dead peer ("connectFullMesh ... Connection refused") without a prefix.
+    """
+
+    store = dist.TCPStore(world.master_addr, world.master_port, world.world_size, is_master=False,
+                          timeout=max(timeout or timedelta(0), timedelta(minutes=5)))  # a slow start is no hang
+    return dist.PrefixStore(f"torchstage/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+
+
+def run_in_world(fn, distributed=True, nprocs: int = None, timeout=None):
+    """Call ``fn(world)`` as this process's rank of the world it belongs to, entering that world first.
+
+    Already in an initialised process group: calls ``fn`` here with that group's world. ``distributed=False``:
+    calls ``fn`` as one process. Otherwise the world is resolved once
+    (:func:`~torchstage.launch.resolve.resolve_world`): with processes to start on this host (only with
+    ``distributed=True``, or when a SLURM task spawns one per device) they are launched and this process exits
+    with their code (``SystemExit``); as one rank of several, the process group is joined around ``fn`` with
+    collective ``timeout`` (a ``timedelta``; None: torch's default). ``distributed=None`` enters only a world that
+    a launcher (torchrun, a SLURM step, mpirun...) started this process into; a plain script runs as one process.
+    """
+    if in_world():
+        return fn(current_world())
+    if distributed is False:
+        return fn(World(why="distributed=False"))
+    world = resolve_world(nprocs)
+    if distributed is None and not started_by_launcher(world):
+        return fn(World(why=f"distributed=None and no launcher started this process ({world.why})"))
+    if world.spawn:
+        launch_and_exit(world)
+    if not world.is_distributed:
+        return fn(world)
+    with joined(world, timeout) as entered:
+        return fn(entered)
+
+
+def distributed_cmd_run(fn, *args, distributed: bool = True, nprocs: int = None, **kwargs):
+    """Run ``fn(*args, **kwargs)`` on every process of the world this program should form.
+
+    Inside a world (torchrun, a launched worker, a SLURM step): joins it and calls ``fn``. A plain
+    script with several devices (GPUs, or ``nprocs``/``TORCHSTAGE_NPROC`` on CPU): starts one worker
+    per device running this program again, waits, and exits with their code (``SystemExit``), so code
+    after this call never runs in the launching process. Otherwise (one device, or
+    ``distributed=False``) calls ``fn`` here. ``train(...)`` calls inside ``fn`` use the world.
+    """
+    return run_in_world(lambda world: fn(*args, **kwargs), bool(distributed), nprocs)

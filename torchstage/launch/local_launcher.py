@@ -1,0 +1,212 @@
+"""Process management for local workers: start N copies of a command, relay their output, fail fast.
+
+The launcher re-executes the command that started this process once per rank, with the torchrun
+variables set, watches the children and, when one fails, terminates the others (TERM, a short grace,
+KILL) and returns the failing rank's exit code. Children watch the launcher (``watch_parent``).
+"""
+import collections
+import logging
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from torchstage.launch.resolve import LAUNCHED_ENV
+from torchstage.launch.world import World
+
+logger = logging.getLogger("torchstage")
+PARENT_ENV = "TORCHSTAGE_PARENT_PID"
+GRACE_SECONDS = 3.0
+#: Signals the launcher passes on to its workers and keeps running (SLURM's --signal warnings, scancel -s).
+FORWARDED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+TAIL_LINES = 60
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on right now (the OS picks it), so two local jobs do not collide."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def relaunch_command() -> list:
+    """The command line that started this interpreter, to run again in each worker.
+
+    Raises RuntimeError from an interactive session, where there is no command to repeat.
+    """
+    argv = list(getattr(sys, "orig_argv", [])) or [sys.executable, *sys.argv]
+    if sys.flags.interactive or sys.argv[0] in ("", "-") or "ipykernel" in sys.modules:
+        raise RuntimeError("distributed training starts its processes by running this program's command again, "
+                           "and an interactive session has none; put the training in a script and run it with "
+                           "`python script.py` or `torchrun --nproc-per-node=N script.py`")
+    return [sys.executable, *argv[1:]]
+
+
+def worker_env(world: World, local_rank: int, port: int, environ=None) -> dict:
+    """The environment of local worker ``local_rank`` (the launcher world's child): torchrun variables plus the
+    launcher markers."""
+    env = dict(os.environ if environ is None else environ)
+    child = world.child(local_rank)
+    env.update(RANK=str(child.rank), WORLD_SIZE=str(child.world_size), LOCAL_RANK=str(child.local_rank),
+               LOCAL_WORLD_SIZE=str(child.local_size), GROUP_RANK=str(child.node_rank),
+               MASTER_ADDR=child.master_addr, MASTER_PORT=str(port), PYTHONUNBUFFERED="1")
+    if child.nnodes is not None:
+        env["GROUP_WORLD_SIZE"] = str(child.nnodes)
+    # Like torchrun: without a user setting, the workers share the cores instead of each spinning up
+    # one OpenMP thread per core (oversubscription makes small ops 10-100x slower).
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(1, world.spawn))))
+    env[LAUNCHED_ENV] = "1"
+    env[PARENT_ENV] = str(os.getpid())
+    return env
+
+
+class Launcher:
+    """Runs ``world.spawn`` workers of ``command`` and returns the exit code of the run (see :meth:`run`)."""
+
+    def __init__(self, command: list, world: World, grace: float = GRACE_SECONDS):
+        self.command, self.world, self.grace = command, world, grace
+        self.procs, self.threads = [], []
+        self.tails = {}
+
+    def run(self) -> int:
+        """0 when every worker succeeds; else the first failing worker's code (128 + signal if killed)."""
+        port = self.world.master_port or free_port()
+        old = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+        old.update({sig: signal.signal(sig, self._forward) for sig in FORWARDED_SIGNALS})
+        try:
+            for local_rank in range(self.world.spawn):
+                self._start(local_rank, port)
+            return self._watch()
+        finally:
+            self._stop_all()
+            for thread in self.threads:
+                thread.join(timeout=2)
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
+
+    def _start(self, local_rank: int, port: int) -> None:
+        rank = self.world.child(local_rank).rank
+        proc = subprocess.Popen(self.command, env=worker_env(self.world, local_rank, port),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        proc.rank = rank
+        self.procs.append(proc)
+        self.tails[rank] = collections.deque(maxlen=TAIL_LINES)
+        for pipe, out, tail in ((proc.stdout, sys.stdout, None), (proc.stderr, sys.stderr, self.tails[rank])):
+            thread = threading.Thread(target=_relay, args=(pipe, out, f"[rank{rank}]: ", tail), daemon=True)
+            thread.start()
+            self.threads.append(thread)
+
+    def _watch(self) -> int:
+        """Wait for exits in the order they happen, so the first failure (not a peer's echo) is reported."""
+        exits = queue.Queue()
+        for proc in self.procs:
+            threading.Thread(target=lambda p=proc: exits.put((p, p.wait())), daemon=True).start()
+        for _ in self.procs:
+            while True:
+                try:  # a timeout keeps the main thread responsive to signals
+                    proc, code = exits.get(timeout=0.5)
+                    break
+                except queue.Empty:
+                    pass
+            if code != 0:
+                return self._fail(proc, code)
+        return 0
+
+    def _fail(self, proc, code: int) -> int:
+        self._stop_all()
+        for thread in self.threads:
+            thread.join(timeout=2)
+        exit_code = 128 - code if code < 0 else code
+        reason = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        tail = "".join(self.tails.get(proc.rank, ()))
+        logger.error("rank %d %s; stopped the other ranks. Last error output of rank %d:\n%s",
+                     proc.rank, reason, proc.rank, tail.rstrip() or "(none)")
+        return exit_code
+
+    def _stop_all(self, sig=signal.SIGTERM) -> None:
+        """``sig`` (TERM) to every live worker's process group, wait ``grace`` seconds, then KILL what is left."""
+        live = [p for p in self.procs if p.poll() is None]
+        for proc in live:
+            _signal_group(proc, sig)
+        deadline = time.monotonic() + self.grace
+        for proc in live:
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for proc in self.procs:  # KILL stragglers and the groups' leftovers (data-loader workers)
+            _signal_group(proc, signal.SIGKILL)
+            if proc.poll() is None:
+                proc.wait()
+
+    def _forward(self, signum, frame):
+        """Pass a signal on to each live worker (not its data-loader processes) and keep watching."""
+        for proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    os.kill(proc.pid, signum)
+                except ProcessLookupError:
+                    pass
+
+    def _on_signal(self, signum, frame):
+        # Ctrl-C reaches the workers as SIGINT, so they log the launcher's exit code (130) and a second
+        # Ctrl-C (this handler again, during the grace period) interrupts them at once.
+        self._stop_all(signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
+        raise SystemExit(128 + signum)
+
+
+def _signal_group(proc, sig) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _relay(pipe, out, prefix: str, tail) -> None:
+    """Copy lines from a worker's pipe to ``out`` with a rank prefix; keep the last ones in ``tail``.
+
+    The prefix has torch's own format (``[rank3]: ``), and lines torch already prefixed keep theirs.
+    """
+    data = prefix.encode()
+    target = getattr(out, "buffer", None)
+    for line in iter(pipe.readline, b""):
+        if line.startswith(data):
+            line = line[len(data):]
+        if not line.strip():
+            continue  # a blank line (a closed progress bar, a print()) would show as a bare "[rankN]: "
+        if tail is not None:
+            tail.append(line.decode(errors="replace"))
+        if target is not None:
+            target.write(data + line)
+            target.flush()
+        else:
+            out.write(prefix + line.decode(errors="replace"))
+            out.flush()
+    pipe.close()
+
+
+def watch_parent() -> None:
+    """In a launched worker: die with the launcher (Linux PDEATHSIG, plus a parent-pid watchdog)."""
+    parent = int(os.environ.get(PARENT_ENV, "0") or 0)
+    if not parent:
+        return
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes  # inside the try: without ctypes the child just gets no death signal
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:  # the launcher died before we got here
+        os._exit(128 + signal.SIGKILL)
+
+    def watchdog():
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(128 + signal.SIGKILL)
+
+    threading.Thread(target=watchdog, name="torchstage-parent-watchdog", daemon=True).start()

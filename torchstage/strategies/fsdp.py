@@ -1,0 +1,172 @@
+"""FSDP2: parameters, gradients and optimizer state sharded across ranks (``torch.distributed.fsdp.fully_shard``).
+
+``fully_shard`` replaces every parameter by a sharded DTensor, so the optimizer the user built holds
+stale tensors afterwards; :meth:`FSDP.wrap_models` rebinds it (same object, groups, hyperparameters
+and state, the state sharded like its parameter). Checkpoints are directories written by every rank
+with ``torch.distributed.checkpoint`` (see :mod:`torchstage.files.sharded`).
+"""
+import contextlib
+import numbers
+
+import torch
+
+from torchstage.strategies.single import SingleDevice, optimizer_module
+
+#: Modules that hold sub-modules without running them in a forward of their own: the policy looks inside.
+CONTAINERS = (torch.nn.ModuleList, torch.nn.ModuleDict)
+
+
+class FSDP(SingleDevice):
+    """``strategy="fsdp"``, or ``FSDP(...)`` with options: shard each model with FSDP2 over all ranks.
+
+    Wrapping policy: ``modules=(Block, ...)`` shards every sub-module of those classes; by default each
+    child of the model holding at least ``min_params`` parameters is sharded as a unit (an
+    ``nn.ModuleList``/``nn.ModuleDict`` is looked into, and its children are taken instead). The model
+    itself is sharded last and holds what no unit took. ``reshard_after_forward`` frees the gathered
+    parameters after forward (less memory, one more all-gather in backward). With ``train(amp="bf16")``
+    parameters compute in bfloat16 and gradients are reduced in float32 (FSDP2's MixedPrecisionPolicy).
+    On a single process nothing is sharded; checkpoints are still written as directories.
+    """
+
+    name = "fsdp"
+
+    def __init__(self, min_params: int = 100_000, modules=(), reshard_after_forward: bool = True):
+        if isinstance(min_params, bool) or not isinstance(min_params, numbers.Integral) or min_params < 1:
+            raise ValueError(f"FSDP(min_params=...) must be an integer >= 1 (parameters of a unit), got {min_params!r}")
+        modules = tuple(modules) if isinstance(modules, (list, tuple)) else (modules,)
+        if not all(isinstance(m, type) and issubclass(m, torch.nn.Module) for m in modules):
+            raise TypeError(f"FSDP(modules=...) must be nn.Module classes (e.g. modules=(Block,)), got {modules!r}")
+        if not isinstance(reshard_after_forward, bool):
+            raise TypeError(f"FSDP(reshard_after_forward=...) must be True or False, got {reshard_after_forward!r}")
+        self.min_params, self.modules, self.reshard_after_forward = int(min_params), modules, reshard_after_forward
+
+    def __repr__(self) -> str:
+        return (f"FSDP(min_params={self.min_params}, modules={tuple(m.__name__ for m in self.modules)}, "
+                f"reshard_after_forward={self.reshard_after_forward})")
+
+    # ---- wrapping ----------------------------------------------------------------------------
+    def units(self, model: torch.nn.Module) -> list:
+        """The sub-modules sharded as their own unit before the model itself, innermost first."""
+        if self.modules:
+            return [m for m in reversed(list(model.modules())) if m is not model and isinstance(m, self.modules)]
+        found = []
+
+        def visit(module):
+            for child in module.children():
+                if sum(p.numel() for p in child.parameters()) < self.min_params:
+                    continue
+                if isinstance(child, CONTAINERS):
+                    visit(child)
+                else:
+                    found.append(child)
+        visit(model)
+        return found
+
+    def wrap_models(self, models, engine, optimizers=()):
+        """Shard every trainable model in place and rebind ``optimizers`` to the sharded parameters."""
+        _check_optimizers(models, optimizers)
+        amp_dtype = self.precision.dtype
+        if amp_dtype is torch.float16:
+            raise ValueError("amp='fp16' is not supported with strategy='fsdp' (it needs a sharded grad scaler); "
+                             "use amp='bf16'")
+        compiled = [key for key, model in models.items() if hasattr(model, "_orig_mod")]
+        if compiled:
+            raise ValueError(f"compile=True is not supported with strategy='fsdp' (model {compiled[0]!r} is compiled "
+                             f"before sharding); train without compile, or use strategy='ddp'")
+        if not engine.is_distributed:
+            return dict(models)
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # heavy; FSDP runs only
+        policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+                  if amp_dtype is torch.bfloat16 else MixedPrecisionPolicy())
+        before = {id(p): (key, name) for key, model in models.items() for name, p in model.named_parameters()}
+        for model in models.values():
+            if not any(p.requires_grad for p in model.parameters()):
+                continue
+            for unit in self.units(model):
+                fully_shard(unit, mp_policy=policy, reshard_after_forward=self.reshard_after_forward)
+            fully_shard(model, mp_policy=policy, reshard_after_forward=self.reshard_after_forward)
+        after = {(key, name): p for key, model in models.items() for name, p in model.named_parameters()}
+        for optimizer in optimizers:
+            _rebind(optimizer, {old: after[where] for old, where in before.items()})
+        return dict(models)
+
+    # ---- gradients ---------------------------------------------------------------------------
+    def no_sync(self, model):
+        """Accumulate unsharded gradients locally: no reduce-scatter until the context's last backward."""
+        stack = contextlib.ExitStack()
+        for m in (model.values() if isinstance(model, dict) else [model]):
+            if hasattr(m, "set_requires_gradient_sync"):
+                m.set_requires_gradient_sync(False)
+                stack.callback(m.set_requires_gradient_sync, True)
+        return stack
+
+    def finish_partial_group(self, optimizer, engine, scale):
+        if engine.is_distributed:
+            raise RuntimeError("strategy='fsdp' with accumulation_steps > 1 needs loaders with a length: the last "
+                               "accumulation group of a loader ended early, and its gradients were never "
+                               "reduce-scattered; give the loader a __len__ or use accumulation_steps=1")
+        super().finish_partial_group(optimizer, engine, scale)
+
+    def clip_grad_norm_(self, params, max_norm):
+        """Clip by the norm of the whole (sharded) gradient: local norms are reduced over ranks first."""
+        grads = [p.grad for p in params]
+        total = torch.nn.utils.get_total_norm(grads)
+        if hasattr(total, "full_tensor"):  # a DTensor holding this rank's partial norm
+            total = total.full_tensor()
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+        return total
+
+    # ---- checkpoint state --------------------------------------------------------------------
+    def model_state_dict(self, model):
+        """Sharded (DTensor) state of a sharded model; plain state on one process."""
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict  # heavy; FSDP runs only
+        return get_model_state_dict(model)
+
+    def load_model_state_dict(self, model, state):
+        """Full tensors into a plain or a sharded model (each rank keeps its shard)."""
+        # heavy; FSDP runs only
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+        set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True))
+
+    def optimizer_state_dict(self, optimizer, models):
+        """The optimizer state keyed by parameter name (sharded tensors), loadable on any world size."""
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict  # heavy; FSDP runs only
+        return get_optimizer_state_dict(optimizer_module(optimizer, models), optimizer)
+
+    def save_checkpoint(self, checkpoint, paths, engine, writer=None):
+        """Every rank writes its shards into a new directory; the names in ``paths`` are switched to it.
+
+        A collective, written here (after the files handed to ``writer`` earlier, which keeps their order)."""
+        from torchstage.files.sharded import save_sharded  # torch.distributed.checkpoint: heavy
+        if writer is not None:
+            writer.wait()
+        save_sharded(checkpoint, paths, engine)
+
+
+def _check_optimizers(models: dict, optimizers) -> None:
+    """Every parameter an optimizer holds must belong to one of the models (else it would never change)."""
+    known = {id(p) for model in models.values() for p in model.parameters()}
+    for optimizer in optimizers:
+        for i, group in enumerate(optimizer.param_groups):
+            for p in group["params"]:
+                if id(p) not in known:
+                    raise ValueError(f"the optimizer ({type(optimizer).__name__}) holds a parameter of shape "
+                                     f"{tuple(p.shape)} in param_groups[{i}] that is in no model given to train(); "
+                                     f"strategy='fsdp' rebinds parameters by their place in the model, so build the "
+                                     f"optimizer from model.parameters()")
+
+
+def _rebind(optimizer, new: dict) -> None:
+    """Point the optimizer's groups (and state) at the sharded parameters; the state is sharded alike."""
+    from torch.distributed.tensor import distribute_tensor  # DTensor: heavy; FSDP runs only
+    state = optimizer.state
+    for group in optimizer.param_groups:
+        params = []
+        for old in group["params"]:
+            param = new[id(old)]
+            if old in state:
+                state[param] = {k: distribute_tensor(v, param.device_mesh, param.placements, src_data_rank=None)
+                                if torch.is_tensor(v) and v.shape == old.shape and v.dim() > 0 else v
+                                for k, v in state.pop(old).items()}
+            params.append(param)
+        group["params"] = params

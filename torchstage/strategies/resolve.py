@@ -1,0 +1,20 @@
+"""The one place where ``train(strategy=...)`` (a name or an instance) becomes a strategy object."""
+from torchstage.strategies.ddp import DDP
+from torchstage.strategies.fsdp import FSDP
+from torchstage.strategies.single import SingleDevice
+
+#: Names ``train(strategy=...)`` accepts, each with the class it makes.
+NAMED = (DDP, FSDP)
+
+
+def resolve_strategy(strategy):
+    """A strategy object for ``strategy``; raises ValueError, before training, for what cannot be used."""
+    if isinstance(strategy, SingleDevice):
+        return strategy
+    for kind in NAMED:
+        if strategy == kind.name:
+            return kind()
+    names = [repr(kind.name) for kind in NAMED]
+    names = " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
+    raise ValueError(f"strategy must be {names}, got {strategy!r} (or pass a strategy object such as "
+                     f"torchstage.{NAMED[-1].__name__}(...))")
