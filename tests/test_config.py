@@ -14,8 +14,8 @@ from torchstage.config.yaml_files import apply_override, merge
 from torchstage.runner.spec import TrainSpec
 
 LINEAR = {"_target_": "torch.nn.Linear", "in_features": 10, "out_features": 1}
-DATA = {"batch_size": 16, "train": {"_target_": "torchstage.datasets.synthetic_regression", "num_samples": 64},
-        "valid": {"_target_": "torchstage.datasets.synthetic_regression", "num_samples": 32, "seed": 1}}
+DATA = {"batch_size": 16, "train": {"_target_": "torchstage.data.synthetic.synthetic_regression", "num_samples": 64},
+        "valid": {"_target_": "torchstage.data.synthetic.synthetic_regression", "num_samples": 32, "seed": 1}}
 
 
 def base(**extra):
@@ -200,12 +200,12 @@ def test_dict_of_models_needs_params_names():
 
 
 def test_datasets_target_becomes_a_factory_called_in_the_worker():
-    config = base(datasets={"_target_": "torchstage.datasets.synthetic_regression_splits", "batch_size": 8,
+    config = base(datasets={"_target_": "torchstage.data.synthetic.synthetic_regression_splits", "batch_size": 8,
                             "num_train": 40, "num_valid": 16})
     runner = torchstage.train_from_config(config, dry_run=True)
-    assert runner.spec.datasets["get_datasets_fn"] is torchstage.datasets.synthetic_regression_splits
+    assert runner.spec.datasets["get_datasets_fn"] is torchstage.data.synthetic.synthetic_regression_splits
     assert {k: len(v) for k, v in runner.loaders.items()} == {"train": 5, "valid": 2}
-    text = error_of(base(datasets={"_target_": "torchstage.datasets.synthetic_regression_splits", "batch_size": 8,
+    text = error_of(base(datasets={"_target_": "torchstage.data.synthetic.synthetic_regression_splits", "batch_size": 8,
                                    "num_samples": 3}))
     assert text.startswith("datasets.num_samples: ") and "num_train, num_valid, num_features, seed" in text
 
@@ -241,3 +241,11 @@ def test_a_word_where_a_number_is_expected_names_the_yaml_path():
     message = error_of(base(optimizer={"_target_": "torch.optim.Adam", "lr": "fast"}))
     assert message == "optimizer.lr: torch.optim.Adam expects float for 'lr', got str 'fast'"
     assert error_of(base(num_epochs="3")) == "num_epochs: expected int, got str '3'"
+
+
+def test_catalyst_argument_names_mean_in_a_config_what_they_mean_in_train():
+    """A config goes through train()'s translation: ``fp16: true`` is ``fp16=True`` (amp 'auto': bf16 on CPU)."""
+    runner = torchstage.train_from_config(base(fp16=True, main_metric="loss", initial_seed=3), dry_run=True)
+    assert runner.amp_dtype is torch.bfloat16
+    assert (runner.spec.amp, runner.spec.valid_metric, runner.spec.seed) == ("auto", "loss", 3)
+    assert "train(stage_kwargs=...) is Catalyst 20.12's" in error_of(base(stage_kwargs={}))

@@ -31,6 +31,15 @@ def test_torchrun_variables_decide():
     assert info["variables"]["RANK"] == "3"
 
 
+def test_every_variable_a_launcher_environment_reads_is_shown():
+    """The shown variables derive from the launcher environments: none is left out, none is hand-kept."""
+    from torchstage.launch.resolve import ENVIRONMENTS, LOCAL_VARIABLES, variables_read
+    read = [name for env in ENVIRONMENTS for name in env.variables] + list(LOCAL_VARIABLES)
+    assert set(variables_read()) == set(read) and len(variables_read()) == len(set(read))
+    shown = env_json(env={"GROUP_WORLD_SIZE": "2", "PALS_NODEID": "1", "LSB_MCPU_HOSTS": "a 1 b 4"})["variables"]
+    assert {"GROUP_WORLD_SIZE": "2", "PALS_NODEID": "1", "LSB_MCPU_HOSTS": "a 1 b 4"}.items() <= shown.items()
+
+
 def test_local_launch_from_nprocs_and_text_output():
     info = env_json("--nprocs", "3")
     assert (info["source"], info["world_size"], info["spawn"], info["backend"]) == ("arguments", 3, 3, "gloo")
