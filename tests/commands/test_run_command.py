@@ -267,3 +267,21 @@ def test_allow_targets_refuses_a_target_outside_the_prefixes_before_importing_it
     assert not marker.exists()  # nothing of it was imported, let alone called
     allowed = run_cli("run", "-C", "c.yml", "--dry-run", "--allow-targets", "torch,torchstage,evil", cwd=tmp_path)
     assert marker.exists() and "criterion._target_" not in allowed.stderr
+
+
+@pytest.mark.parametrize("target, reason", [
+    ("torch.os.system", "'torch.os' is the module 'os', which is not under the allowed module prefixes"),
+    ("torch.serialization.os.system", "'torch.serialization.os' is the module 'os'"),
+    ("torch.hub.urlopen", "is defined in module 'urllib.request', which is not under the allowed module prefixes"),
+    ("torch.nn.Module.__init__", "walks through the attribute '__init__'"),
+])
+def test_allow_targets_checks_where_the_object_is_defined_not_only_its_name(tmp_path, target, reason):
+    """A name under an allowed prefix may still lead out of it (``torch.os`` is ``os``): the object is resolved
+    step by step and its defining module checked, and nothing outside the prefixes is called."""
+    marker = tmp_path / "code-ran"
+    (tmp_path / "c.yml").write_text(FOUNDATION.replace(
+        "criterion: {_target_: torch.nn.MSELoss}", f"criterion: {{_target_: {target}, command: 'touch {marker}'}}"))
+    refused = run_cli("run", "-C", "c.yml", "--dry-run", "--allow-targets", "torch,torchstage", cwd=tmp_path)
+    assert refused.returncode == 2 and f"criterion._target_: {target!r}" in refused.stderr, refused.stderr
+    assert reason in refused.stderr and "Traceback" not in refused.stderr
+    assert not marker.exists()

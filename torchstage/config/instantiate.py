@@ -41,7 +41,7 @@ def import_target(target, path: str):
     if not isinstance(target, str) or not target or target.startswith(".") or ".." in target:
         raise ConfigError(where, f"expected an import path such as 'torch.nn.Linear', got {target!r}")
     allowed = allowed_prefixes()
-    if allowed and not any(target == p.rstrip(".") or target.startswith(p.rstrip(".") + ".") for p in allowed):
+    if allowed and not _under(target, allowed):
         raise ConfigError(where, f"{target!r} is not under the allowed module prefixes {list(allowed)} "
                                  f"(--allow-targets / ${ALLOWED_TARGETS_VAR}); nothing was imported")
     parts = target.split(".")
@@ -70,9 +70,37 @@ def import_target(target, path: str):
             raise ConfigError(where, f"cannot import {target!r}: tried module {name!r}, which has no attribute "
                                      f"{attr!r}{hint}")
         obj, done = getattr(obj, attr), f"{done}.{attr}"
+        if allowed:
+            _check_step(obj, attr, done, target, where, allowed)
     if not callable(obj):
         raise ConfigError(where, f"{target!r} is a {type(obj).__name__}, not a class or function to call")
+    if allowed:
+        _check_defined_under(obj, target, where, allowed)
     return obj
+
+
+def _under(name: str, allowed) -> bool:
+    return any(name == p.rstrip(".") or name.startswith(p.rstrip(".") + ".") for p in allowed)
+
+
+def _check_step(obj, attr: str, done: str, target: str, where: str, allowed) -> None:
+    """Under ``--allow-targets`` an attribute walk may not leave the allowed modules (``torch.os`` is ``os``) nor
+    take dunder attributes (``__globals__``, ``__init__``...)."""
+    if attr.startswith("__") and attr.endswith("__"):
+        raise ConfigError(where, f"{target!r} walks through the attribute {attr!r}; with allowed module prefixes "
+                                 f"{list(allowed)} a _target_ names a class or function, nothing inside it")
+    if inspect.ismodule(obj) and not _under(obj.__name__, allowed):
+        raise ConfigError(where, f"{target!r}: {done!r} is the module {obj.__name__!r}, which is not under the "
+                                 f"allowed module prefixes {list(allowed)}; nothing was called")
+
+
+def _check_defined_under(obj, target: str, where: str, allowed) -> None:
+    """Under ``--allow-targets`` the object must be defined in an allowed module, whatever name reached it."""
+    module = getattr(obj, "__module__", None)
+    if not isinstance(module, str) or not _under(module, allowed):
+        origin = f"is defined in module {module!r}" if isinstance(module, str) else "has no defining module"
+        raise ConfigError(where, f"{target!r} {origin}, which is not under the allowed module prefixes "
+                                 f"{list(allowed)}; nothing was called")
 
 
 def check_arguments(fn, kwargs: Mapping, path: str, target: str, given=()) -> None:

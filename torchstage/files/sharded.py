@@ -5,10 +5,11 @@ Every rank writes its shards into a new data directory; once all have finished, 
 each name to it with an atomic rename of a new link, then deletes data directories no name points to.
 A crash at any moment leaves each name on a complete checkpoint. Loading reads the whole checkpoint
 into plain tensors on one process (any world size): the same dict a single-file checkpoint holds.
-DCP's ``.metadata`` file is a pickle: it is read with an unpickler that builds only DCP's own
-metadata classes and torch dtypes, so loading runs no code from the file.
+DCP's ``.metadata`` file is a pickle: it is read with an unpickler that builds only an explicit list of
+DCP's metadata classes and torch dtypes, so loading runs no code from the file.
 """
 import glob
+import importlib
 import io
 import os
 import pickle
@@ -21,10 +22,6 @@ from torchstage.files.atomic import fsync_folder
 from torchstage.files.format import FORMAT, CheckpointError
 
 DATA_PREFIX = ".sharded-"
-_TORCH_NAMES = ("Size",)
-#: Other globals DCP metadata refers to: containers, paths, and torch's layout-by-name lookup.
-_PLAIN = (("collections", "OrderedDict"), ("builtins", "set"), ("builtins", "frozenset"), ("pathlib", "PosixPath"),
-          ("pathlib", "PurePosixPath"), ("torch.serialization", "_get_layout"))
 
 
 def is_sharded(path: str) -> bool:
@@ -78,51 +75,90 @@ def collect_garbage(folder: str, keep: str = None) -> None:
 
 
 def load_sharded(path: str) -> dict:
-    """The whole checkpoint in ``path`` as plain tensors and values, read by this process alone."""
+    """The whole checkpoint in ``path`` as plain tensors and values, read by this process alone.
+
+    Its ``.metadata`` is read first, by :class:`_MetadataUnpickler`; a damaged or foreign file is a
+    :class:`~torchstage.files.format.CheckpointError`, as any error of DCP's reading it."""
     from torch.distributed.checkpoint import FileSystemReader  # heavy: only sharded checkpoints need it
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
+    metadata = read_metadata(path)
+
     class SafeReader(FileSystemReader):
         def read_metadata(self, *args, **kwargs):
-            metadata_path = os.path.join(path, ".metadata")
-            with open(metadata_path, "rb") as f:
-                metadata = _MetadataUnpickler(io.BytesIO(f.read())).load()
-            if getattr(metadata, "storage_meta", None) is None:
-                from torch.distributed.checkpoint.metadata import StorageMeta  # heavy: only sharded checkpoints need it
-                metadata.storage_meta = StorageMeta()
             metadata.storage_meta.load_id = self.load_id
             return metadata
 
-    if not os.path.isfile(os.path.join(path, ".metadata")):
-        raise CheckpointError(f"{path!r} is not a complete sharded checkpoint: it has no .metadata file")
     checkpoint = {}
     try:
         _load_state_dict(checkpoint, storage_reader=SafeReader(path), planner=_EmptyStateDictLoadPlanner(),
                          no_dist=True)
-    except pickle.UnpicklingError as e:
-        raise CheckpointError(f"refused to load {path!r}: {e}") from None
-    except (RuntimeError, OSError, EOFError) as e:
-        raise CheckpointError(f"could not read sharded checkpoint {path!r}: {e}") from None
+    except (CheckpointException, RuntimeError, OSError, EOFError, ValueError, KeyError, AssertionError) as e:
+        raise CheckpointError(f"could not read sharded checkpoint {path!r}: {_first_line(e)}") from None
     if checkpoint.get("format") != FORMAT:
         raise CheckpointError(f"{path!r} is not a torchstage checkpoint: format is {checkpoint.get('format')!r}, "
                               f"expected {FORMAT!r}")
     return checkpoint
 
 
+def read_metadata(path: str):
+    """DCP's ``Metadata`` of the sharded checkpoint ``path``, unpickled without running code from the file."""
+    from torch.distributed.checkpoint.metadata import Metadata, StorageMeta  # heavy: sharded checkpoints only
+    metadata_path = os.path.join(path, ".metadata")
+    if not os.path.isfile(metadata_path):
+        raise CheckpointError(f"{path!r} is not a complete sharded checkpoint: it has no .metadata file")
+    with open(metadata_path, "rb") as f:
+        data = f.read()
+    try:
+        metadata = _MetadataUnpickler(io.BytesIO(data)).load()
+    except _Refused as e:
+        raise CheckpointError(f"refused to load {path!r}: {e}") from None
+    except Exception as e:  # random bytes make any error: they are a damaged file, reported as one
+        raise CheckpointError(f"sharded checkpoint {path!r} is damaged: its .metadata ({len(data)} bytes) cannot be "
+                              f"read ({type(e).__name__}: {_first_line(e)})") from None
+    if not isinstance(metadata, Metadata):
+        raise CheckpointError(f"sharded checkpoint {path!r} is damaged: its .metadata holds a "
+                              f"{type(metadata).__name__}, not DCP's Metadata")
+    if getattr(metadata, "storage_meta", None) is None:
+        metadata.storage_meta = StorageMeta()
+    return metadata
+
+
+def _first_line(error) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return next((line for line in reversed(lines) if "Error" in line), lines[-1] if lines else type(error).__name__)
+
+
+#: The globals DCP's metadata pickle refers to, each by its exact module and name: its dataclasses and enum,
+#: the storage record of the file system writer, torch's layout lookup and Size, paths and plain containers.
+#: Nothing else is built, and nothing is reached through a module's attributes.
+ALLOWED_GLOBALS = frozenset(
+    [("torch.distributed.checkpoint.metadata", name) for name in (
+        "Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata", "TensorProperties",
+        "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING")]
+    + [("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch.serialization", "_get_layout"),
+       ("torch", "Size"), ("collections", "OrderedDict"), ("builtins", "set"), ("builtins", "frozenset"),
+       ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"), ("pathlib", "WindowsPath"),
+       ("pathlib", "PureWindowsPath")])
+
+
+class _Refused(pickle.UnpicklingError):
+    """The metadata pickle names a global that sharded checkpoints never hold."""
+
+
 class _MetadataUnpickler(pickle.Unpickler):
-    """Builds DCP's metadata dataclasses and enums, torch dtypes/layouts/Size, paths and plain containers only."""
+    """Builds only :data:`ALLOWED_GLOBALS` and torch's dtypes, layouts and memory formats, each found by its exact
+    name: a pickle cannot reach anything else through a module's attributes (``operator.attrgetter`` and
+    ``os`` are a module attribute away in DCP's own modules)."""
 
     def find_class(self, module, name):
-        if module.startswith("torch.distributed.checkpoint."):
-            obj = super().find_class(module, name)
-            if isinstance(obj, type):
-                return obj
-        elif module == "torch":
+        if (module, name) in ALLOWED_GLOBALS:
+            return getattr(importlib.import_module(module), name)
+        if module == "torch" and name.isidentifier():
             obj = getattr(torch, name, None)
-            if isinstance(obj, (torch.dtype, torch.layout, torch.memory_format)) or name in _TORCH_NAMES:
+            if isinstance(obj, (torch.dtype, torch.layout, torch.memory_format)):
                 return obj
-        elif (module, name) in _PLAIN:
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"the checkpoint metadata names {module}.{name}, which a sharded checkpoint "
-                                     f"never holds; torchstage does not run code from checkpoint files")
+        raise _Refused(f"the checkpoint metadata names {module}.{name}, which a sharded checkpoint never holds; "
+                       f"torchstage does not run code from checkpoint files")
