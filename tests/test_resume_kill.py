@@ -5,6 +5,7 @@ Each scenario kills a real child process (tests/resume_scripts/tiny_run.py), che
 run: weights, optimizer and scheduler states, loop position, metrics, callback states and RNG states.
 Scenarios run two at a time (the whole module takes about 40-70 s on 2 idle cores).
 """
+import json
 import os
 import random
 import signal
@@ -85,8 +86,22 @@ def test_killed_run_resumes_bitwise_equal(runs, name):
     assert checkpoint_differences(runs["reference"], run["last"]) == []
 
 
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", [*SCENARIOS, _EXTERNAL])
+def test_every_checkpoint_file_ends_as_the_uninterrupted_run_wrote_it(runs, name):
+    """Not only last.pth: best.pth, the kept epoch files and metrics.json, whatever moment the kill hit."""
+    folder, reference = os.path.dirname(runs[name]["last"]), os.path.dirname(runs["reference"])
+    names = sorted(f for f in os.listdir(reference) if not f.startswith("."))
+    assert sorted(f for f in os.listdir(folder) if not f.startswith(".")) == names
+    for file in names:
+        if file.endswith(".pth"):
+            assert checkpoint_differences(os.path.join(reference, file), os.path.join(folder, file)) == [], file
+    with open(os.path.join(reference, "metrics.json")) as a, open(os.path.join(folder, "metrics.json")) as b:
+        assert json.load(a) == json.load(b)
+
+
 def test_kill_inside_a_write_leaves_the_previous_checkpoint(runs):
-    # writes of a .pth: batch 3 (1), batch 6 (2), batch 9 (3), epoch 1 end last.pth (4): killed before replace
+    # writes of a .pth: batch 3 (1), batch 6 (2), batch 9 (3), epoch 1 end best.pth (4): killed before replace
     run = runs["inside a checkpoint write, before os.replace"]
     assert run["survivor"]["global_batch_step"] == 9 and not run["survivor"]["epoch_done"]
     assert run["stale"], "the interrupted write should have left its temporary file"
@@ -101,10 +116,11 @@ def test_sigterm_stops_after_the_batch_with_a_checkpoint_and_a_log_line(runs):
     assert "resume='last'" in run["out"] and "exit code 143" in run["out"]
 
 
-def test_kill_in_fsync_of_best_leaves_last(runs):
-    # .pth writes: batches 3, 6, 9, then at epoch 1's end last.pth (4) and best.pth (5, killed in its fsync)
+def test_kill_in_fsync_before_last_pth_leaves_the_previous_last(runs):
+    # .pth writes: batches 3, 6, 9, then at epoch 1's end best.pth (4), epoch-0001.pth (5, killed in its fsync) and
+    # last.pth (6), which goes last
     run = runs["inside a checkpoint write, in fsync"]
-    assert run["survivor"]["epoch_done"] and run["survivor"]["global_epoch_step"] == 1
+    assert run["survivor"]["global_batch_step"] == 9 and not run["survivor"]["epoch_done"]
 
 
 def test_mid_epoch_survivor_is_the_last_batch_checkpoint(runs):
