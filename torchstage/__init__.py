@@ -27,7 +27,7 @@ from torchstage.callbacks.safety.stop import StopCallback
 from torchstage.callbacks.safety.watchdog import HangWatchdog
 from torchstage.callbacks.training.criterion import CriterionCallback
 from torchstage.callbacks.training.loop import LoopCallback
-from torchstage.callbacks.training.nonfinite import NonFiniteLossCallback, NonFiniteLossError
+from torchstage.callbacks.training.nonfinite import NonFiniteLossCallback, NonFiniteLossError, NonFiniteStateError
 from torchstage.callbacks.training.optimizer import OptimizerCallback
 from torchstage.callbacks.training.output_losses import Loss, OutputLossesCallback, Regularizer
 from torchstage.callbacks.training.scheduler import SchedulerCallback
@@ -79,6 +79,6 @@ __all__ = [
     "BatchOverfitCallback", "MetricAggregationCallback", "MultiLabelAccuracyCallback", "RunnerException",
     "LoggerCallback", "MLflowLogger", "ProfilerCallback", "ThroughputMonitor",
     "TorchMetricsCallback", "EMACallback", "SWACallback", "WeightAveragingCallback", "OptunaPruningCallback", "tune",
-    "LogdirLocked", "NonFiniteLossCallback", "NonFiniteLossError",
+    "LogdirLocked", "NonFiniteLossCallback", "NonFiniteLossError", "NonFiniteStateError",
     "HangWatchdog", "EvenBatchesCallback", "UnevenBatchesError",
 ]

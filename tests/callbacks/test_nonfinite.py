@@ -66,3 +66,23 @@ def test_arguments_are_checked():
         NonFiniteLossCallback(mode="ignore")
     with pytest.raises(ValueError, match="check_every must be an integer >= 1, got 0"):
         NonFiniteLossCallback(check_every=0)
+
+
+def test_a_nan_gradient_with_a_finite_loss_never_reaches_a_checkpoint(tmp_path):
+    """The last train batch of epoch 2 makes the weights NaN while its loss is finite: the epoch-end checkpoint is
+    refused, epoch 1's files stay the last finite ones, and the run resumes from them."""
+    code, out = nan_run(tmp_path, NAN_GRAD_AT_BATCH=16)  # 8 train batches per epoch: the last one of epoch 2
+    assert code != 0, out
+    assert "NonFiniteStateError: non-finite weights: model 'model' tensor '0.weight' holds NaN/inf at stage " \
+           "'main', epoch 2, after global batch 16" in out, out
+    assert "no checkpoint was written, so " in out and "(stage 'main', epoch 1, global batch 8) is the last finite " \
+           "one" in out, out
+    folder = tmp_path / "checkpoints"
+    for name in ("last.pth", "best.pth"):
+        checkpoint = load_checkpoint(str(folder / name))
+        assert checkpoint["loop"]["epoch"] == 1 and all_finite(checkpoint), name
+        assert all(torch.isfinite(t).all() for state in checkpoint["optimizers"]["optimizer"]["state"].values()
+                   for t in state.values())
+    code, out = nan_run(tmp_path, "resume")  # no poison now: the run continues from epoch 1's checkpoint
+    assert code == 0, out
+    assert load_checkpoint(str(folder / "last.pth"))["loop"]["global_epoch_step"] == 3

@@ -11,7 +11,7 @@ import os
 from torchstage.catalyst.callback_args import renamed_argument
 from torchstage.arguments import ArgumentError
 from torchstage.callbacks.base import Callback, CallbackOrder
-from torchstage.callbacks.training.nonfinite import NonFiniteLossCallback
+from torchstage.callbacks.training.nonfinite import NonFiniteLossCallback, check_finite_state
 from torchstage.files.atomic import write_atomic
 from torchstage.files.checkpoint import load_checkpoint
 from torchstage.files.format import checkpoint_folder, checkpoint_path
@@ -87,7 +87,7 @@ class CheckpointCallback(Callback):
                   ([os.path.join(folder, entry["file"])] if kept else []) + \
                   ([checkpoint_path(folder, "last")] if last_due else [])
         if targets:
-            _check_finite(runner)  # collective
+            self._check_finite(runner)  # collective
         if runner.engine.is_main:
             self._write_summary(runner, folder, entry, [os.path.join(folder, old["file"]) for old in dropped])
         if targets:  # independent files: damage to one cannot reach another (collective)
@@ -115,7 +115,7 @@ class CheckpointCallback(Callback):
         position = self._position(runner)
         if self._saved_at == position:
             return path
-        _check_finite(runner)
+        self._check_finite(runner)
         runner.engine.strategy.save_checkpoint(runner.state_dict(), [path], runner.engine, runner.file_writer)
         self._saved_at = position
         return path
@@ -127,6 +127,20 @@ class CheckpointCallback(Callback):
             return
         runner.engine.barrier()  # the main rank has written best.pth
         runner.load_state_dict(load_checkpoint(checkpoint_path(self.folder(runner), "best")), weights_only=True)
+
+    def _check_finite(self, runner) -> None:
+        """No checkpoint holds weights trained on a non-finite loss, nor non-finite weights or optimizer state:
+        the loss watchers' flags, then the state itself (collective; one host read each, per checkpoint)."""
+        for callback in runner.callbacks.values():
+            if isinstance(callback, NonFiniteLossCallback):
+                callback.check(runner)
+        if self._saved_at is None:
+            last_good = f"the checkpoint this run started from, if any ({checkpoint_path(self.folder(runner), 'last')})"
+        else:
+            stage, epoch, batch, done = self._saved_at
+            last_good = (f"{checkpoint_path(self.folder(runner), 'last')} (stage {stage!r}, epoch {epoch}"
+                         f"{'' if done else ' mid-epoch'}, global batch {batch})")
+        check_finite_state(runner, last_good)
 
     def _update_topk(self, runner, entry):
         """Add ``entry`` to the kept top-k if it belongs there, and trim the list to ``topk`` (a run resumed with
@@ -185,11 +199,6 @@ def metrics_json(summary: dict) -> bytes:
     return ("{\n" + ",\n".join(lines) + "\n}\n").encode()
 
 
-def _check_finite(runner) -> None:
-    """No checkpoint holds weights trained on a non-finite loss: read the watchers' flags first (collective)."""
-    for callback in runner.callbacks.values():
-        if isinstance(callback, NonFiniteLossCallback):
-            callback.check(runner)
 
 
 def checkpoint_folders(chain: dict, logdir) -> list:

@@ -14,12 +14,17 @@ import math
 import torch
 
 from torchstage.callbacks.base import Callback, CallbackOrder
+from torchstage.named import named
 
 logger = logging.getLogger("torchstage")
 
 
 class NonFiniteLossError(FloatingPointError):
     """A train loss was NaN or infinite; the message says where and which loss."""
+
+
+class NonFiniteStateError(FloatingPointError):
+    """A checkpoint would have held NaN or infinite weights or optimizer state: it was not written."""
 
 
 class NonFiniteLossCallback(Callback):
@@ -123,3 +128,40 @@ class NonFiniteLossCallback(Callback):
         if runner.engine.is_main:
             logger.warning("skipped train batch %d of epoch %d (global batch %d): non-finite %s",
                            runner.batch_step, runner.epoch, runner.global_batch_step, "/".join(losses))
+
+
+def first_nonfinite_state(runner):
+    """``"model 'x' parameter 'w'"`` for the first model weight, buffer or optimizer state tensor of this rank
+    that holds NaN or inf, else None; one host read when all are finite (sharded tensors: this rank's shard)."""
+    tensors = []
+    for name, model in named(runner.unwrapped_model, "model").items():
+        tensors += [(f"model {name!r} tensor {key!r}", t) for key, t in model.state_dict().items()]
+    for name, optimizer in named(runner.optimizer, "optimizer").items():
+        index = {id(p): i for i, p in enumerate(p for g in optimizer.param_groups for p in g["params"])}
+        for param, state in optimizer.state.items():
+            tensors += [(f"optimizer {name!r} state {key!r} of parameter {index.get(id(param))}", t)
+                        for key, t in state.items()]
+    tensors = [(where, t.to_local() if hasattr(t, "to_local") else t) for where, t in tensors
+               if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel()]
+    if not tensors:
+        return None
+    flags = torch.stack([torch.isfinite(t).all() for _, t in tensors])
+    if bool(flags.all()):
+        return None
+    return tensors[int((~flags).nonzero()[0])][0]
+
+
+def check_finite_state(runner, last_good: str) -> None:
+    """Raise :class:`NonFiniteStateError` on every rank when any rank's weights or optimizer state hold NaN/inf
+    (collective: one small all-gather under several processes); ``last_good`` names the checkpoint kept."""
+    where = first_nonfinite_state(runner)
+    if runner.engine.is_distributed:
+        found = [(rank, w) for rank, w in enumerate(runner.engine.all_gather_object(where)) if w is not None]
+        where = f"{found[0][1]} on rank {found[0][0]}" if found else None
+    if where is None:
+        return
+    raise NonFiniteStateError(
+        f"non-finite weights: {where} holds NaN/inf at stage {runner.stage_key!r}, epoch {runner.epoch}, after global "
+        f"batch {runner.global_batch_step}, though every train loss was finite (a gradient or an update was not); "
+        f"no checkpoint was written, so {last_good} is the last finite one. Lower the learning rate, clip "
+        f"gradients (grad_clip_norm=...), or find the operation with torch.autograd.set_detect_anomaly(True)")
