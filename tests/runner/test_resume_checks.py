@@ -97,3 +97,56 @@ def test_another_world_size_is_refused_naming_the_checkpoint_and_both_sizes(tmp_
     assert done.returncode != 0
     assert f"cannot resume from {_last(tmp_path)}: world size is 2 now but 1 in the checkpoint; resume it with 1 " \
            f"process(es)" in done.stdout, done.stdout[-3000:]
+
+
+def _adamw(weight_decay):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Dropout(0.2), nn.Linear(8, 1))
+    return model, torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=weight_decay)
+
+
+def test_a_changed_weight_decay_is_refused_like_the_learning_rate(tmp_path):
+    model, optimizer = _adamw(0.0)
+    _train(tmp_path, model=model, optimizer=optimizer, num_epochs=1)
+    model, optimizer = _adamw(0.1)
+    with pytest.raises(CheckpointError, match=r"cannot resume from .*last\.pth: optimizer 'optimizer' param group 0: "
+                                              r"weight_decay is 0\.1 now but 0\.0 in the checkpoint\. Pass the "
+                                              r"checkpoint's weight_decay, or resume_lr='new'"):
+        _train(tmp_path, model=model, optimizer=optimizer, num_epochs=2, resume="last")
+
+
+@pytest.mark.parametrize("policy, expected", [("new", 0.1), ("checkpoint", 0.0)])
+def test_resume_lr_decides_for_every_hyperparameter_with_a_log_line(tmp_path, caplog, policy, expected):
+    model, optimizer = _adamw(0.0)
+    _train(tmp_path, model=model, optimizer=optimizer, num_epochs=1)
+    model, optimizer = _adamw(0.1)
+    caplog.set_level("WARNING", logger="torchstage")
+    runner = _train(tmp_path, model=model, optimizer=optimizer, num_epochs=2, resume="last", resume_lr=policy)
+    assert runner.optimizer.param_groups[0]["weight_decay"] == expected
+    assert load_checkpoint(_last(tmp_path))["optimizers"]["optimizer"]["param_groups"][0]["weight_decay"] == expected
+    assert f"weight_decay is 0.1 now but 0.0 in the checkpoint; using {expected}" in caplog.text
+
+
+def test_another_optimizer_class_is_refused_naming_both(tmp_path):
+    _train(tmp_path, num_epochs=1)  # Adam
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Dropout(0.2), nn.Linear(8, 1))
+    sgd = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    with pytest.raises(CheckpointError, match=r"optimizer 'optimizer' is torch\.optim\.sgd\.SGD now but "
+                                              r"torch\.optim\.adam\.Adam in the checkpoint"):
+        _train(tmp_path, model=model, optimizer=sgd, num_epochs=2, resume="last")
+
+
+def test_a_checkpoint_without_the_optimizer_class_is_told_apart_by_its_hyperparameters(tmp_path):
+    from torchstage.files.atomic import write_atomic
+    from torchstage.files.checkpoint import serialize
+    _train(tmp_path, num_epochs=1)  # Adam
+    checkpoint = load_checkpoint(_last(tmp_path))
+    del checkpoint["meta"]["optimizers"]  # as torchstage wrote it before it kept the class
+    write_atomic(_last(tmp_path), serialize(checkpoint))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Dropout(0.2), nn.Linear(8, 1))
+    sgd = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    with pytest.raises(CheckpointError, match=r"optimizer 'optimizer' is torch\.optim\.sgd\.SGD now but an optimizer "
+                                              r"with hyperparameters \[.*'betas'.*\] in the checkpoint"):
+        _train(tmp_path, model=model, optimizer=sgd, num_epochs=2, resume="last")

@@ -20,32 +20,43 @@ def check_before_load(runner, checkpoint: dict, path: str) -> list:
                               f"{world} in the checkpoint; resume it with {world} process(es)")
     for name, model in named(runner.unwrapped_model, "model").items():
         _check_shapes(path, name, model, checkpoint["models"].get(name))
-    given = _learning_rates(runner.optimizer)
-    saved = {name: [_lr(group) for group in state["param_groups"]]
+    _check_optimizer_kinds(runner, checkpoint, path)
+    given = _hyperparameters(runner.optimizer)
+    saved = {name: [_group_hyperparameters(group) for group in state["param_groups"]]
              for name, state in checkpoint["optimizers"].items()}
     policy = runner.spec.resume_lr
-    for (name, index), lr in given.items():
-        old = saved.get(name, [])[index] if index < len(saved.get(name, [])) else None
-        if old is None or old == lr or (policy == "refuse" and _scheduled_without_initial_lr(runner, name)):
-            continue
-        what = f"optimizer {name!r} param group {index}: lr is {lr} now but {old} in the checkpoint"
-        if policy == "refuse":
-            raise CheckpointError(f"cannot resume from {path}: {what}. Pass the checkpoint's lr, or "
-                                  f"resume_lr='new' to continue with {lr}, or resume_lr='checkpoint' to keep {old}")
-        if runner.engine.is_main:
-            logger.warning("resume from %s: %s; using %s (resume_lr=%r)", path, what,
-                           lr if policy == "new" else old, policy)
+    for (name, index), values in given.items():
+        old_groups = saved.get(name, [])
+        old_values = old_groups[index] if index < len(old_groups) else {}
+        for key, value in values.items():
+            old = old_values.get(key)
+            if key not in old_values or old == value:
+                continue
+            if key == "lr" and policy == "refuse" and _scheduled_without_initial_lr(runner, name):
+                continue
+            what = f"optimizer {name!r} param group {index}: {key} is {value} now but {old} in the checkpoint"
+            if policy == "refuse":
+                raise CheckpointError(f"cannot resume from {path}: {what}. Pass the checkpoint's {key}, or "
+                                      f"resume_lr='new' to continue with {value}, or resume_lr='checkpoint' to keep "
+                                      f"{old} (resume_lr decides for every optimizer hyperparameter)")
+            if runner.engine.is_main:
+                logger.warning("resume from %s: %s; using %s (resume_lr=%r)", path, what,
+                               value if policy == "new" else old, policy)
     return given if policy == "new" else {}
 
 
 def apply_after_load(runner, given: dict) -> None:
-    """``resume_lr='new'``: put the learning rates given now back over the loaded optimizer state."""
+    """``resume_lr='new'``: put the hyperparameters given now back over the loaded optimizer state."""
     optimizers = named(runner.optimizer, "optimizer")
-    for (name, index), lr in given.items():
+    for (name, index), values in given.items():
         group = optimizers[name].param_groups[index]
-        group["lr"] = lr
-        if "initial_lr" in group:
-            group["initial_lr"] = lr
+        for key, value in values.items():
+            if key == "lr":
+                group["lr"] = value
+                if "initial_lr" in group:
+                    group["initial_lr"] = value
+            else:
+                group[key] = value
     for scheduler in named(runner.scheduler, "scheduler").values():
         if hasattr(scheduler, "base_lrs"):
             scheduler.base_lrs = [group.get("initial_lr", group["lr"]) for group in scheduler.optimizer.param_groups]
@@ -82,13 +93,49 @@ def _check_shapes(path, name, model, state) -> None:
                                   f"but {there} in the checkpoint; the architecture changed")
 
 
-def _lr(group: dict):
-    return group.get("initial_lr", group.get("lr"))
+#: Param-group entries that are no hyperparameter: the parameters, and switches of the implementation only.
+_NOT_HYPERPARAMETERS = frozenset({"params", "param_names", "foreach", "fused", "capturable", "differentiable",
+                                  "initial_lr"})
 
 
-def _learning_rates(optimizer) -> dict:
-    return {(name, i): _lr(group) for name, opt in named(optimizer, "optimizer").items()
+def _group_hyperparameters(group: dict) -> dict:
+    """A param group's hyperparameters as given by the user: ``lr`` at its ``initial_lr`` (a scheduler's decay is
+    no change), and momentum/betas left out where a cyclic scheduler moves them (it keeps their bounds)."""
+    moved = {"momentum", "betas"} if "max_momentum" in group or "base_momentum" in group else set()
+    values = {key: value for key, value in group.items() if key not in _NOT_HYPERPARAMETERS | moved}
+    if "lr" in values:
+        values["lr"] = group.get("initial_lr", group["lr"])
+    return values
+
+
+def _hyperparameters(optimizer) -> dict:
+    return {(name, i): _group_hyperparameters(group) for name, opt in named(optimizer, "optimizer").items()
             for i, group in enumerate(opt.param_groups)}
+
+
+def _check_optimizer_kinds(runner, checkpoint: dict, path: str) -> None:
+    """Another optimizer class than the checkpoint's (its state could not be put back) is refused, named."""
+    kinds = checkpoint.get("meta", {}).get("optimizers", {})
+    for name, optimizer in named(runner.optimizer, "optimizer").items():
+        state = checkpoint["optimizers"].get(name)
+        if state is None:
+            continue
+        now = f"{type(optimizer).__module__}.{type(optimizer).__qualname__}"
+        before = kinds.get(name)
+        saved_keys = set(state["param_groups"][0]) - _NOT_HYPERPARAMETERS if state["param_groups"] else set()
+        given_keys = set(optimizer.param_groups[0]) - _NOT_HYPERPARAMETERS
+        # a checkpoint without the class (written before it was kept): another optimizer lacks keys on both sides
+        # (a newer torch only adds some)
+        if (before is not None and before != now) or (before is None and saved_keys - given_keys
+                                                       and given_keys - saved_keys):
+            was = f"{before}" if before is not None else f"an optimizer with hyperparameters {sorted(saved_keys)}"
+            raise CheckpointError(
+                f"cannot resume from {path}: optimizer {name!r} is {now} now but {was} in the checkpoint; its state "
+                f"(momentum buffers, moments, step counts) belongs to that optimizer. Build the checkpoint's "
+                f"optimizer, or start a new run (another logdir, or overwrite=True)")
+        if len(state["param_groups"]) != len(optimizer.param_groups):
+            raise CheckpointError(f"cannot resume from {path}: optimizer {name!r} has {len(optimizer.param_groups)} "
+                                  f"param group(s) now but {len(state['param_groups'])} in the checkpoint")
 
 
 def _scheduled_without_initial_lr(runner, name) -> bool:

@@ -32,6 +32,8 @@ def runner_state_dict(runner) -> dict:
         "meta": {"torchstage": __version__, "torch": str(torch.__version__), "world_size": runner.engine.world_size,
                  "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "stage_names": [s.name for s in spec.stage_specs],
                  "stage_epochs": [s.num_epochs for s in spec.stage_specs],
+                 "optimizers": {k: f"{type(o).__module__}.{type(o).__qualname__}"
+                                for k, o in named(runner.optimizer, "optimizer").items()},
                  "hparams": {k: _plain(getattr(spec, k)) for k in HPARAMS}},
     }
 
