@@ -8,7 +8,9 @@ import torch
 from torch import nn
 
 from tests.resume_helpers import ROOT, child_env, tiny_train_kwargs
-from torchstage import CheckpointError, SupervisedRunner, load_checkpoint
+from torch.utils.data import DataLoader, TensorDataset
+
+from torchstage import Batch, Callback, CancelRun, CheckpointError, Epoch, SupervisedRunner, load_checkpoint
 
 
 def _train(logdir, **overrides):
@@ -150,3 +152,66 @@ def test_a_checkpoint_without_the_optimizer_class_is_told_apart_by_its_hyperpara
     with pytest.raises(CheckpointError, match=r"optimizer 'optimizer' is torch\.optim\.sgd\.SGD now but an optimizer "
                                               r"with hyperparameters \[.*'betas'.*\] in the checkpoint"):
         _train(tmp_path, model=model, optimizer=sgd, num_epochs=2, resume="last")
+
+
+class SeenIds(Callback):
+    """Records, per (global epoch, global batch), the ids (first feature) of each train batch."""
+
+    order = 1
+
+    def __init__(self):
+        self.seen = {}
+
+    def on_batch_start(self, runner):
+        if runner.is_train_loader:
+            self.seen[(runner.global_epoch_step, runner.global_batch_step)] = runner.batch[0][:, 0].long().tolist()
+
+
+class StopAfter(Callback):
+    order = 500
+
+    def __init__(self, batch):
+        self.batch = batch
+
+    def on_batch_end(self, runner):
+        if runner.is_train_loader and runner.global_batch_step == self.batch:
+            raise CancelRun()
+
+
+def _id_run(logdir, batch_size, callbacks, samples=40, **overrides):
+    """Shuffled train samples whose first feature is their id; a mid-epoch checkpoint every 3 train batches."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1)
+    x = torch.cat([torch.arange(samples, dtype=torch.float32)[:, None], torch.randn(samples, 5, generator=g)], 1)
+    y = torch.randn(samples, 1, generator=g)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Dropout(0.2), nn.Linear(8, 1))
+    return SupervisedRunner().train(**{**tiny_train_kwargs(
+        str(logdir), model=model, optimizer=torch.optim.Adam(model.parameters(), lr=0.01), num_epochs=2,
+        loaders={"train": DataLoader(TensorDataset(x, y), batch_size=batch_size, shuffle=True),
+                 "valid": DataLoader(TensorDataset(x[:8], y[:8]), batch_size=4)},
+        checkpoint_period=(Batch(3), Epoch(1)), callbacks=callbacks), **overrides})
+
+
+@pytest.mark.parametrize("new_batch_size", [8, 3])
+def test_a_changed_batch_size_mid_epoch_resumes_at_the_same_sample(tmp_path, caplog, new_batch_size):
+    """Interrupted after 8 samples of epoch 2 in batches of 4, resumed in batches of 8 (or 3): the epoch sees each
+    of its 40 samples exactly once."""
+    first = SeenIds()
+    _id_run(tmp_path, 4, [first, StopAfter(13)])  # epoch 2 is global batches 11-20; last.pth after batch 12
+    assert load_checkpoint(_last(tmp_path))["loop"]["loader_sample_step"] == 8
+    before = [i for (epoch, batch), ids in first.seen.items() if epoch == 2 and batch <= 12 for i in ids]
+    caplog.set_level("WARNING", logger="torchstage")
+    second = SeenIds()
+    runner = _id_run(tmp_path, new_batch_size, [second], resume="last")
+    after = [i for (epoch, _), ids in second.seen.items() if epoch == 2 for i in ids]
+    assert sorted(before + after) == list(range(40)) and len(before) == 8
+    assert f"was interrupted after 8 samples in batches of 4; its batches hold {new_batch_size} now, so the pass " \
+           f"goes on from sample 9" in caplog.text
+    assert runner.global_epoch_step == 2
+
+
+def test_a_changed_dataset_size_mid_epoch_is_refused(tmp_path):
+    _id_run(tmp_path, 4, [StopAfter(13)])
+    with pytest.raises(CheckpointError, match=r"written in the middle of loader 'train' of stage 'main', whose "
+                                              r"dataset had 40 samples; it has 44 now"):
+        _id_run(tmp_path, 4, [], samples=44, resume="last")

@@ -8,9 +8,10 @@ back the RNG state of the interrupted run, so the next batch, its augmentation a
 draw exactly what they would have drawn.
 """
 import logging
+import math
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
 from torchstage.rng import set_rng_state
 
@@ -115,3 +116,43 @@ def resume_iterator(loader, skip: int, loader_rng: dict, run_rng: dict):
 
 
 _END = object()
+
+
+def batch_size_changed(loader, batches: int, samples: int):
+    """``(old, new)`` batch sizes when ``samples`` samples in ``batches`` full batches (a mid-epoch checkpoint's
+    position) no longer fit ``loader``'s batches, else None; None too where the loader's batch size is unknown."""
+    new = getattr(loader, "batch_size", None) if isinstance(loader, DataLoader) else None
+    if not new or not batches:
+        return None
+    try:
+        total = len(loader.batch_sampler.sampler)
+    except (AttributeError, TypeError):
+        total = None
+    expected = batches * new if total is None else min(batches * new, total)
+    return None if samples == expected else (samples / batches, new)
+
+
+def skips_samples(loader) -> bool:
+    """True for a loader that can start a pass after a number of samples (torch's BatchSampler over a sampler)."""
+    return (isinstance(loader, DataLoader) and not isinstance(loader.dataset, IterableDataset)
+            and type(loader.batch_sampler) is BatchSampler)
+
+
+def resume_after_samples(loader, samples: int, loader_rng: dict, run_rng: dict):
+    """``(iterator, batches)``: ``loader``'s pass from sample ``samples + 1`` on, batched with its batch size
+    (the interrupted pass batched them otherwise), and how many of its batches that counts as done.
+
+    The sampler's order is replayed as in :func:`resume_iterator` and its first ``samples`` indices dropped.
+    """
+    original = loader.batch_sampler
+    fresh = loader_rng["fresh_iterator"]
+    rest = SkipBatches(original.sampler, samples, loader, None if fresh else loader_rng, run_rng)
+    remaining = max(0, len(original.sampler) - samples)
+    left = remaining // original.batch_size if original.drop_last else math.ceil(remaining / original.batch_size)
+    if fresh:
+        _apply_loader_rng(loader, loader_rng)
+    object.__setattr__(loader, "batch_sampler", BatchSampler(rest, original.batch_size, original.drop_last))
+    try:
+        return iter(loader), max(0, len(original) - left)
+    finally:
+        object.__setattr__(loader, "batch_sampler", original)

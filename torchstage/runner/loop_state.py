@@ -37,6 +37,7 @@ class ResumePoint:
     loader_rng: dict  #: the random state the loader pass started from (replays its order)
     rng: dict  #: this rank's generator states at the checkpoint
     loader_restored: bool = False  #: a stateful loader was put back where it was: no index skipping
+    by_samples: bool = False  #: the loader's batch size changed: the pass goes on after its done samples
 
 
 @dataclass
@@ -75,11 +76,20 @@ class LoopState:
         return {"stage": self.stage_key, "stage_index": self.stage_index, "epoch": self.epoch,
                 "epoch_done": self.epoch_done, "batch": self.train_batches_done, "loader": self.loader_key,
                 "loader_batch": self.batch_step or 0, "loader_sample_step": self.loader_sample_step,
+                "loader_samples": dataset_size(self.loader),
                 "global_epoch_step": self.global_epoch_step, "global_batch_step": self.global_batch_step,
                 "global_sample_step": self.global_sample_step}
 
 
 LOOP_FIELDS = tuple(f.name for f in fields(LoopState))
+
+
+def dataset_size(loader):
+    """The number of samples of ``loader``'s dataset (over all ranks), or None where it has no sized dataset."""
+    try:
+        return len(loader.dataset)
+    except (AttributeError, TypeError):
+        return None
 
 
 def expose_loop_state(cls):

@@ -11,7 +11,9 @@ import os
 from torchstage.callbacks.checkpoints.checkpoint_saver import checkpoint_folders
 from torchstage.files.checkpoint import checkpoint_files, load_checkpoint, load_newest_intact
 from torchstage.files.format import CheckpointError
-from torchstage.data.resume import capture_loader_rng, resume_iterator
+from torchstage.data.resume import (batch_size_changed, capture_loader_rng, resume_after_samples, resume_iterator,
+                                    skips_samples)
+from torchstage.runner.loop_state import dataset_size
 from torchstage.runner.resume_checks import apply_after_load, check_before_load, report_epochs
 from torchstage.runner.loop_state import ResumePoint
 from torchstage.rng import set_rng_state
@@ -88,11 +90,39 @@ def restore(runner, checkpoint: dict, path: str = "the checkpoint") -> None:
                               if "loader_start" in rng else
                               "checkpoint was written mid-epoch without the loader's random state; it cannot "
                               "be resumed exactly")
+    by_samples = _check_mid_epoch_loader(runner, loader, loop, path)
     runner.epoch = loop["epoch"] - 1  # the loop runs this epoch again...
     runner.global_epoch_step -= 1  # ...and its start counts it again
     runner.resume_point = ResumePoint(loader=loader, batch=loop["loader_batch"], train_batches_done=loop["batch"],
                                       loader_sample_step=loop["loader_sample_step"], metrics=runner.epoch_metrics,
-                                      loader_rng=rng["loader_start"], rng=rng)
+                                      loader_rng=rng["loader_start"], rng=rng, by_samples=by_samples)
+
+
+def _check_mid_epoch_loader(runner, name: str, loop: dict, path: str) -> bool:
+    """A loader interrupted mid-pass must still hold the samples its order was drawn over (refused otherwise);
+    True when its batch size changed, so the pass goes on after the samples done (logged)."""
+    loader, where = runner.loaders[name], f"loader {name!r} of stage {loop['stage']!r}"
+    before, now = loop.get("loader_samples"), dataset_size(runner.loaders[name])
+    if before is not None and now is not None and before != now:
+        raise CheckpointError(f"cannot resume from {path}: it was written in the middle of {where}, whose dataset had "
+                              f"{before} samples; it has {now} now, so the epoch's order (drawn over {before}) cannot "
+                              f"go on: every sample once is no longer possible. Resume with the same dataset, or from "
+                              f"an end-of-epoch checkpoint")
+    changed = batch_size_changed(loader, loop["loader_batch"], loop["loader_sample_step"])
+    if changed is None:
+        return False
+    old, new = changed
+    old = int(old) if float(old).is_integer() else old
+    if not skips_samples(loader):
+        raise CheckpointError(f"cannot resume from {path}: it was written after {loop['loader_sample_step']} samples "
+                              f"of {where} in batches of {old}, and batches hold {new} now; this loader's batch "
+                              f"sampler cannot start after a number of samples. Resume with batch size {old}, or "
+                              f"from an end-of-epoch checkpoint")
+    if runner.engine.is_main:
+        logger.warning("resume from %s: %s was interrupted after %d samples in batches of %s; its batches hold %d "
+                       "now, so the pass goes on from sample %d (each sample of the epoch once)", path, where,
+                       loop["loader_sample_step"], old, new, loop["loader_sample_step"] + 1)
+    return True
 
 
 def remaining_loaders(runner) -> list:
@@ -120,9 +150,12 @@ def loader_batches(runner):
     runner.loader_sample_step = point.loader_sample_step
     done = {name: metrics for name, metrics in point.metrics.items() if name != runner.loader_key}
     runner.epoch_metrics = {**done, runner.loader_key: runner.loader_metrics}
+    done = point.batch
     if point.loader_restored:  # a stateful loader was put back where it was (LoaderStateCallback)
         batches = iter(runner.loader)
         set_rng_state(point.rng)
+    elif point.by_samples:  # its batch size changed: on from the first sample not done
+        batches, done = resume_after_samples(runner.loader, point.loader_sample_step, point.loader_rng, point.rng)
     else:
         batches = resume_iterator(runner.loader, point.batch, point.loader_rng, point.rng)
-    return enumerate(batches, point.batch + 1)
+    return enumerate(batches, done + 1)
