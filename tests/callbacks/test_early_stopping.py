@@ -4,7 +4,9 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from torchstage import Callback, CallbackOrder, EarlyStoppingCallback, SupervisedRunner
+from torchstage import Callback, CallbackOrder, EarlyStoppingCallback, SupervisedRunner, load_checkpoint
+
+from tests.resume_helpers import tiny_train_kwargs
 
 
 class Scripted(Callback):
@@ -65,7 +67,9 @@ def test_another_metric_needs_a_direction():
 
 
 def test_missing_metric_names_what_was_produced():
-    with pytest.raises(KeyError, match="'acc' was not produced on loader 'valid'; it produced .*'loss'"):
+    """Found before training (it was found after the first epoch): the chain's metrics are known up front."""
+    with pytest.raises(ValueError, match=r"reads metric 'acc', which no callback produces; the chain produces "
+                                         r"\['loss', 'lr', 'score'\]"):
         run(SCORES, EarlyStoppingCallback(patience=2, metric_key="acc", minimize=False))
 
 
@@ -73,7 +77,43 @@ def test_state_is_checkpointed_and_resumed(tmp_path):
     stopper = EarlyStoppingCallback(patience=3, metric_key="score", minimize=True)
     run(SCORES, stopper, num_epochs=5, logdir=str(tmp_path))
     saved = torch.load(tmp_path / "checkpoints" / "last.pth", weights_only=True)["callbacks"]["early_stopping"]
-    assert saved == {"stage": "main", "best": 3.0, "best_epoch": 3, "wait": 2}  # includes epoch 5
+    assert saved == {"stage": "main", "best": 3.0, "best_epoch": 3, "wait": 2, "stopped": False}  # includes epoch 5
     resumed = EarlyStoppingCallback(patience=3, metric_key="score", minimize=True)
     runner = run(SCORES, resumed, num_epochs=20, logdir=str(tmp_path), resume="last")
     assert runner.epoch == 6 and resumed.wait == 3
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"metric_key": "los", "minimize": True},
+     r"callbacks\['early_stopping'\] \(EarlyStoppingCallback\) reads metric 'los', which no callback produces; the "
+     r"chain produces \['loss', 'lr'\]; did you mean 'loss'\?"),
+    ({"loader_key": "vaild"},
+     r"callbacks\['early_stopping'\] \(EarlyStoppingCallback\) reads loader 'vaild', which this stage does not have"),
+])
+def test_a_metric_or_loader_typo_is_refused_before_training(kwargs, message):
+    class Trained(Callback):
+        batches = 0
+
+        def on_batch_end(self, runner):
+            Trained.batches += 1
+
+    with pytest.raises(ValueError, match=message):
+        SupervisedRunner().train(**tiny_train_kwargs(None, callbacks=[EarlyStoppingCallback(2, **kwargs), Trained()]))
+    assert Trained.batches == 0
+
+
+def test_resuming_an_early_stopped_run_trains_nothing_more(tmp_path, caplog):
+    """An early stop is the run's end, as num_epochs is: the same command again, resume='last', trains no epoch."""
+    stopper = lambda: EarlyStoppingCallback(patience=1, min_delta=100.0)  # noqa: E731  no check ever improves
+    runner = SupervisedRunner().train(**tiny_train_kwargs(tmp_path, num_epochs=10, callbacks=[stopper()]))
+    stopped_at = runner.global_epoch_step
+    assert stopped_at == 2  # epoch 1 sets the best, epoch 2 does not improve on it by 100
+    last = str(tmp_path / "checkpoints" / "last.pth")
+    before = load_checkpoint(last)
+    caplog.set_level("WARNING", logger="torchstage")
+    for _ in range(2):
+        runner = SupervisedRunner().train(**tiny_train_kwargs(tmp_path, num_epochs=10, callbacks=[stopper()],
+                                                              resume="last"))
+        assert runner.global_epoch_step == stopped_at
+    assert load_checkpoint(last)["loop"] == before["loop"]
+    assert "the run stopped early at epoch 2 of stage 'main'" in caplog.text and "nothing to train" in caplog.text

@@ -29,7 +29,7 @@ def train(**overrides):
      r"loaders\['train'\] is empty \(len 0\)"),
     ({"valid_loader": "test"}, ValueError, r"valid_loader='test' is not among the loaders \['train', 'valid'\]"),
     ({"valid_metric": "accuracy"}, ValueError,
-     r"valid_metric='accuracy' is produced by no callback; the chain produces \['loss'\]"),
+     r"valid_metric='accuracy' is produced by no callback; the chain produces \['loss', 'lr'\]"),
     ({"num_epochs": 0}, ValueError, r"num_epochs must be an integer >= 1, got 0"),
     ({"num_epochs": 2.5}, ValueError, r"num_epochs must be an integer >= 1, got 2.5"),
     ({"criterion": None}, ValueError, r"SupervisedRunner needs criterion=\.\.\.; got criterion=None"),
@@ -77,13 +77,26 @@ def test_train_signature_lists_every_argument():
 def test_factory_datasets_may_name_any_loaders_and_valid_loader_is_checked_once_built():
     def make(num_features):
         X, y = regression_data(n=32, features=num_features)
-        return {"fit": TensorDataset(X, y), "holdout": TensorDataset(X, y)}
+        return {"train_fit": TensorDataset(X, y), "holdout": TensorDataset(X, y)}
 
     runner = train(loaders=None, callbacks=None, valid_loader="holdout",
                    datasets={"batch_size": 8, "get_datasets_fn": make, "num_features": 4})
-    assert list(runner.loaders) == ["fit", "holdout"]
-    with pytest.raises(ValueError, match=r"valid_loader='valid' is not among the loaders \['fit', 'holdout'\]"):
+    assert list(runner.loaders) == ["train_fit", "holdout"]
+    with pytest.raises(ValueError, match=r"valid_loader='valid' is not among the loaders \['train_fit', 'holdout'\]"):
         train(loaders=None, datasets={"batch_size": 8, "get_datasets_fn": make, "num_features": 4})
+
+
+def test_loaders_of_which_none_trains_are_refused_before_training_naming_the_rule():
+    """``{"fit": ..., "val": ...}`` would train nothing and exit 0: refused, for loaders and for built datasets."""
+    X, y = regression_data(n=32, features=4)
+    loader = DataLoader(TensorDataset(X, y), batch_size=8)
+    rule = r"no loader trains: the loaders are \['fit', 'val'\], and a loader trains when its name starts with 'train'"
+    with pytest.raises(ValueError, match=rule):
+        train(loaders={"fit": loader, "val": loader}, valid_loader="val")
+    with pytest.raises(ValueError, match=rule):
+        train(loaders=None, valid_loader="val", datasets={
+            "batch_size": 8, "num_features": 4,
+            "get_datasets_fn": lambda num_features: {"fit": TensorDataset(X, y), "val": TensorDataset(X, y)}})
 
 
 def test_stages_sharing_datasets_build_them_once():

@@ -102,6 +102,11 @@ class Callback:
         """Metric names this callback writes, so ``valid_metric`` can be checked before training."""
         return ()
 
+    def needs(self, stage) -> tuple:
+        """``(loader, metric)`` pairs this callback reads, so that a name nothing produces is refused before training;
+        ``stage`` gives the defaults (``stage.valid_loader``, ``stage.valid_metric``)."""
+        return ()
+
     def handles(self, event: str) -> bool:
         """True if this callback overrides ``event``; the runner skips the rest at no cost.
 

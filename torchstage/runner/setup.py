@@ -1,4 +1,5 @@
 """Turning a checked spec into a ready runner: engine, seed, logdir, models, loaders, chains, resume."""
+import difflib
 import logging
 from dataclasses import replace
 
@@ -17,7 +18,7 @@ from torchstage.runner.chain import describe_chain
 from torchstage.runner.features import compile_models
 from torchstage.runner.loop_state import LoopState
 from torchstage.runner.resume import checkpoint_to_resume, restore
-from torchstage.runner.spec import check_valid_loader
+from torchstage.runner.spec import check_loader_names
 from torchstage.strategies.engine import Engine
 
 logger = logging.getLogger("torchstage")
@@ -55,10 +56,10 @@ def prepare(runner, spec, world: World = None) -> None:
     compile_models(runner, spec.compile)
     runner.stage_loaders = stage_loaders(spec, runner.engine)
     for stage, loaders in zip(spec.stage_specs, runner.stage_loaders):
-        check_valid_loader(stage, loaders)
+        check_loader_names(stage, loaders)
     runner.stage_callbacks = spec.stage_chains
-    for stage, chain in zip(spec.stage_specs, runner.stage_callbacks):
-        _check_valid_metric(runner, stage, chain)
+    for stage, chain, loaders in zip(spec.stage_specs, runner.stage_callbacks, runner.stage_loaders):
+        _check_valid_metric(runner, stage, chain, loaders)
     runner.loop = LoopState()
     runner.enter_stage(0)
     if spec.logdir is not None:  # another run writing there is named first; run() takes the lock
@@ -110,14 +111,27 @@ def _wrap_models(runner):
     return wrapped if isinstance(runner.model, dict) else wrapped["model"]
 
 
-def _check_valid_metric(runner, stage, chain) -> None:
+def _check_valid_metric(runner, stage, chain, loaders) -> None:
+    """``valid_metric``, and each loader and metric a callback reads (:meth:`Callback.needs`), must exist."""
+    prefix = "" if stage.name == "main" else f"stages[{stage.name!r}]: "
+    for key, callback in chain.items():
+        for loader, _ in callback.needs(stage):
+            if loader not in loaders:
+                raise ValueError(f"{prefix}callbacks[{key!r}] ({type(callback).__name__}) reads loader {loader!r}, "
+                                 f"which this stage does not have (loaders: {list(loaders)})")
     if runner.produces is None:
         return  # a custom handle_batch: checked when the first loader ends
     produced = set(runner.produces).union(*(cb.produces for cb in chain.values()))
     if stage.valid_metric not in produced:
-        prefix = "" if stage.name == "main" else f"stages[{stage.name!r}]: "
         raise ValueError(f"{prefix}valid_metric={stage.valid_metric!r} is produced by no callback; the chain "
                          f"produces {sorted(produced)}. Add a metric callback that writes it, or pick one of those")
+    for key, callback in chain.items():
+        for _, metric in callback.needs(stage):
+            if metric not in produced:
+                close = difflib.get_close_matches(metric, sorted(produced), n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise ValueError(f"{prefix}callbacks[{key!r}] ({type(callback).__name__}) reads metric {metric!r}, "
+                                 f"which no callback produces; the chain produces {sorted(produced)}{hint}")
 
 
 def _log_resume(path: str, checkpoint: dict, engine) -> None:

@@ -177,7 +177,7 @@ def _check_stage(runner, stage: StageSpec) -> None:
     else:
         names = dataset_loader_names(stage.datasets, prefix)
     if names is not None:  # None: a get_datasets_fn, checked once it has run (still before training)
-        check_valid_loader(stage, names)
+        check_loader_names(stage, names)
     if runner.requires:
         for name in runner.requires:
             if getattr(stage, name) is None:
@@ -192,10 +192,16 @@ def _check_stage(runner, stage: StageSpec) -> None:
                             f"{type(callback).__name__}")
 
 
-def check_valid_loader(stage: StageSpec, names) -> None:
-    """``valid_loader`` must name one of the stage's loaders."""
+def check_loader_names(stage: StageSpec, names) -> None:
+    """A stage with an optimizer must have a loader that trains (its name starts with ``train``), and
+    ``valid_loader`` must name one of the loaders."""
+    prefix = "" if stage.name == "main" else f"stages[{stage.name!r}]: "
+    if stage.optimizer is not None and not any(str(name).startswith("train") for name in names):
+        raise ValueError(f"{prefix}no loader trains: the loaders are {list(names)}, and a loader trains when its name "
+                         f"starts with 'train' ('train', 'train_extra'...; the others only evaluate). Name the "
+                         f"training loader 'train' (loaders={{'train': ..., 'valid': ...}}), or evaluate without "
+                         f"training with runner.evaluate_loader(loader)")
     if stage.valid_loader not in names:
-        prefix = "" if stage.name == "main" else f"stages[{stage.name!r}]: "
         raise ValueError(f"{prefix}valid_loader={stage.valid_loader!r} is not among the loaders {list(names)}; "
                          f"pass valid_loader=<one of them>")
 

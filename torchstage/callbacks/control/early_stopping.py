@@ -16,7 +16,8 @@ class EarlyStoppingCallback(Callback):
     than ``min_delta``. ``minimize`` defaults to ``minimize_valid_metric`` for the valid metric and must
     be given for any other metric. The state resets when a new stage starts. The run stops at the end
     of the epoch, after checkpoints and logs are written, and the state in those checkpoints already
-    counts that epoch. Every rank sees the same averaged metrics, so all ranks stop together.
+    counts that epoch and says the run stopped: resuming it trains nothing, as resuming a run that reached
+    ``num_epochs`` does. Every rank sees the same averaged metrics, so all ranks stop together.
     """
 
     order = CallbackOrder.External
@@ -38,8 +39,19 @@ class EarlyStoppingCallback(Callback):
         self.patience, self.min_delta = patience, min_delta
         self.metric_key, self.loader_key, self.minimize = metric_key, loader_key, minimize
         self.stage, self.best, self.best_epoch, self.wait = None, None, None, 0
+        self.stopped = False  #: the run ended here: patience ran out (kept in checkpoints)
+
+    def needs(self, stage) -> tuple:
+        return ((self.loader_key or stage.valid_loader, self.metric_key or stage.valid_metric),)
 
     def on_stage_start(self, runner):
+        if self.stopped and runner.resume_point is None:  # a resumed run that had stopped early: it is over
+            logger.warning("early stopping: the run stopped early at epoch %s of stage %r (%s/%s did not improve "
+                           "for %d check(s), best %s at epoch %s); nothing to train. Raise patience to train on, or "
+                           "start a new run", self.best_epoch if self.wait == 0 else runner.epoch, self.stage,
+                           self.loader_key or runner.valid_loader, self.metric_key or runner.valid_metric,
+                           self.wait, self.best, self.best_epoch)
+            raise CancelRun()
         self._metric = self.metric_key or runner.valid_metric
         self._loader = self.loader_key or runner.valid_loader
         self._minimize = self.minimize
@@ -62,6 +74,7 @@ class EarlyStoppingCallback(Callback):
             self.best, self.best_epoch, self.wait = value, runner.epoch, 0
         else:
             self.wait += 1
+        self.stopped = self.wait >= self.patience  # known now, so this epoch's checkpoints say it
 
     def _improved(self, value) -> bool:
         if math.isnan(value):
@@ -71,14 +84,16 @@ class EarlyStoppingCallback(Callback):
         return value < self.best - self.min_delta if self._minimize else value > self.best + self.min_delta
 
     def on_epoch_end(self, runner):
-        if self.wait >= self.patience:
+        if self.stopped:
             logger.info("early stopping at epoch %d: %s/%s has not improved for %d check(s); best %s at epoch %s",
                         runner.epoch, self._loader, self._metric, self.wait, self.best, self.best_epoch)
             raise CancelRun()
 
     def state_dict(self):
-        return {"stage": self.stage, "best": self.best, "best_epoch": self.best_epoch, "wait": self.wait}
+        return {"stage": self.stage, "best": self.best, "best_epoch": self.best_epoch, "wait": self.wait,
+                "stopped": self.stopped}
 
     def load_state_dict(self, state):
         self.stage, self.best, self.best_epoch, self.wait = (state["stage"], state["best"], state["best_epoch"],
                                                              state["wait"])
+        self.stopped = state.get("stopped", False)

@@ -24,6 +24,9 @@ class OptunaPruningCallback(Callback):
         self.trial, self.loader, self.metric = trial, loader, metric
         self.best, self.pruned_at = None, None
 
+    def needs(self, stage) -> tuple:
+        return ((self.loader or stage.valid_loader, self.metric or stage.valid_metric),)
+
     def on_experiment_start(self, runner):
         self.best, self.pruned_at = None, None
 

@@ -43,6 +43,10 @@ class NonFiniteLossCallback(Callback):
         self.mode, self.check_every, self.keys = mode, check_every, None if keys is None else tuple(keys)
         self._first, self._skipped, self._loader_start_step = {}, 0, 0
 
+    @property
+    def produces(self):
+        return ("nonfinite_skipped",) if self.mode == "skip" else ()
+
     def _losses(self, runner) -> dict:
         metrics = runner.batch_metrics
         keys = self.keys if self.keys is not None else [k for k in metrics if "loss" in k]

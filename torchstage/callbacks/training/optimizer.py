@@ -38,6 +38,10 @@ class OptimizerCallback(Callback):
         self.accumulation_steps = accumulation_steps
         self.grad_clip_norm, self.grad_clip_value = grad_clip_norm, grad_clip_value
 
+    @property
+    def produces(self):
+        return ("lr",)  # a train loader's metric
+
     def _optimizer(self, runner):
         return runner.optimizer if self.optimizer_key is None else runner.optimizer[self.optimizer_key]
 
