@@ -73,3 +73,28 @@ def test_a_run_without_monitor_figures_exits_1(tmp_path, capsys):
     (tmp_path / "logs" / "train.csv").write_text("stage,epoch,global_epoch,loss\nmain,1,1,0.5\n")
     assert main(["report", str(tmp_path), "-o", str(tmp_path / "out")]) == 1
     assert "has no throughput figures in logs/train.csv; run it with train(monitor=True)" in capsys.readouterr().err
+
+
+def _fake_run(folder, world_size, threads, epoch_time):
+    """A logdir with the figures ``torchstage report`` reads: two epochs of monitor rows and hparams.json."""
+    (folder / "logs").mkdir(parents=True)
+    rows = "".join(f"main,{e},{e},{epoch_time},{1000 / epoch_time},0.01,0\n" for e in (1, 2))
+    (folder / "logs" / "train.csv").write_text("stage,epoch,global_epoch,time_s,samples_per_s,data_wait,"
+                                               "peak_memory_mb\n" + rows)
+    (folder / "logs" / "hparams.json").write_text(json.dumps({"world_size": world_size,
+                                                              "threads_per_process": threads}))
+    return str(folder)
+
+
+def test_runs_with_other_threads_per_process_are_reported_as_unlike(tmp_path, capsys):
+    """One process with 2 threads against 2 processes with 1 each: the report says what differs."""
+    one, two = _fake_run(tmp_path / "ws1", 1, 2, 2.0), _fake_run(tmp_path / "ws2", 2, 1, 1.05)
+    assert main(["report", one, two, "-o", str(tmp_path / "out")]) == 0
+    caveat = ("the runs differ in torch threads per process (world size 1: 2, world size 2: 1), so speedup and "
+              "efficiency compare unlike runs; run each with the same OMP_NUM_THREADS")
+    assert caveat in capsys.readouterr().err
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert f"**Not like with like:** {caveat}" in text and " threads/process |" in text
+    same = _fake_run(tmp_path / "ws1b", 1, 1, 2.0)
+    assert main(["report", same, two, "-o", str(tmp_path / "out2")]) == 0
+    assert "unlike" not in capsys.readouterr().err and "Not like with like" not in (tmp_path / "out2" / "report.md").read_text()

@@ -26,9 +26,11 @@ def add_parser(subparsers) -> None:
 
 def report_command(args) -> int:
     try:
-        paths = write_report(args.logdirs, args.output)
+        *paths, caveat = write_report(args.logdirs, args.output)
     except (ImportError, OSError, ValueError, KeyError) as exc:
         sys.stderr.write(f"torchstage report: error: {exc}\n")
         return 1
+    if caveat:
+        sys.stderr.write(f"torchstage report: warning: {caveat}\n")
     sys.stdout.write("".join(f"wrote {path}\n" for path in paths))
     return 0

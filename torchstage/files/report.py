@@ -14,7 +14,8 @@ from torchstage.files.plot import read_logs
 COLUMNS = (("world_size", "world size", "{:d}"), ("epoch_time", "epoch time (s)", "{:.3f}"),
            ("throughput", "train samples/s", "{:.1f}"), ("speedup", "speedup", "{:.2f}"),
            ("efficiency", "efficiency", "{:.0%}"), ("data_wait", "data wait", "{:.1%}"),
-           ("peak_memory_mb", "peak memory (MB)", "{:.0f}"), ("epochs", "epochs averaged", "{:d}"))
+           ("peak_memory_mb", "peak memory (MB)", "{:.0f}"), ("threads", "threads/process", "{}"),
+           ("epochs", "epochs averaged", "{:d}"))
 
 
 def run_figures(logdir: str) -> dict:
@@ -29,7 +30,7 @@ def run_figures(logdir: str) -> dict:
     times = {e: sum(row["time_s"] for rows in logs.values() for row in rows
                     if row["global_epoch"] == e and "time_s" in row) for e in epochs}
     steady = [row for row in train if row["global_epoch"] in epochs]
-    return {"logdir": logdir, "world_size": _world_size(logdir), "epochs": len(epochs),
+    return {"logdir": logdir, "world_size": _world_size(logdir), "threads": _threads(logdir), "epochs": len(epochs),
             "epoch_time": sum(times.values()) / len(times),
             "throughput": sum(r["samples_per_s"] for r in steady) / len(steady),
             "data_wait": sum(r["data_wait"] for r in steady) / len(steady),
@@ -41,6 +42,26 @@ def _world_size(logdir: str) -> int:
     if os.path.exists(path):
         return int(json.load(open(path))["world_size"])
     return int(load_checkpoint(os.path.join(logdir, "checkpoints", "last.pth"))["meta"]["world_size"])
+
+
+def _threads(logdir: str):
+    """The torch threads of each process of the run (``hparams.json``), or "?" for a run that did not record them."""
+    path = os.path.join(logdir, "logs", "hparams.json")
+    if os.path.exists(path):
+        return json.load(open(path)).get("threads_per_process", "?")
+    return "?"
+
+
+def unlike(rows: list):
+    """What makes the runs unlike, so that speedup and efficiency would mislead; None when they compare like with
+    like (threads per process: a process with more CPU threads is not one rank's worth of a machine)."""
+    threads = {row["world_size"]: row["threads"] for row in rows}
+    if len(set(threads.values())) <= 1:
+        return None
+    each = ", ".join(f"world size {size}: {count}" for size, count in threads.items())
+    return (f"the runs differ in torch threads per process ({each}), so speedup and efficiency compare unlike "
+            f"runs; run each with the same OMP_NUM_THREADS (torchstage's launcher sets cores / processes for its "
+            f"workers; set it for the single process too, e.g. OMP_NUM_THREADS=1)")
 
 
 def scaling_table(logdirs) -> list:
@@ -56,7 +77,11 @@ def scaling_table(logdirs) -> list:
 def markdown(rows: list, figure: str = None) -> str:
     lines = ["# Scalability report", "",
              f"Speedup and efficiency are relative to world size {rows[0]['world_size']} (epoch time); "
-             "figures are averages over each run's epochs, the first left out when there are several.", "",
+             "figures are averages over each run's epochs, the first left out when there are several.", ""]
+    caveat = unlike(rows)
+    if caveat:
+        lines += [f"**Not like with like:** {caveat}.", ""]
+    lines += [
              "| " + " | ".join(h for _, h, _ in COLUMNS) + " | run |",
              "|" + "---:|" * len(COLUMNS) + "---|"]
     for row in rows:
@@ -111,11 +136,11 @@ def plot(rows: list, output: str) -> str:
 
 
 def write_report(logdirs, output: str) -> tuple:
-    """Write ``output/report.md`` and ``output/report.png``; return their paths."""
+    """Write ``output/report.md`` and ``output/report.png``; return their paths and what makes the runs unlike."""
     rows = scaling_table(logdirs)
     os.makedirs(output, exist_ok=True)
     png = plot(rows, os.path.join(output, "report.png"))
     md = os.path.join(output, "report.md")
     with open(md, "w") as f:
         f.write(markdown(rows, os.path.basename(png)))
-    return md, png
+    return md, png, unlike(rows)

@@ -134,7 +134,8 @@ def run_hparams(runner) -> dict:
         elif field.name == "optimizer" and hasattr(value, "param_groups"):
             hparams["lr"] = value.param_groups[0].get("lr")
         hparams[field.name] = _plain(value)
-    hparams.update(world_size=runner.engine.world_size, device=runner.engine.device.type)
+    hparams.update(world_size=runner.engine.world_size, device=runner.engine.device.type,
+                   threads_per_process=torch.get_num_threads())
     for callback in runner.callbacks.values():
         if isinstance(callback, ConfigSaver):
             hparams.update(_flatten(yaml.safe_load(callback.text) or {}, "config."))
