@@ -246,7 +246,8 @@ def test_user_errors_are_one_line_and_exit_2(tmp_path):
     again = run_script_cli("run", "-C", "run.yml", cwd=tmp_path)  # the same logdir twice
     assert again.returncode == 2 and "Traceback" not in again.stderr
     assert again.stderr.count("\n") == 1 and again.stderr.startswith(
-        "torchstage run: error: logdir 'out' already holds a run (out/checkpoints/last.pth); pass resume='last'")
+        "torchstage run: error: logdir 'out' already holds a run (out/checkpoints/last.pth); pass --set resume=last "
+        "to continue it, --set overwrite=true to replace it or --set logdir=<another folder>")
     mismatch = run_script_cli("run", "-C", "run.yml", "--set", "model.out_features=3", "--set", "logdir=other",
                               "--set", "criterion._target_=torch.nn.BCEWithLogitsLoss", cwd=tmp_path)  # first batch
     assert mismatch.returncode == 2 and "Traceback" not in mismatch.stderr and mismatch.stderr.count("\n") == 1

@@ -115,3 +115,67 @@ def test_resume_naming_nothing(tmp_path):
     missing = str(tmp_path / "checkpoints" / "bset.pth")
     with pytest.raises(ValueError, match=r"did you mean '.*checkpoints/best.pth'\?"):
         train(resume=missing, logdir=str(tmp_path))
+
+
+def test_logdir_under_a_file(tmp_path):
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(ValueError, match=r"logdir='.*notes\.txt/run' lies under '.*notes\.txt', which is a file, not a "
+                                         r"directory"):
+        train(logdir=str(tmp_path / "notes.txt" / "run"))
+
+
+UNWRITABLE = """
+import sys
+sys.path.insert(0, {root!r})
+from tests.runner.test_component_checks import train
+try:
+    train(logdir={logdir!r})
+except PermissionError as error:
+    print("REFUSED", error)
+"""
+
+
+def test_logdir_where_nothing_can_be_written(tmp_path):
+    """A read-only file system (tmpfs mounted read-only in a mount namespace of the test's own): refused before
+    training, naming the logdir, instead of a raw OSError from the first write."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        pytest.skip("needs root and util-linux's unshare to mount a read-only file system")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    (tmp_path / "ro").mkdir()
+    logdir = str(tmp_path / "ro" / "run")
+    script = UNWRITABLE.format(root=root, logdir=logdir)
+    result = subprocess.run(["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o ro,size=1m tmpfs {tmp_path / 'ro'} && "
+                             f"{sys.executable} -c \"$0\"", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert f"REFUSED logdir={logdir!r}: this process cannot write in {str(tmp_path / 'ro')!r} (permission denied, " \
+           f"or a read-only file system)" in result.stdout, result.stdout + result.stderr
+
+
+def _one_cycle(total_steps):
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    return model, optimizer, torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.1, total_steps=total_steps)
+
+
+def test_a_per_batch_scheduler_stepped_per_epoch_is_refused():
+    model, optimizer, scheduler = _one_cycle(100)
+    with pytest.raises(ValueError, match=r"scheduler OneCycleLR steps once per train batch \(its cycle spans "
+                                         r"total_steps=100 batches\), but scheduler_step='epoch' would step it once "
+                                         r"per epoch; pass scheduler_step='batch'"):
+        train(model=model, optimizer=optimizer, scheduler=scheduler)
+
+
+def test_a_one_cycle_shorter_than_the_stage_is_refused_with_the_steps_it_needs():
+    batches = len(regression_loaders()["train"])
+    model, optimizer, scheduler = _one_cycle(2 * batches)
+    with pytest.raises(ValueError, match=rf"scheduler OneCycleLR\(total_steps={2 * batches}\) is stepped once per "
+                                         rf"train batch, and this stage trains 3 epoch\(s\) of {batches} train "
+                                         rf"batch\(es\) = {3 * batches} steps; build it with total_steps={3 * batches} "
+                                         rf"\(or epochs=3, steps_per_epoch={batches}\)"):
+        train(model=model, optimizer=optimizer, scheduler=scheduler, scheduler_step="batch", num_epochs=3)
+    model, optimizer, scheduler = _one_cycle(3 * batches)  # exactly long enough: trains to the end
+    train(model=model, optimizer=optimizer, scheduler=scheduler, scheduler_step="batch", num_epochs=3, callbacks=[])

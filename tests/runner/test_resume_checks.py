@@ -215,3 +215,23 @@ def test_a_changed_dataset_size_mid_epoch_is_refused(tmp_path):
     with pytest.raises(CheckpointError, match=r"written in the middle of loader 'train' of stage 'main', whose "
                                               r"dataset had 40 samples; it has 44 now"):
         _id_run(tmp_path, 4, [], samples=44, resume="last")
+
+
+def test_resume_last_refuses_a_logdir_whose_checkpoints_are_gone_while_its_logs_remain(tmp_path, caplog,
+                                                                                       monkeypatch):
+    import shutil
+    _train(tmp_path, num_epochs=2)
+    shutil.rmtree(tmp_path / "checkpoints")
+    with pytest.raises(FileExistsError, match=r"resume='last': logdir .* holds the logs of an earlier run "
+                                              r"\(logs/train\.csv, logs/valid\.csv\) but no checkpoint in .*checkpoints, "
+                                              r"so there is nothing to continue.*overwrite=True to start over"):
+        _train(tmp_path, num_epochs=3, resume="last")
+    assert not (tmp_path / "checkpoints").exists()  # refused before anything was written
+    caplog.set_level("WARNING", logger="torchstage")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")  # a restarted job whose first attempt left no checkpoint
+    runner = _train(tmp_path, num_epochs=3, resume="last")
+    assert runner.global_epoch_step == 3 and "starting the run over" in caplog.text
+
+
+def test_resume_last_on_a_new_logdir_starts_a_run(tmp_path):
+    assert _train(tmp_path / "new", num_epochs=1, resume="last").global_epoch_step == 1

@@ -125,3 +125,32 @@ def test_broadcasting_shapes_get_one_clear_warning(caplog):
     ours = [r for r in caplog.records if "broadcast" in r.getMessage()]
     assert len(ours) == 1
     assert "[8, 1]" in ours[0].getMessage() and "[8]" in ours[0].getMessage()
+
+
+class DictRows(torch.utils.data.Dataset):
+    """Samples as dicts with their own key names."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return {"x": torch.full((3,), float(i)), "y": torch.ones(1)}
+
+
+@pytest.mark.parametrize("runner, message", [
+    (lambda: SupervisedRunner(),
+     "SupervisedRunner(input_key='features') found no 'features' in the batch, a dict with keys ['x', 'y']: name "
+     "the dataset's keys with SupervisedRunner(input_key='<input key>', target_key='<target key>')"),
+    (lambda: SupervisedRunner(input_key="x"),
+     "the loss (OutputLossesCallback(target_key='targets', input_key='logits')) found no 'targets' in the batch, a "
+     "dict with keys ['logits', 'x', 'y']: name the target with SupervisedRunner(target_key='<its key>')"),
+])
+def test_dict_batches_without_the_keys_name_input_key_and_target_key(runner, message):
+    model = torch.nn.Linear(3, 1)
+    before = model.weight.detach().clone()
+    loader = torch.utils.data.DataLoader(DictRows(), batch_size=4)
+    with pytest.raises(KeyError) as error:
+        runner().train(model=model, criterion=torch.nn.MSELoss(), loaders={"train": loader, "valid": loader},
+                       optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    assert message in error.value.args[0]
+    assert torch.equal(model.weight, before)  # at the first batch, before any step

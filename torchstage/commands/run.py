@@ -10,6 +10,7 @@ from torchstage.config.yaml_files import dump_config, load_config
 from torchstage.config.instantiate import ALLOWED_TARGETS_VAR, ConfigError
 from torchstage.logging_setup import ensure_console_handler
 from torchstage.runner.chain import describe_chain
+from torchstage.runner.errors import LogdirHoldsRun
 
 DESCRIPTION = """\
 Build the runner, model, criterion, optimizer, scheduler, data and callbacks from YAML
@@ -64,6 +65,9 @@ def run_command(args) -> int:
             runner = train_from_config(config, dry_run=True)
     except ConfigError as exc:
         sys.stderr.write(f"torchstage run: error: {exc}\n")
+        return 2
+    except LogdirHoldsRun as exc:  # its fixes in --set options
+        sys.stderr.write(f"torchstage run: error: {exc.text(cli=True)}\n")
         return 2
     for stage, loaders, chain in zip(runner.spec.stage_specs, runner.stage_loaders, runner.stage_callbacks):
         sys.stdout.write(f"\n# stage {stage.name!r}: {stage.num_epochs} epoch(s); "

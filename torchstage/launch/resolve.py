@@ -125,6 +125,14 @@ def _slurm_step_or_none(environ):
         return None
 
 
+def restart_attempt(environ: Mapping = None) -> int:
+    """How often this job was restarted by its scheduler or launcher (SLURM requeue, ``torchrun --max-restarts``);
+    0 on its first attempt."""
+    environ = os.environ if environ is None else environ
+    counts = [environ.get(name, "").strip() for name in ("SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT")]
+    return max((int(count) for count in counts if count.isdigit()), default=0)
+
+
 def variables_read() -> tuple:
     """Every environment variable the resolution reads, launchers' first (what ``torchstage env`` shows)."""
     names = [name for env in ENVIRONMENTS for name in env.variables] + list(LOCAL_VARIABLES)

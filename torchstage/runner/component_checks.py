@@ -7,7 +7,10 @@ import os
 from collections.abc import Mapping
 
 import torch
-from torch.optim.lr_scheduler import ReduceLROnPlateau
+from torch.optim.lr_scheduler import CyclicLR, OneCycleLR, ReduceLROnPlateau
+
+#: Schedulers whose one cycle spans a number of optimizer steps: stepped once per train batch.
+PER_BATCH_SCHEDULERS = (OneCycleLR, CyclicLR)
 
 
 def check_components(stage, model, scheduler_step: str) -> None:
@@ -33,6 +36,28 @@ def check_components(stage, model, scheduler_step: str) -> None:
                              f"{'' if not prefix else ', or pass scheduler=None in this stage'}")
         if isinstance(scheduler, ReduceLROnPlateau):
             _check_plateau(prefix, key, scheduler, stage, scheduler_step)
+        if isinstance(scheduler, PER_BATCH_SCHEDULERS) and scheduler_step != "batch":
+            span = f"total_steps={scheduler.total_steps}" if isinstance(scheduler, OneCycleLR) else "step_size_up=..."
+            raise ValueError(f"{prefix}{key} {type(scheduler).__name__} steps once per train batch (its cycle spans "
+                             f"{span} batches), but scheduler_step={scheduler_step!r} would step it once per epoch; "
+                             f"pass scheduler_step='batch'")
+
+
+def check_scheduler_steps(stage, loaders: dict) -> None:
+    """A OneCycleLR stepped per train batch must last the stage: its ``total_steps`` at least the stage's train
+    batches (torch raises past them, epochs into the run)."""
+    prefix = "" if stage.name == "main" else f"stages[{stage.name!r}]: "
+    try:
+        batches = sum(len(loader) for name, loader in loaders.items() if str(name).startswith("train"))
+    except TypeError:
+        return  # a loader without a length: torch says it when the cycle ends
+    needed = stage.num_epochs * batches
+    for key, scheduler in _items(stage.scheduler, "scheduler"):
+        if isinstance(scheduler, OneCycleLR) and scheduler.total_steps < needed:
+            raise ValueError(f"{prefix}{key} OneCycleLR(total_steps={scheduler.total_steps}) is stepped once per train "
+                             f"batch, and this stage trains {stage.num_epochs} epoch(s) of {batches} train batch(es) "
+                             f"= {needed} steps; build it with total_steps={needed} (or epochs={stage.num_epochs}, "
+                             f"steps_per_epoch={batches})")
 
 
 def _check_plateau(prefix, key, scheduler, stage, scheduler_step) -> None:
@@ -61,10 +86,21 @@ def _check_instances(prefix: str, name: str, value) -> None:
 
 
 def check_logdir(logdir) -> None:
-    """``logdir`` must be a directory or not exist yet (it is created)."""
-    if logdir is not None and os.path.exists(logdir) and not os.path.isdir(logdir):
+    """``logdir`` must be a directory or not exist yet (it is created), under a directory this process can write."""
+    if logdir is None:
+        return
+    if os.path.exists(logdir) and not os.path.isdir(logdir):
         raise ValueError(f"logdir={os.fspath(logdir)!r} is an existing file, not a directory; pass the path of a "
                          f"directory (created if missing) for checkpoints and logs")
+    existing = os.path.abspath(os.fspath(logdir))
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise ValueError(f"logdir={os.fspath(logdir)!r} lies under {existing!r}, which is a file, not a directory; "
+                         f"pass a logdir in a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise PermissionError(f"logdir={os.fspath(logdir)!r}: this process cannot write in {existing!r} (permission "
+                              f"denied, or a read-only file system); pass a logdir where it can create files")
 
 
 def check_resume(resume, logdir) -> None:

@@ -15,6 +15,8 @@ from torchstage.data.resume import (batch_size_changed, capture_loader_rng, resu
                                     skips_samples)
 from torchstage.runner.loop_state import dataset_size
 from torchstage.runner.resume_checks import apply_after_load, check_before_load, report_epochs
+from torchstage.launch.resolve import restart_attempt
+from torchstage.runner.errors import LogdirHoldsRun
 from torchstage.runner.loop_state import ResumePoint
 from torchstage.rng import set_rng_state
 
@@ -37,13 +39,15 @@ def checkpoint_to_resume(spec, engine, chains):
     found = engine.broadcast_object(found)
     if spec.resume is None:
         if found is not None and not spec.overwrite:
-            raise FileExistsError(f"logdir {str(spec.logdir)!r} already holds a run ({checkpoint_files(found)[0]}); "
-                                  f"pass resume='last' to continue it, overwrite=True to replace it, or another logdir")
+            raise LogdirHoldsRun(f"logdir {str(spec.logdir)!r} already holds a run ({checkpoint_files(found)[0]})", (
+                ("pass resume='last' to continue it", "pass --set resume=last to continue it"),
+                ("overwrite=True to replace it", "--set overwrite=true to replace it"),
+                ("another logdir", "--set logdir=<another folder>")))
         return None
     if not folders:
         raise ValueError("resume='last' needs a logdir (or a CheckpointCallback with one) to find last.pth in")
     if found is None:
-        logger.info("resume='last': no checkpoint in %s yet, starting a new run", folders[0])
+        _start_without_checkpoint(spec, engine, folders[0])
         return None
     checkpoint, choice = None, None
     if engine.is_main:
@@ -59,6 +63,34 @@ def checkpoint_to_resume(spec, engine, chains):
         logger.warning("resume='last': %s; resuming from %s, the newest intact checkpoint",
                        "; ".join(f"{p} was passed over ({why})" for p, why in skipped), path)
     return path, checkpoint if checkpoint is not None else load_checkpoint(path)
+
+
+def _start_without_checkpoint(spec, engine, folder: str) -> None:
+    """``resume='last'`` without a checkpoint starts a new run, unless an earlier run's logs show that its
+    checkpoints are gone (deleted, or written elsewhere): then nothing would be continued, and that is refused.
+    A job its scheduler restarted (a SLURM requeue, ``torchrun --max-restarts``) starts over with a warning."""
+    earlier = engine.broadcast_object(_earlier_logs(spec.logdir) if engine.is_main else None)
+    if not earlier:
+        logger.info("resume='last': no checkpoint in %s yet, starting a new run", folder)
+        return
+    if restart_attempt() > 0:
+        logger.warning("resume='last': the attempt before this restart left logs (%s) but no checkpoint in %s; "
+                       "starting the run over", earlier, folder)
+        return
+    raise LogdirHoldsRun(
+        f"resume='last': logdir {str(spec.logdir)!r} holds the logs of an earlier run ({earlier}) but no checkpoint "
+        f"in {folder}, so there is nothing to continue: its checkpoints were deleted or written elsewhere", (
+            ("restore them, pass resume=<path of a checkpoint file>", "restore them, pass --set resume=<checkpoint "
+                                                                      "file>"),
+            ("resume=None with overwrite=True to start over in this logdir", "--set resume=null --set overwrite=true "
+                                                                             "to start over in this logdir")))
+
+
+def _earlier_logs(logdir) -> str:
+    """The log files an earlier run left in ``logdir`` (``logs/*.csv``), as text; empty when there are none."""
+    folder = os.path.join(os.fspath(logdir), "logs")
+    names = sorted(name for name in os.listdir(folder) if name.endswith(".csv")) if os.path.isdir(folder) else []
+    return ", ".join(os.path.join("logs", name) for name in names)
 
 
 def restore(runner, checkpoint: dict, path: str = "the checkpoint") -> None:

@@ -3,6 +3,7 @@ import torch
 
 from torchstage.callbacks.training.optimizer import OptimizerCallback
 from torchstage.callbacks.training.output_losses import OutputLossesCallback, as_terms
+from torchstage.callbacks.training.loss_checks import missing_key_message
 from torchstage.catalyst.runner import catalyst_target_key
 from torchstage.runner.runner import Runner
 
@@ -70,10 +71,19 @@ class SupervisedRunner(Runner):
     def forward(self, batch: dict, **kwargs) -> dict:
         """Run the model on ``batch``'s inputs and name its outputs."""
         if isinstance(self.input_key, str):
-            output = self.model(batch[self.input_key], **kwargs)
+            output = self.model(self._input(batch, self.input_key), **kwargs)
         else:
-            output = self.model(**{key: batch[key] for key in self.input_key}, **kwargs)
+            output = self.model(**{key: self._input(batch, key) for key in self.input_key}, **kwargs)
         return self._named(output)
+
+    def _input(self, batch: dict, key):
+        try:
+            return batch[key]
+        except KeyError:
+            raise KeyError(missing_key_message(
+                f"{type(self).__name__}(input_key={self.input_key!r})", key, batch,
+                f"name the dataset's keys with {type(self).__name__}(input_key='<input key>', "
+                f"target_key='<target key>')")) from None
 
     def _named(self, output) -> dict:
         """The model's ``output`` under ``output_key`` (a dict as is, a tuple by the list of names)."""

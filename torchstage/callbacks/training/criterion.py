@@ -3,7 +3,7 @@ import warnings
 
 from torchstage.callbacks.base import Callback, CallbackOrder
 from torchstage.catalyst.callback_args import criterion_args
-from torchstage.callbacks.training.loss_checks import check_loss_inputs, explain_failure
+from torchstage.callbacks.training.loss_checks import check_loss_inputs, explain_failure, missing_key_message
 
 
 class CriterionCallback(Callback):
@@ -40,6 +40,8 @@ class CriterionCallback(Callback):
 
     def on_batch_end(self, runner):
         batch = runner.loop.batch
+        if not self._checked:
+            self._check_keys(batch)
         outputs, targets = batch[self.input_key], batch[self.target_key]
         if not self._checked:  # the first batch of the stage: say clearly what does not fit
             if check_loss_inputs(self._criterion, outputs, targets, self.input_key, self.target_key):
@@ -54,6 +56,16 @@ class CriterionCallback(Callback):
             runner.loop.batch_metrics[self.metric_key] = self._criterion(outputs, targets)
         else:
             self._loss_now(runner, outputs, targets)
+
+    def _check_keys(self, batch) -> None:
+        """The first batch of the stage holds both keys, or the error names them and the batch's keys."""
+        for name, key in (("input_key", self.input_key), ("target_key", self.target_key)):
+            if key not in batch:
+                fix = ("name the target with SupervisedRunner(target_key='<its key>') (or this callback's "
+                       "target_key)" if name == "target_key" else "name the model output this loss reads with "
+                       "this callback's input_key (SupervisedRunner's output_key)")
+                raise KeyError(missing_key_message(f"the loss ({type(self).__name__}(target_key={self.target_key!r}, "
+                                                   f"input_key={self.input_key!r}))", key, batch, fix))
 
     def _loss_now(self, runner, outputs, targets):
         if runner.amp_dtype is None:

@@ -92,3 +92,9 @@ def explain_failure(criterion, exc: Exception, outputs, targets, output_key: str
              for k, t in ((output_key, outputs), (target_key, targets))]
     return ValueError(f"{type(criterion).__name__} failed on the first batch with model output {parts[0]} and "
                       f"target {parts[1]}: {type(exc).__name__}: {exc}")
+
+
+def missing_key_message(owner: str, key, batch, fix: str) -> str:
+    """Why ``batch[key]`` failed: the keys the batch has (a dict), and the argument that names them."""
+    given = f"a dict with keys {sorted(map(str, batch))}" if isinstance(batch, dict) else f"a {type(batch).__name__}"
+    return f"{owner} found no {key!r} in the batch, {given}: {fix}"
