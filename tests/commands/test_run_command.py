@@ -286,3 +286,13 @@ def test_allow_targets_checks_where_the_object_is_defined_not_only_its_name(tmp_
     assert refused.returncode == 2 and f"criterion._target_: {target!r}" in refused.stderr, refused.stderr
     assert reason in refused.stderr and "Traceback" not in refused.stderr
     assert not marker.exists()
+
+
+def test_dry_run_on_a_logdir_holding_a_run_gives_the_fix_as_command_line_options(tmp_path):
+    (tmp_path / "run.yml").write_text(SMALL.replace("NET", "torch.nn.Linear"))
+    assert run_script_cli("run", "-C", "run.yml", cwd=tmp_path).returncode == 0
+    dry = run_script_cli("run", "-C", "run.yml", "--dry-run", cwd=tmp_path)
+    assert dry.returncode == 2 and "Traceback" not in dry.stderr
+    assert "already holds a run (out/checkpoints/last.pth); pass --set resume=last to continue it" in dry.stderr
+    assert "resume='last'" not in dry.stderr and "overwrite=True" not in dry.stderr
+    assert run_script_cli("run", "-C", "run.yml", "--dry-run", "--set", "resume=last", cwd=tmp_path).returncode == 0

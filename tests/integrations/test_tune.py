@@ -116,3 +116,22 @@ def test_config_errors_name_the_key_before_any_trial(tmp_path, extra, message):
     ran = tune(tmp_path, configs=[*CONFIGS, tmp_path / "bad.yml"])
     assert ran.returncode == 2 and message in ran.stderr, ran.stderr[-2000:]
     assert not (tmp_path / "study.db").exists()
+
+
+def test_a_module_beside_the_config_is_imported_as_torchstage_run_imports_it(tmp_path):
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj" / "mynet.py").write_text("import torch\n\nclass SmallNet(torch.nn.Linear):\n    pass\n")
+    (tmp_path / "proj" / "model.yml").write_text("model: {_target_: mynet.SmallNet, in_features: 10, "
+                                                 "out_features: 1}\n")
+    ran = tune(tmp_path / "logs", "--set", "tune.n_trials=1", "--set", "num_epochs=1",
+               configs=[*CONFIGS, str(tmp_path / "proj" / "model.yml")])
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert [t.state for t in load(tmp_path / "logs").trials] == [States.COMPLETE]
+
+
+def test_a_target_that_cannot_be_imported_fails_before_the_study_records_a_trial(tmp_path):
+    (tmp_path / "bad.yml").write_text("model: {_target_: torch.nn.Linar, in_features: 10, out_features: 1}\n")
+    ran = tune(tmp_path, configs=[*CONFIGS, tmp_path / "bad.yml"])
+    assert ran.returncode == 2, ran.stderr[-2000:]
+    assert "model._target_: cannot import 'torch.nn.Linar'" in ran.stderr and "Traceback" not in ran.stderr
+    assert not (tmp_path / "study.db").exists()

@@ -6,7 +6,7 @@ import os
 import sys
 
 from torchstage.config.train_call import train_from_config, with_defaults
-from torchstage.config.yaml_files import dump_config, load_config
+from torchstage.config.yaml_files import add_import_paths, dump_config, load_config
 from torchstage.config.instantiate import ALLOWED_TARGETS_VAR, ConfigError
 from torchstage.logging_setup import ensure_console_handler
 from torchstage.runner.chain import describe_chain
@@ -76,13 +76,6 @@ def run_command(args) -> int:
                          f"scheduler {_kind(stage.scheduler)}\n# callbacks:\n{describe_chain(chain)}\n")
     sys.stdout.write("\ndry run: every component was built; nothing was trained\n")
     return 0
-
-
-def add_import_paths(configs) -> None:
-    """``_target_: mycnn.SmallCNN`` finds ``mycnn.py`` beside a config file or in the current directory,
-    as ``python -m torchstage`` would (the ``torchstage`` script alone puts neither on ``sys.path``)."""
-    folders = [os.path.dirname(os.path.abspath(path)) for path in configs] + [os.getcwd()]
-    sys.path[0:0] = [folder for folder in dict.fromkeys(folders) if folder not in sys.path]
 
 
 def _batches(loader) -> str:

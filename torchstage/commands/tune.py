@@ -3,7 +3,7 @@ import argparse
 import logging
 import sys
 
-from torchstage.config.yaml_files import load_config
+from torchstage.config.yaml_files import add_import_paths, load_config
 from torchstage.config.instantiate import ConfigError
 from torchstage.logging_setup import ensure_console_handler
 from torchstage.config.tuning import tune
@@ -41,6 +41,7 @@ def add_parser(subparsers) -> None:
 
 def tune_command(args) -> int:
     ensure_console_handler()
+    add_import_paths(args.config)  # modules beside a config, as torchstage run finds them
     try:
         config = load_config(args.config, args.overrides)
         study = tune(config, n_trials=args.n_trials, storage=args.storage, study_name=args.study_name)

@@ -27,11 +27,12 @@ import os
 from collections.abc import Mapping
 
 from torchstage.callbacks.control.optuna_pruning import OptunaPruningCallback
-from torchstage.config.train_call import train_from_config
+from torchstage.config.schema import check_config
+from torchstage.config.train_call import train_from_config, with_defaults
 from torchstage.config.yaml_files import apply_override
 from torchstage.launch.enter import current_world, distributed_cmd_run
 from torchstage.strategies.engine import Engine
-from torchstage.config.instantiate import ConfigError, instantiate, is_component
+from torchstage.config.instantiate import TARGET, ConfigError, import_target, instantiate, is_component, join
 
 logger = logging.getLogger("torchstage")
 PARAM_TYPES = {"float": ("low", "high", "log", "step"), "int": ("low", "high", "log", "step"),
@@ -50,6 +51,7 @@ def tune(config: Mapping, n_trials: int = None, storage: str = None, study_name:
     settings.update({k: v for k, v in (("n_trials", n_trials), ("storage", storage), ("study_name", study_name))
                      if v is not None})
     check_settings(settings, config)
+    check_targets(config)
     return distributed_cmd_run(_run_study, config, settings, distributed=config.get("distributed") is not False,
                                nprocs=config.get("nprocs"))
 
@@ -95,6 +97,24 @@ def check_settings(settings: dict, config: Mapping) -> None:
     for name in ("sampler", "pruner"):
         if settings.get(name) is not None and not is_component(settings[name]):
             raise ConfigError(f"tune.{name}", f"expected {{_target_: optuna.{name}s...}}, got {settings[name]!r:.60}")
+
+
+def check_targets(config: Mapping) -> None:
+    """The config's keys and types, and every ``_target_`` imported (nothing built), before the study starts: a
+    mistake is a ConfigError with its YAML path, never a failed trial recorded in the study."""
+    check_config(with_defaults(config))
+
+    def walk(node, path):
+        if isinstance(node, Mapping):
+            if is_component(node):
+                import_target(node[TARGET], path)
+            for key, value in node.items():
+                if key != TARGET:
+                    walk(value, join(path, key))
+        elif isinstance(node, list):
+            for index, value in enumerate(node):
+                walk(value, join(path, index))
+    walk(config, "")
 
 
 def suggest(trial, params: Mapping) -> dict:

@@ -2,6 +2,7 @@
 import copy
 import os
 import re
+import sys
 from collections.abc import Mapping
 
 import yaml
@@ -95,3 +96,10 @@ def _plain(node):
     if isinstance(node, (list, tuple)):
         return [_plain(value) for value in node]
     return node
+
+
+def add_import_paths(configs) -> None:
+    """``_target_: mycnn.SmallCNN`` finds ``mycnn.py`` beside a config file or in the current directory,
+    as ``python -m torchstage`` would (the ``torchstage`` script alone puts neither on ``sys.path``)."""
+    folders = [os.path.dirname(os.path.abspath(path)) for path in configs] + [os.getcwd()]
+    sys.path[0:0] = [folder for folder in dict.fromkeys(folders) if folder not in sys.path]
