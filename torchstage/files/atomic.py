@@ -7,11 +7,13 @@ import os
 from torchstage.files.format import CheckpointError
 
 
-def write_atomic_copies(paths: list, data: bytes) -> None:
-    """:func:`write_atomic` of ``data`` to each of ``paths`` (independent files), with one fsync of each
-    folder after the last rename instead of one per file: two fsyncs fewer per epoch for last, best and a
-    kept epoch file."""
-    for path in paths:
+def write_atomic_copies(paths: list, data: bytes, before_last=None) -> None:
+    """:func:`write_atomic` of ``data`` to each of ``paths`` (independent files), in order, ``before_last()``
+    (if given) run just before the last one, with one fsync of each folder after the last rename instead of
+    one per file: two fsyncs fewer per epoch for last, best and a kept epoch file."""
+    for index, path in enumerate(paths):
+        if before_last is not None and index == len(paths) - 1:
+            before_last()
         write_atomic(path, data, sync_folder=False)
     try:
         for folder in dict.fromkeys(os.path.dirname(os.path.abspath(path)) for path in paths):

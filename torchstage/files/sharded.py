@@ -29,8 +29,9 @@ def is_sharded(path: str) -> bool:
     return os.path.isdir(path)
 
 
-def save_sharded(checkpoint: dict, paths: list, engine) -> None:
-    """Write ``checkpoint`` from every rank, then point each of ``paths`` at it (collective)."""
+def save_sharded(checkpoint: dict, paths: list, engine, before_last=None) -> None:
+    """Write ``checkpoint`` from every rank, then point each of ``paths`` at it in order, ``before_last()`` run
+    (on the main rank) before the last (collective)."""
     import torch.distributed.checkpoint as dcp  # heavy: only sharded runs pay for it
     folder = os.path.dirname(os.path.abspath(paths[0]))
     data = os.path.join(folder, DATA_PREFIX + engine.broadcast_object(uuid.uuid4().hex[:12]))
@@ -47,7 +48,9 @@ def save_sharded(checkpoint: dict, paths: list, engine) -> None:
     engine.barrier()  # every rank's shards and the metadata are on disk
     if engine.is_main:
         fsync_folder(data)
-        for path in paths:
+        for index, path in enumerate(paths):
+            if before_last is not None and index == len(paths) - 1:
+                before_last()
             _point(path, os.path.basename(data))
         fsync_folder(folder)
         collect_garbage(folder, keep=data)

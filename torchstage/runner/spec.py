@@ -192,17 +192,24 @@ def _check_stage(runner, stage: StageSpec) -> None:
                             f"{type(callback).__name__}")
 
 
+#: Name prefixes of loaders that only evaluate; a run whose loaders all have one trains nothing, on purpose.
+EVALUATION_PREFIXES = ("val", "test", "eval", "infer", "predict")
+
+
 def check_loader_names(stage: StageSpec, names) -> None:
-    """A stage with an optimizer must have a loader that trains (its name starts with ``train``), and
+    """A loader trains when its name starts with ``train``: loaders of which none trains are refused unless every
+    one is named as an evaluation loader (``valid``, ``test``...: a pass that trains nothing, on purpose). And
     ``valid_loader`` must name one of the loaders."""
     prefix = "" if stage.name == "main" else f"stages[{stage.name!r}]: "
-    if stage.optimizer is not None and not any(str(name).startswith("train") for name in names):
-        raise ValueError(f"{prefix}no loader trains: the loaders are {list(names)}, and a loader trains when its name "
-                         f"starts with 'train' ('train', 'train_extra'...; the others only evaluate). Name the "
-                         f"training loader 'train' (loaders={{'train': ..., 'valid': ...}}), or evaluate without "
-                         f"training with runner.evaluate_loader(loader)")
+    names = list(names)
+    unclear = [name for name in names if not str(name).startswith(("train", *EVALUATION_PREFIXES))]
+    if unclear and not any(str(name).startswith("train") for name in names):
+        raise ValueError(f"{prefix}no loader trains: the loaders are {names}, and a loader trains when its name "
+                         f"starts with 'train' ('train', 'train_extra'...; the others only evaluate), so "
+                         f"{unclear[0]!r} would train nothing. Name the training loader 'train' (loaders={{'train': "
+                         f"..., 'valid': ...}}), or evaluate without training with runner.evaluate_loader(loader)")
     if stage.valid_loader not in names:
-        raise ValueError(f"{prefix}valid_loader={stage.valid_loader!r} is not among the loaders {list(names)}; "
+        raise ValueError(f"{prefix}valid_loader={stage.valid_loader!r} is not among the loaders {names}; "
                          f"pass valid_loader=<one of them>")
 
 

@@ -133,14 +133,14 @@ class FSDP(SingleDevice):
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict  # heavy; FSDP runs only
         return get_optimizer_state_dict(optimizer_module(optimizer, models), optimizer)
 
-    def save_checkpoint(self, checkpoint, paths, engine, writer=None):
-        """Every rank writes its shards into a new directory; the names in ``paths`` are switched to it.
-
-        A collective, written here (after the files handed to ``writer`` earlier, which keeps their order)."""
+    def save_checkpoint(self, checkpoint, paths, engine, writer=None, before_last=None):
+        """Every rank writes its shards into a new directory; the names in ``paths`` are switched to it, in order,
+        ``before_last()`` run before the last one. A collective, written here (after the files handed to
+        ``writer`` earlier, which keeps their order)."""
         from torchstage.files.sharded import save_sharded  # torch.distributed.checkpoint: heavy
         if writer is not None:
             writer.wait()
-        save_sharded(checkpoint, paths, engine)
+        save_sharded(checkpoint, paths, engine, before_last)
 
 
 def _check_optimizers(models: dict, optimizers) -> None:

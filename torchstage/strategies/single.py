@@ -119,8 +119,9 @@ class SingleDevice:
         else:
             optimizer.load_state_dict(state)
 
-    def save_checkpoint(self, checkpoint: dict, paths: list, engine, writer=None) -> None:
-        """Write ``checkpoint`` to each of ``paths`` (independent files, each atomic, by the main rank).
+    def save_checkpoint(self, checkpoint: dict, paths: list, engine, writer=None, before_last=None) -> None:
+        """Write ``checkpoint`` to each of ``paths`` in order (independent files, each atomic, by the main rank),
+        ``before_last()`` (the main rank's) run after all but the last: the last path is the commit point.
 
         The state is serialized here (the snapshot); with a :class:`~torchstage.files.writer.FileWriter` the
         files are written by its thread while training goes on.
@@ -130,7 +131,7 @@ class SingleDevice:
         data = serialize(checkpoint)
 
         # copies, not links: damage to one file cannot reach another
-        hand_over(writer, lambda: write_atomic_copies(paths, data))
+        hand_over(writer, lambda: write_atomic_copies(paths, data, before_last))
 
 
 def gradients_of(optimizer) -> list:

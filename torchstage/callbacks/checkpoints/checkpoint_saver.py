@@ -81,23 +81,26 @@ class CheckpointCallback(Callback):
         self.history.append(json.dumps(entry))
         last_due = epoch_due(self.periods, runner) or runner.epoch == runner.num_epochs
         folder = self.folder(runner)
-        # last.pth goes last, after every file it accounts for: a kill at any moment leaves last.pth on the
-        # previous epoch, whose resume redoes this one and writes each file again, as it was
+        # last.pth goes last, after every file it accounts for (best, the epoch file, then metrics.json and the
+        # removals): a kill at any moment leaves last.pth on the previous epoch, whose resume redoes this one and
+        # writes each file again, as it was
         targets = ([checkpoint_path(folder, "best")] if is_best else []) + \
                   ([os.path.join(folder, entry["file"])] if kept else []) + \
                   ([checkpoint_path(folder, "last")] if last_due else [])
-        if targets:
-            self._check_finite(runner)  # collective
-        if runner.engine.is_main:
-            self._write_summary(runner, folder, entry, [os.path.join(folder, old["file"]) for old in dropped])
-        if targets:  # independent files: damage to one cannot reach another (collective)
-            runner.engine.strategy.save_checkpoint(runner.state_dict(), targets, runner.engine, runner.file_writer)
+        summary = self._summary(runner, folder, entry, [os.path.join(folder, old["file"]) for old in dropped]) \
+            if runner.engine.is_main else None
+        if targets:  # independent files, the summary written before the last of them (collective)
+            self._check_finite(runner)
+            runner.engine.strategy.save_checkpoint(runner.state_dict(), targets, runner.engine, runner.file_writer,
+                                                   before_last=summary)
+        elif runner.engine.is_main:
+            hand_over(runner.file_writer, summary, large=False)
         if last_due:
             self._saved_at = self._position(runner)
 
-    def _write_summary(self, runner, folder: str, entry: dict, dropped: list) -> None:
-        """Hand over ``metrics.json`` and the removal of the epoch files that left the top k, ahead of this
-        epoch's checkpoint files (the writer keeps the order)."""
+    def _summary(self, runner, folder: str, entry: dict, dropped: list):
+        """The job that removes the epoch files that left the top k and writes ``metrics.json`` (main rank): after
+        this epoch's best and epoch files land, before ``last.pth`` (a failed write leaves every file in place)."""
         summary = metrics_json({"valid_loader": runner.valid_loader, "valid_metric": runner.valid_metric,
                                 "minimize_valid_metric": runner.minimize_valid_metric, "best": self.best,
                                 "last": entry, "topk": self.kept, "history": self.history})
@@ -107,7 +110,7 @@ class CheckpointCallback(Callback):
                 if os.path.exists(path):
                     os.remove(path)
             write_atomic(checkpoint_path(folder, "metrics"), summary, durable=False)
-        hand_over(runner.file_writer, write, large=False)
+        return write
 
     def save_last(self, runner) -> str:
         """Write ``last.pth`` for the current position unless already written there; collective."""
