@@ -129,11 +129,15 @@ def test_resume_lr_decides_for_every_hyperparameter_with_a_log_line(tmp_path, ca
     assert f"weight_decay is 0.1 now but 0.0 in the checkpoint; using {expected}" in caplog.text
 
 
-def test_another_optimizer_class_is_refused_naming_both(tmp_path):
-    _train(tmp_path, num_epochs=1)  # Adam
+def _sgd():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 8), nn.Dropout(0.2), nn.Linear(8, 1))
-    sgd = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+
+def test_another_optimizer_class_is_refused_naming_both(tmp_path):
+    _train(tmp_path, num_epochs=1)  # Adam
+    model, sgd = _sgd()
     with pytest.raises(CheckpointError, match=r"optimizer 'optimizer' is torch\.optim\.sgd\.SGD now but "
                                               r"torch\.optim\.adam\.Adam in the checkpoint"):
         _train(tmp_path, model=model, optimizer=sgd, num_epochs=2, resume="last")
@@ -146,9 +150,7 @@ def test_a_checkpoint_without_the_optimizer_class_is_told_apart_by_its_hyperpara
     checkpoint = load_checkpoint(_last(tmp_path))
     del checkpoint["meta"]["optimizers"]  # as torchstage wrote it before it kept the class
     write_atomic(_last(tmp_path), serialize(checkpoint))
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(6, 8), nn.Dropout(0.2), nn.Linear(8, 1))
-    sgd = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    model, sgd = _sgd()
     with pytest.raises(CheckpointError, match=r"optimizer 'optimizer' is torch\.optim\.sgd\.SGD now but an optimizer "
                                               r"with hyperparameters \[.*'betas'.*\] in the checkpoint"):
         _train(tmp_path, model=model, optimizer=sgd, num_epochs=2, resume="last")
