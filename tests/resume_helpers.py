@@ -45,8 +45,12 @@ def differences(a, b, path="") -> list:
     return [] if a == b else [f"{path}: {a!r} != {b!r}"]
 
 
-def checkpoint_differences(path_a, path_b) -> list:
+def checkpoint_differences(path_a, path_b, restarted: bool = False) -> list:
+    """Where two checkpoints differ in the parts a resumed run must reproduce bitwise. ``restarted``: ``path_b``
+    is a restarted job's, whose CSV logs hold one row more on purpose (``logs/run.csv``, the restart count)."""
     a, b = (torch.load(p, weights_only=True) for p in (path_a, path_b))
+    if restarted:
+        assert b["callbacks"]["csv"]["epoch_rows"].pop("run") == 1
     return [d for key in EXACT_KEYS for d in differences(a[key], b[key], key)]
 
 

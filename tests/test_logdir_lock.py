@@ -76,6 +76,23 @@ def test_a_requeued_slurm_job_takes_over_its_own_lock_from_another_node(tmp_path
     assert not (tmp_path / LOCK_NAME).exists()
 
 
+@pytest.mark.parametrize("variable, job", [("TORCHELASTIC_RUN_ID", "torchelastic_run"),
+                                           ("TORCHSTAGE_JOB_ID", "torchstage_job")])
+def test_a_restarted_job_takes_over_its_own_lock_from_another_node_and_a_new_one_does_not(tmp_path, monkeypatch,
+                                                                                        variable, job):
+    holder = {"host": "node-before-restart", "pid": 4321, "started": "2026-01-01T00:00:00", "job": {job: "run-7"}}
+    (tmp_path / LOCK_NAME).write_text(json.dumps(holder))
+    monkeypatch.setenv(variable, "run-7")
+    monkeypatch.setenv("TORCHSTAGE_RESTART_COUNT", "0")  # the job's first attempt: the holder is a live other run
+    with pytest.raises(LogdirLocked):
+        LogdirLock(str(tmp_path)).acquire()
+    monkeypatch.setenv("TORCHSTAGE_RESTART_COUNT", "1")  # restarted: its own earlier attempt held it
+    lock = LogdirLock(str(tmp_path))
+    lock.acquire()
+    assert json.loads((tmp_path / LOCK_NAME).read_text())["job"][job] == "run-7"
+    lock.release()
+
+
 def test_the_lock_is_released_when_the_run_fails(tmp_path):
     kwargs = tiny_train_kwargs(str(tmp_path), num_epochs=1)
 

@@ -39,8 +39,10 @@ def runs(tmp_path_factory):
         elastic = pool.submit(torchrun, base / "elastic", "--max-restarts=1", resume="last",
                               KILL_AT_BATCH=8, KILL_RANK=1)
         resumed, elastic = resumed.result(), elastic.result()
+        unchanged = torchrun(base / "unchanged", "--max-restarts=1", KILL_AT_BATCH=8, KILL_RANK=1)  # no resume=
     assert reference.returncode == 0, reference.stdout[-3000:]
-    return {"base": base, "stopped": stopped, "survivor": survivor, "resumed": resumed, "elastic": elastic}
+    return {"base": base, "stopped": stopped, "survivor": survivor, "resumed": resumed, "elastic": elastic,
+            "unchanged": unchanged}
 
 
 def test_sigterm_on_one_rank_stops_every_rank_after_the_same_batch(runs):
@@ -68,4 +70,16 @@ def test_elastic_restart_resumes_from_the_last_checkpoint(runs):
     assert "exitcode: -9" in out  # the first attempt really lost a rank
     base = runs["base"]
     assert checkpoint_differences(str(base / "reference" / "checkpoints" / "last.pth"),
-                                  str(base / "elastic" / "checkpoints" / "last.pth")) == []
+                                  str(base / "elastic" / "checkpoints" / "last.pth"), restarted=True) == []
+
+
+def test_torchrun_restart_of_the_unchanged_script_continues_its_own_run(runs):
+    """No resume argument: the restarted workers (TORCHELASTIC_RESTART_COUNT=1) continue the logdir's run instead
+    of refusing it as another run's."""
+    out = runs["unchanged"].stdout
+    assert runs["unchanged"].returncode == 0, out[-3000:]
+    assert "exitcode: -9" in out and "already holds a run" not in out
+    assert "; restart attempt 1 of this job" in out
+    base = runs["base"]
+    assert checkpoint_differences(str(base / "reference" / "checkpoints" / "last.pth"),
+                                  str(base / "unchanged" / "checkpoints" / "last.pth"), restarted=True) == []

@@ -237,3 +237,18 @@ def test_resume_last_refuses_a_logdir_whose_checkpoints_are_gone_while_its_logs_
 
 def test_resume_last_on_a_new_logdir_starts_a_run(tmp_path):
     assert _train(tmp_path / "new", num_epochs=1, resume="last").global_epoch_step == 1
+
+
+def test_resume_auto_starts_continues_its_own_run_and_refuses_another_jobs(tmp_path, monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.setenv("TORCHSTAGE_JOB_ID", "job-a")
+    assert _train(tmp_path, num_epochs=1, resume="auto").global_epoch_step == 1  # an empty logdir: a new run
+    assert load_checkpoint(_last(tmp_path))["meta"]["job"] == {"torchstage_job": "job-a"}
+    assert _train(tmp_path, num_epochs=2, resume="auto").global_epoch_step == 2  # this job's run: it goes on
+    monkeypatch.setenv("TORCHSTAGE_JOB_ID", "job-b")
+    with pytest.raises(FileExistsError, match=r"resume='auto': logdir .* holds the run of another job \(.*last\.pth: "
+                                              r"torchstage_job job-a; this is torchstage_job job-b\); pass "
+                                              r"resume='last' to continue it anyway"):
+        _train(tmp_path, num_epochs=3, resume="auto")
+    monkeypatch.delenv("TORCHSTAGE_JOB_ID")  # no id to tell the jobs apart: the logdir's run goes on
+    assert _train(tmp_path, num_epochs=3, resume="auto").global_epoch_step == 3

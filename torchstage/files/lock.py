@@ -11,6 +11,8 @@ import os
 import socket
 import time
 
+from torchstage.launch.resolve import job_identity, restart_attempt, same_job
+
 logger = logging.getLogger("torchstage")
 
 LOCK_NAME = ".torchstage.lock"
@@ -32,7 +34,8 @@ def _process_start(pid: int):
 def _holder() -> dict:
     pid = os.getpid()
     return {"host": socket.gethostname(), "pid": pid, "process_start": _process_start(pid),
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "slurm_job_id": os.environ.get("SLURM_JOB_ID")}
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+            "job": job_identity()}
 
 
 def _alive(holder: dict) -> bool:
@@ -122,6 +125,8 @@ class LogdirLock:
         job = os.environ.get("SLURM_JOB_ID")
         if job and holder.get("slurm_job_id") == job:
             return f"the same SLURM job {job}, requeued"
+        if restart_attempt() > 0 and same_job(holder.get("job") or {}):
+            return f"the same job ({', '.join(f'{k} {v}' for k, v in holder['job'].items())}), restarted"
         if not holder:
             return "the lock file is empty or unreadable"
         if not _alive(holder):

@@ -15,8 +15,9 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from torchstage.launch.local_launcher import Launcher, relaunch_command, watch_parent
+from torchstage.launch.local_launcher import relaunch_command, watch_parent
 from torchstage.launch.resolve import LAUNCHED_ENV, local_gpus, resolve_world, started_by_launcher
+from torchstage.launch.restarts import check_max_restarts, supervise
 from torchstage.launch.world import World
 from torchstage.logging_setup import ensure_console_handler
 
@@ -49,17 +50,19 @@ def current_world() -> World:
                  backend=dist.get_backend(), why="a process group initialised before train()")
 
 
-def launch_and_exit(world: World) -> None:
-    """Run ``world.spawn`` workers of this program and end this process with their exit code.
+def launch_and_exit(world: World, max_restarts: int = 0) -> None:
+    """Run ``world.spawn`` workers of this program and end this process with their exit code; after a failure
+    start the world again, at most ``max_restarts`` times (see :mod:`torchstage.launch.restarts`).
 
-    Raises ``SystemExit(0)`` when all succeed, else ``SystemExit(code of the first failing rank)``: code
-    after the launching call runs only in the workers, never here with an untrained model.
+    Raises ``SystemExit(0)`` when all succeed, else ``SystemExit(code of the failure)``: code after the
+    launching call runs only in the workers, never here with an untrained model.
     """
     ensure_console_handler()
     command = relaunch_command()
-    logger.info("starting %d processes (%s, ranks %d-%d of %d): %s", world.spawn, world.backend, world.rank,
-                world.rank + world.spawn - 1, world.world_size, " ".join(command))
-    raise SystemExit(Launcher(command, world).run())
+    restarts = f", up to {max_restarts} restart(s)" if max_restarts else ""
+    logger.info("starting %d process(es) (%s, ranks %d-%d of %d%s): %s", world.spawn, world.backend, world.rank,
+                world.rank + world.spawn - 1, world.world_size, restarts, " ".join(command))
+    raise SystemExit(supervise(command, world, max_restarts))
 
 
 @contextlib.contextmanager
@@ -100,7 +103,7 @@ def _attempt_store(world: World, timeout):
     return dist.PrefixStore(f"torchstage/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
-def run_in_world(fn, distributed=True, nprocs: int = None, timeout=None):
+def run_in_world(fn, distributed=True, nprocs: int = None, timeout=None, max_restarts: int = 0):
     """Call ``fn(world)`` as this process's rank of the world it belongs to, entering that world first.
 
     Already in an initialised process group: calls ``fn`` here with that group's world. ``distributed=False``:
@@ -110,23 +113,43 @@ def run_in_world(fn, distributed=True, nprocs: int = None, timeout=None):
     with their code (``SystemExit``); as one rank of several, the process group is joined around ``fn`` with
     collective ``timeout`` (a ``timedelta``; None: torch's default). ``distributed=None`` enters only a world that
     a launcher (torchrun, a SLURM step, mpirun...) started this process into; a plain script runs as one process.
+
+    ``max_restarts > 0``: the processes this call starts are started again after a failure (a single process
+    too: it then runs as the one worker of a launcher that watches it); a world another launcher started
+    restarts by that launcher's rules (``torchrun --max-restarts``, ``sbatch --requeue``).
     """
     if in_world():
         return fn(current_world())
-    if distributed is False:
-        return fn(World(why="distributed=False"))
-    world = resolve_world(nprocs)
-    if distributed is None and not started_by_launcher(world):
-        return fn(World(why=f"distributed=None and no launcher started this process ({world.why})"))
+    ours = bool(os.environ.get(LAUNCHED_ENV))  # a worker of torchstage's launcher: that launcher restarts it
+    max_restarts = 0 if ours else max_restarts
+    world = World(why="distributed=False") if distributed is False else resolve_world(nprocs)
+    launched = distributed is not False and started_by_launcher(world)  # torchrun, a SLURM step, mpirun...
+    if max_restarts and launched and not world.spawn:
+        logger.warning("max_restarts=%d applies to the processes torchstage starts; this one was started by %s, "
+                       "whose own rules restart it (torchrun --max-restarts=N, sbatch --requeue)", max_restarts,
+                       world.source)
+        max_restarts = 0
+    if not launched and not (distributed is True and world.spawn):  # this process runs alone
+        if not max_restarts:
+            return fn(World(backend=world.backend, why=world.why if distributed is True else
+                            f"distributed={distributed}, no launcher started this process ({world.why})"))
+        world = World(world_size=1, spawn=1, local_size=1, nnodes=1, backend=world.backend,
+                      why=f"one process, watched by a launcher for max_restarts={max_restarts}")
+    if max_restarts and world.spawn and (world.nnodes or 1) > 1:
+        raise ValueError(f"max_restarts={max_restarts}: restarts inside the job need its processes on one node, "
+                         f"and this {world.source} world spans {world.nnodes} nodes; restart across nodes with "
+                         f"sbatch --requeue (train(requeue=True)) or torchrun --max-restarts with a rendezvous "
+                         f"backend")
     if world.spawn:
-        launch_and_exit(world)
+        launch_and_exit(world, max_restarts)
     if not world.is_distributed:
         return fn(world)
     with joined(world, timeout) as entered:
         return fn(entered)
 
 
-def distributed_cmd_run(fn, *args, distributed: bool = True, nprocs: int = None, **kwargs):
+def distributed_cmd_run(fn, *args, distributed: bool = True, nprocs: int = None, max_restarts: int = None,
+                        **kwargs):
     """Run ``fn(*args, **kwargs)`` on every process of the world this program should form.
 
     Inside a world (torchrun, a launched worker, a SLURM step): joins it and calls ``fn``. A plain
@@ -134,5 +157,8 @@ def distributed_cmd_run(fn, *args, distributed: bool = True, nprocs: int = None,
     per device running this program again, waits, and exits with their code (``SystemExit``), so code
     after this call never runs in the launching process. Otherwise (one device, or
     ``distributed=False``) calls ``fn`` here. ``train(...)`` calls inside ``fn`` use the world.
+    ``max_restarts`` (default ``$TORCHSTAGE_MAX_RESTARTS``, else 0): start the world again after a rank fails,
+    at most that often (see :func:`run_in_world`).
     """
-    return run_in_world(lambda world: fn(*args, **kwargs), bool(distributed), nprocs)
+    return run_in_world(lambda world: fn(*args, **kwargs), bool(distributed), nprocs,
+                        max_restarts=check_max_restarts(max_restarts))

@@ -15,7 +15,8 @@ import sys
 import threading
 import time
 
-from torchstage.launch.resolve import LAUNCHED_ENV
+from torchstage.launch.failures import FAILURE_DIR_ENV, first_failure, read_failures, where
+from torchstage.launch.resolve import JOB_ID_ENV, LAUNCHED_ENV, RESTART_ENV
 from torchstage.launch.world import World
 
 logger = logging.getLogger("torchstage")
@@ -46,7 +47,7 @@ def relaunch_command() -> list:
     return [sys.executable, *argv[1:]]
 
 
-def worker_env(world: World, local_rank: int, port: int, environ=None) -> dict:
+def worker_env(world: World, local_rank: int, port: int, environ=None, extra: dict = None) -> dict:
     """The environment of local worker ``local_rank`` (the launcher world's child): torchrun variables plus the
     launcher markers."""
     env = dict(os.environ if environ is None else environ)
@@ -61,16 +62,29 @@ def worker_env(world: World, local_rank: int, port: int, environ=None) -> dict:
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(1, world.spawn))))
     env[LAUNCHED_ENV] = "1"
     env[PARENT_ENV] = str(os.getpid())
+    env.update(extra or {})
     return env
 
 
 class Launcher:
-    """Runs ``world.spawn`` workers of ``command`` and returns the exit code of the run (see :meth:`run`)."""
+    """Runs ``world.spawn`` workers of ``command`` once and returns the exit code of the run (see :meth:`run`).
 
-    def __init__(self, command: list, world: World, grace: float = GRACE_SECONDS):
+    ``attempt`` (0 first) and ``job_id`` reach the workers as ``TORCHSTAGE_RESTART_COUNT`` and
+    ``TORCHSTAGE_JOB_ID``; with a ``failure_dir`` the failing ranks write their errors there, and
+    :attr:`failure` holds the first one after a failed run.
+    """
+
+    def __init__(self, command: list, world: World, grace: float = GRACE_SECONDS, attempt: int = 0,
+                 job_id: str = None, failure_dir: str = None):
         self.command, self.world, self.grace = command, world, grace
         self.procs, self.threads = [], []
         self.tails = {}
+        self.failure_dir, self.failure, self.failed_rank = failure_dir, None, None
+        self.extra = {RESTART_ENV: str(attempt)}
+        if job_id:
+            self.extra[JOB_ID_ENV] = job_id
+        if failure_dir:
+            self.extra[FAILURE_DIR_ENV] = failure_dir
 
     def run(self) -> int:
         """0 when every worker succeeds; else the first failing worker's code (128 + signal if killed)."""
@@ -90,7 +104,7 @@ class Launcher:
 
     def _start(self, local_rank: int, port: int) -> None:
         rank = self.world.child(local_rank).rank
-        proc = subprocess.Popen(self.command, env=worker_env(self.world, local_rank, port),
+        proc = subprocess.Popen(self.command, env=worker_env(self.world, local_rank, port, extra=self.extra),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
         proc.rank = rank
         self.procs.append(proc)
@@ -123,8 +137,16 @@ class Launcher:
         exit_code = 128 - code if code < 0 else code
         reason = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
         tail = "".join(self.tails.get(proc.rank, ()))
-        logger.error("rank %d %s; stopped the other ranks. Last error output of rank %d:\n%s",
-                     proc.rank, reason, proc.rank, tail.rstrip() or "(none)")
+        records = read_failures(self.failure_dir) if self.failure_dir else {}
+        # a rank killed without a word is the cause: the others' records are their peers' echo of its death
+        self.failure = None if code < 0 and proc.rank not in records else first_failure(records)
+        self.failed_rank = proc.rank
+        first = ""
+        if self.failure is not None:
+            first = (f" The first error, on rank {self.failure['rank']} at {where(self.failure)}: "
+                     f"{self.failure['error'].splitlines()[0]}.")
+        logger.error("rank %d %s; stopped the other ranks.%s Last error output of rank %d:\n%s",
+                     proc.rank, reason, first, proc.rank, tail.rstrip() or "(none)")
         return exit_code
 
     def _stop_all(self, sig=signal.SIGTERM) -> None:

@@ -24,6 +24,10 @@ from torchstage.launch.world import World
 NPROC_ENV = "TORCHSTAGE_NPROC"
 #: Set by the torchstage launcher in the processes it starts.
 LAUNCHED_ENV = "TORCHSTAGE_LAUNCHED"
+#: Set by the torchstage launcher: how often it restarted the world (0 first), and one id for every attempt.
+RESTART_ENV, JOB_ID_ENV = "TORCHSTAGE_RESTART_COUNT", "TORCHSTAGE_JOB_ID"
+#: ``train(max_restarts=...)``'s default, for scripts run unchanged.
+MAX_RESTARTS_ENV = "TORCHSTAGE_MAX_RESTARTS"
 #: MPI launchers, most specific first: jsrun and PALS also set Open MPI's or MPICH's variables.
 MPI_ENVIRONMENTS = (LsfEnvironment(), PalsEnvironment(), OpenMpiEnvironment(), MpichEnvironment())
 #: Launcher environments in precedence order (explicit arguments come before all, local spawn after).
@@ -129,8 +133,27 @@ def restart_attempt(environ: Mapping = None) -> int:
     """How often this job was restarted by its scheduler or launcher (SLURM requeue, ``torchrun --max-restarts``);
     0 on its first attempt."""
     environ = os.environ if environ is None else environ
-    counts = [environ.get(name, "").strip() for name in ("SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT")]
+    counts = [environ.get(name, "").strip() for name in ("SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT",
+                                                          RESTART_ENV)]
     return max((int(count) for count in counts if count.isdigit()), default=0)
+
+
+def job_identity(environ: Mapping = None) -> dict:
+    """The ids of the job this process belongs to, kept the same by its restarts: the SLURM job, the torchrun
+    run (``TORCHELASTIC_RUN_ID``) and the torchstage launch; only those that are set."""
+    environ = os.environ if environ is None else environ
+    names = {"slurm_job": "SLURM_JOB_ID", "torchelastic_run": "TORCHELASTIC_RUN_ID", "torchstage_job": JOB_ID_ENV}
+    return {key: environ[name] for key, name in names.items() if environ.get(name, "none") != "none"}
+
+
+def same_job(recorded: Mapping, now: Mapping = None):
+    """True when ``recorded`` (a :func:`job_identity`) names this job, False when it names another, None when
+    they share no id to tell by."""
+    now = job_identity() if now is None else now
+    shared = [key for key in recorded if key in now]
+    if not shared:
+        return None
+    return all(recorded[key] == now[key] for key in shared)
 
 
 def variables_read() -> tuple:

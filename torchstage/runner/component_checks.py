@@ -104,19 +104,19 @@ def check_logdir(logdir) -> None:
 
 
 def check_resume(resume, logdir) -> None:
-    """``resume`` is None, ``"last"`` or an existing checkpoint (a file, or a sharded checkpoint's directory);
-    else say what was probably meant."""
-    if resume is None or resume == "last" or (isinstance(resume, (str, os.PathLike)) and os.path.exists(resume)):
+    """``resume`` is None, ``"last"``, ``"auto"`` or an existing checkpoint (a file, or a sharded checkpoint's
+    directory); else say what was probably meant."""
+    if resume in (None, "last", "auto") or (isinstance(resume, (str, os.PathLike)) and os.path.exists(resume)):
         return
     if not isinstance(resume, (str, os.PathLike)):
         raise TypeError(f"resume must be None, 'last' or the path of a checkpoint file, got {type(resume).__name__}")
     resume = os.fspath(resume)
     folder = os.path.dirname(resume) or (os.path.join(logdir, "checkpoints") if logdir is not None else ".")
-    candidates = ["last"] + sorted(glob.glob(os.path.join(folder, "*.pth")))
+    candidates = ["last", "auto"] + sorted(glob.glob(os.path.join(folder, "*.pth")))
     close = difflib.get_close_matches(resume, candidates, n=1, cutoff=0.5)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     raise ValueError(f"resume={resume!r} is neither 'last' (continue the logdir's run) nor an existing checkpoint "
-                     f"file{hint}")
+                     f"file{hint}; 'auto' continues the logdir's run when it is this job's, else starts one")
 
 
 def _values(value) -> list:

@@ -15,7 +15,8 @@ from torchstage.data.resume import (batch_size_changed, capture_loader_rng, resu
                                     skips_samples)
 from torchstage.runner.loop_state import dataset_size
 from torchstage.runner.resume_checks import apply_after_load, check_before_load, report_epochs
-from torchstage.launch.resolve import restart_attempt
+from torchstage.launch.resolve import RESTART_ENV, job_identity, restart_attempt, same_job
+from torchstage.launch.slurm.requeue import resume_after_requeue
 from torchstage.runner.errors import LogdirHoldsRun
 from torchstage.runner.loop_state import ResumePoint
 from torchstage.rng import set_rng_state
@@ -29,8 +30,10 @@ def checkpoint_to_resume(spec, engine, chains):
 
     ``resume='last'`` looks where the run's checkpoint callbacks write (the latest stage's folder first)
     and takes ``last.pth``, or, if it is missing or damaged, the newest intact checkpoint there, saying so.
+    ``resume='auto'`` does the same when that run is this job's (the job ids it recorded, see
+    :func:`~torchstage.launch.resolve.same_job`), starts a run on an empty logdir, and refuses another job's run.
     """
-    if spec.resume not in (None, "last"):
+    if spec.resume not in (None, "last", "auto"):
         return os.fspath(spec.resume), load_checkpoint(os.fspath(spec.resume))
     folders = list(dict.fromkeys(f for chain in reversed(chains) for f in checkpoint_folders(chain, spec.logdir)))
     # The main rank looks before anyone can write, and every rank acts on what it saw: a slower rank
@@ -45,7 +48,8 @@ def checkpoint_to_resume(spec, engine, chains):
                 ("another logdir", "--set logdir=<another folder>")))
         return None
     if not folders:
-        raise ValueError("resume='last' needs a logdir (or a CheckpointCallback with one) to find last.pth in")
+        raise ValueError(f"resume={spec.resume!r} needs a logdir (or a CheckpointCallback with one) to find last.pth "
+                         f"in")
     if found is None:
         _start_without_checkpoint(spec, engine, folders[0])
         return None
@@ -59,10 +63,37 @@ def checkpoint_to_resume(spec, engine, chains):
     path, skipped, error = engine.broadcast_object(choice)
     if error is not None:
         raise CheckpointError(error)
+    if spec.resume == "auto" and engine.is_main:
+        _check_same_job(spec, path, checkpoint)
     if skipped and engine.is_main:
         logger.warning("resume='last': %s; resuming from %s, the newest intact checkpoint",
                        "; ".join(f"{p} was passed over ({why})" for p, why in skipped), path)
     return path, checkpoint if checkpoint is not None else load_checkpoint(path)
+
+
+def resume_of_this_attempt(resume, requeue):
+    """``'last'`` for a job that its scheduler or launcher restarted (a SLURM requeue unless ``requeue=False``,
+    ``torchrun --max-restarts``, ``train(max_restarts=...)``) and that names no checkpoint: the unchanged script
+    continues its own run; else ``resume``."""
+    resume = resume_after_requeue(resume, requeue)  # SLURM's requeue, unless requeue=False
+    attempt = restart_attempt({name: os.environ.get(name, "") for name in ("TORCHELASTIC_RESTART_COUNT", RESTART_ENV)})
+    if resume is None and attempt > 0:
+        return "last"
+    return resume
+
+
+def _check_same_job(spec, path: str, checkpoint: dict) -> None:
+    """``resume='auto'`` continues the logdir's run only when it is this job's; another job's run is refused."""
+    recorded = checkpoint.get("meta", {}).get("job", {})
+    if same_job(recorded) is False:
+        ids = ", ".join(f"{key} {value}" for key, value in recorded.items())
+        now = ", ".join(f"{key} {value}" for key, value in job_identity().items())
+        raise LogdirHoldsRun(f"resume='auto': logdir {str(spec.logdir)!r} holds the run of another job ({path}: "
+                             f"{ids}; this is {now})", (
+                                 ("pass resume='last' to continue it anyway", "pass --set resume=last to continue "
+                                                                              "it anyway"),
+                                 ("overwrite=True to replace it", "--set overwrite=true to replace it"),
+                                 ("another logdir", "--set logdir=<another folder>")))
 
 
 def _start_without_checkpoint(spec, engine, folder: str) -> None:
@@ -71,11 +102,12 @@ def _start_without_checkpoint(spec, engine, folder: str) -> None:
     A job its scheduler restarted (a SLURM requeue, ``torchrun --max-restarts``) starts over with a warning."""
     earlier = engine.broadcast_object(_earlier_logs(spec.logdir) if engine.is_main else None)
     if not earlier:
-        logger.info("resume='last': no checkpoint in %s yet, starting a new run", folder)
+        logger.info("resume=%r: no checkpoint in %s yet, starting a new run", spec.resume, folder)
         return
-    if restart_attempt() > 0:
-        logger.warning("resume='last': the attempt before this restart left logs (%s) but no checkpoint in %s; "
-                       "starting the run over", earlier, folder)
+    if restart_attempt() > 0 or spec.resume == "auto":
+        logger.warning("resume=%r: %s left logs (%s) but no checkpoint in %s; starting the run over", spec.resume,
+                       "the attempt before this restart" if restart_attempt() > 0 else "an earlier run", earlier,
+                       folder)
         return
     raise LogdirHoldsRun(
         f"resume='last': logdir {str(spec.logdir)!r} holds the logs of an earlier run ({earlier}) but no checkpoint "

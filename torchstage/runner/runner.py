@@ -9,6 +9,7 @@ from torchstage.catalyst.runner import CatalystAttributes
 from torchstage.data.prefetch import prefetch_to_device
 from torchstage.files.lock import LogdirLock
 from torchstage.files.writer import FileWriter
+from torchstage.launch.failures import record_failure
 from torchstage.named import map_named
 from torchstage.runner import export, inference
 from torchstage.runner.defaults import default_callbacks
@@ -143,6 +144,8 @@ class Runner(CatalystAttributes):
             self.file_writer.close()  # a checkpoint that failed to land fails the run
         except BaseException as exc:
             self.exception = exc
+            if not isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                record_failure(self.engine.rank, exc, self.loop_position())  # for a launcher of torchstage's
             for handler in self._handlers["on_exception"]:
                 try:
                     handler(self)

@@ -10,6 +10,7 @@ from torchstage.data.datasets import build_loaders
 from torchstage.data.loaders import distribute_loaders
 from torchstage.files.lock import LogdirLock
 from torchstage.launch.enter import run_in_world
+from torchstage.launch.resolve import restart_attempt
 from torchstage.launch.world import World
 from torchstage.logging_setup import ensure_console_handler
 from torchstage.named import each, map_named, named
@@ -28,7 +29,7 @@ logger = logging.getLogger("torchstage")
 def train_in_world(runner, spec):
     """Train as this process's rank of its world (joined or launched first, see ``run_in_world``); the runner."""
     return run_in_world(lambda world: _train_here(runner, spec, world), spec.distributed, spec.nprocs,
-                        timeout=process_group_timeout(spec.hang_timeout))
+                        timeout=process_group_timeout(spec.hang_timeout), max_restarts=spec.max_restarts)
 
 
 def _train_here(runner, spec, world: World):
@@ -138,7 +139,8 @@ def _check_valid_metric(runner, stage, chain, loaders) -> None:
 
 def _log_resume(path: str, checkpoint: dict, engine) -> None:
     """Say, on the main rank, which checkpoint the run goes on from and where in the loop."""
-    loop = checkpoint.get("loop", {})
+    loop, attempt = checkpoint.get("loop", {}), restart_attempt()
     if engine.is_main:
-        logger.info("resuming from %s at stage %r, epoch %s, batch %s%s", path, loop.get("stage"), loop.get("epoch"),
-                    loop.get("batch"), " (epoch complete)" if loop.get("epoch_done") else "")
+        logger.info("resuming from %s at stage %r, epoch %s, batch %s%s%s", path, loop.get("stage"), loop.get("epoch"),
+                    loop.get("batch"), " (epoch complete)" if loop.get("epoch_done") else "",
+                    f"; restart attempt {attempt} of this job" if attempt else "")

@@ -11,12 +11,14 @@ import torch
 
 from torchstage.callbacks.base import Callback
 from torchstage.catalyst.runner import translate_train_kwargs
+from torchstage.launch.restarts import check_max_restarts
 from torchstage.launch.slurm.requeue import check_requeue_arg
 from torchstage.strategies.resolve import resolve_strategy
 from torchstage.runner.component_checks import check_components, check_logdir, check_resume
 from torchstage.data.datasets import dataset_loader_names
 from torchstage.runner.defaults import stage_chains
 from torchstage.runner.features import check_switches
+from torchstage.runner.resume import resume_of_this_attempt
 from torchstage.runner.errors import RunnerException
 
 
@@ -89,6 +91,7 @@ class TrainSpec:
     requeue: Optional[bool] = None
     resume_lr: str = "refuse"
     hang_timeout: Optional[float] = 300
+    max_restarts: Optional[int] = None  # None: $TORCHSTAGE_MAX_RESTARTS, else 0
     stage_specs: list = field(default_factory=list, init=False, repr=False)
     #: Each stage's callback chain (:func:`~torchstage.runner.defaults.stage_chains`), built by make_spec.
     stage_chains: list = field(default_factory=list, init=False, repr=False)
@@ -122,13 +125,15 @@ def make_spec(runner, kwargs: dict, config_text: str = None) -> TrainSpec:
         raise TypeError(f"distributed must be None (join a torchrun/SLURM world if started in one), True "
                         f"(also launch one process per device) or False (one process), got {spec.distributed!r}")
     spec.strategy = resolve_strategy(spec.strategy)
+    spec.max_restarts = check_max_restarts(spec.max_restarts)
     check_switches(spec)
     if spec.check and spec.logdir is not None:  # a smoke run writes to a scratch folder, never the real run's
         spec.logdir, spec.overwrite = os.path.join(os.fspath(spec.logdir), CHECK_FOLDER), True
     if spec.resume_lr not in ("refuse", "new", "checkpoint"):
         raise ValueError(f"resume_lr must be 'refuse' (a learning rate that differs from the checkpoint's fails), "
                          f"'new' (use the one given now) or 'checkpoint' (keep the saved one), got {spec.resume_lr!r}")
-    spec.resume = check_requeue_arg(spec.requeue, spec.resume)
+    check_requeue_arg(spec.requeue, spec.resume)
+    spec.resume = resume_of_this_attempt(spec.resume, spec.requeue)
     check_resume(spec.resume, spec.logdir)
     spec.stage_specs = _resolve_stages(spec)
     for stage in spec.stage_specs:

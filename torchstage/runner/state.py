@@ -5,6 +5,7 @@ import time
 import torch
 
 from torchstage.files.format import FORMAT, CheckpointError, clean_state_dict
+from torchstage.launch.resolve import job_identity, restart_attempt
 from torchstage.named import named
 from torchstage.rng import get_rng_state, set_rng_state
 from torchstage.version import __version__
@@ -30,6 +31,7 @@ def runner_state_dict(runner) -> dict:
         "rng": runner.engine.all_gather_object({**get_rng_state(), **_loader_start(runner)}),
         "metrics": {loader: dict(values) for loader, values in runner.epoch_metrics.items()},
         "meta": {"torchstage": __version__, "torch": str(torch.__version__), "world_size": runner.engine.world_size,
+                 "job": job_identity(), "restart_attempt": restart_attempt(),
                  "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "stage_names": [s.name for s in spec.stage_specs],
                  "stage_epochs": [s.num_epochs for s in spec.stage_specs],
                  "optimizers": {k: f"{type(o).__module__}.{type(o).__qualname__}"

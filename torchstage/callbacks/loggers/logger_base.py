@@ -17,10 +17,13 @@ import yaml
 from torchstage.arguments import ArgumentError
 from torchstage.callbacks.base import Callback, CallbackOrder, CallbackScope
 from torchstage.callbacks.checkpoints.config_saver import ConfigSaver
+from torchstage.launch.resolve import restart_attempt
 from torchstage.periods import Batch, as_periods, batch_due
 
 #: ``scope`` of :meth:`LoggerCallback.log_metrics`: loader metrics of an epoch (step: the global epoch).
 EPOCH, BATCH, PERIODIC = "epoch", "batch", "periodic"
+#: The ``loader`` of run-level values: the restart count of a restarted job.
+RUN = "run"
 
 
 def check_batch_period(period) -> tuple:
@@ -71,6 +74,9 @@ class LoggerCallback(Callback):
         if self.periods is None:
             self.periods = check_batch_period(runner.spec.log_period or ())
         self.log_hparams(run_hparams(runner), runner)
+        attempt = restart_attempt()
+        if attempt:  # a restarted job: the count, at the global epoch it goes on from, under loader "run"
+            self.log_metrics({"restarts": float(attempt)}, runner.global_epoch_step, RUN, EPOCH, runner)
 
     def on_batch_end(self, runner):
         if self.periods and batch_due(self.periods, runner):

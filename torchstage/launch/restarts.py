@@ -1,0 +1,74 @@
+"""Restarts inside the job: when a rank dies, the launcher ends the world and starts it again, up to a limit.
+
+Each attempt is one :class:`~torchstage.launch.local_launcher.Launcher` run; the workers of attempt ``k`` see
+``TORCHSTAGE_RESTART_COUNT=k`` and continue their logdir's run from its last checkpoint (a run that failed
+before its first checkpoint starts over). A failure that repeats (the same error at the same point of the
+run, as the failing ranks recorded it) is deterministic and is not retried: the job exits with it. A signal
+to the launcher (the job cancelled, a SLURM time limit) ends the job without a restart.
+"""
+import logging
+import os
+import shutil
+import tempfile
+import uuid
+
+from torchstage.launch.failures import same_failure, where
+from torchstage.launch.local_launcher import Launcher
+from torchstage.launch.resolve import JOB_ID_ENV, MAX_RESTARTS_ENV
+from torchstage.launch.world import World
+
+logger = logging.getLogger("torchstage")
+
+
+def check_max_restarts(value, name: str = "max_restarts"):
+    """``value`` as the number of restarts (``None``: ``$TORCHSTAGE_MAX_RESTARTS``, else 0); ValueError otherwise."""
+    if value is None:
+        text = os.environ.get(MAX_RESTARTS_ENV, "").strip()
+        if not text:
+            return 0
+        value, name = (int(text) if text.lstrip("-").isdigit() else text), MAX_RESTARTS_ENV
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be an integer >= 0 (restarts of the world after a rank fails), got {value!r}")
+    return value
+
+
+def supervise(command: list, world: World, max_restarts: int) -> int:
+    """Run ``world.spawn`` workers of ``command``; after a failure start them again, at most ``max_restarts``
+    times. Returns 0, or the exit code of the last failure."""
+    job_id = os.environ.get(JOB_ID_ENV) or uuid.uuid4().hex[:12]
+    folder = tempfile.mkdtemp(prefix="torchstage-failures-")
+    previous = None
+    try:
+        for attempt in range(max_restarts + 1):
+            for name in os.listdir(folder):
+                os.remove(os.path.join(folder, name))
+            launcher = Launcher(command, world, attempt=attempt, job_id=job_id, failure_dir=folder)
+            code = launcher.run()
+            if code == 0:
+                if attempt:
+                    logger.info("the run finished on attempt %d of %d", attempt + 1, max_restarts + 1)
+                return 0
+            failure, told = launcher.failure, _told(launcher, code)
+            if attempt == max_restarts:
+                if max_restarts:
+                    logger.error("attempt %d of %d failed (%s); no restart left: exit code %d", attempt + 1,
+                                 max_restarts + 1, told, code)
+                return code
+            if same_failure(previous, failure):
+                logger.error("attempt %d of %d failed with the same error at the same point as attempt %d (%s): "
+                             "a deterministic failure, not restarted; exit code %d", attempt + 1, max_restarts + 1,
+                             attempt, told, code)
+                return code
+            previous = failure
+            logger.warning("attempt %d of %d failed (%s); restarting the world from the run's last checkpoint "
+                           "(attempt %d)", attempt + 1, max_restarts + 1, told, attempt + 2)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _told(launcher: Launcher, code: int) -> str:
+    failure = launcher.failure
+    if failure is None:
+        how = f"killed by signal {code - 128}" if code > 128 else f"exit code {code}"
+        return f"rank {launcher.failed_rank} {how}, at {where(None)}"
+    return f"rank {failure['rank']} at {where(failure)}: {failure['error'].splitlines()[0]}"
