@@ -89,16 +89,21 @@ def test_num_epochs_already_reached_says_so_and_exits_0(tmp_path):
                                                  before["models"]["model"].values()))
 
 
-def test_another_world_size_is_refused_naming_the_checkpoint_and_both_sizes(tmp_path):
+def test_another_world_size_resumes_and_says_what_changed(tmp_path):
+    """An end-of-epoch checkpoint of one process goes on with two (it was refused before): the log names both
+    world sizes, the global batch size and the lr scaling to consider."""
     _train(tmp_path, num_epochs=1)
     script = (f"from tests.resume_helpers import tiny_train_kwargs\nfrom torchstage import SupervisedRunner\n"
               f"SupervisedRunner().train(**tiny_train_kwargs({str(tmp_path)!r}, num_epochs=2, resume='last'),\n"
               f"                         distributed=True, nprocs=2)\n")
     done = subprocess.run([sys.executable, "-c", script], env=child_env(), cwd=ROOT, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, timeout=180)
-    assert done.returncode != 0
-    assert f"cannot resume from {_last(tmp_path)}: world size is 2 now but 1 in the checkpoint; resume it with 1 " \
-           f"process(es)" in done.stdout, done.stdout[-3000:]
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert f"resume from {_last(tmp_path)}: written by 1 process(es), resumed by 2; the global batch size is 8 now " \
+           f"(4 per process), 4 before: scale what depends on it, such as the learning rate (x2 by the linear rule" \
+           in done.stdout, done.stdout[-3000:]
+    after = load_checkpoint(_last(tmp_path))
+    assert (after["meta"]["world_size"], after["loop"]["global_epoch_step"]) == (2, 2)
 
 
 def _adamw(weight_decay):

@@ -97,6 +97,11 @@ class Callback:
     def load_state_dict(self, state: dict) -> None:
         """Restore what :meth:`state_dict` returned."""
 
+    def merge_rank_states(self, states: list) -> dict:
+        """For ``state_per_rank`` callbacks: one state holding what the ranks' states held, for a run resumed
+        mid-loader on another number of processes (loaded on its main rank); TypeError where it cannot be."""
+        raise TypeError(f"{type(self).__name__} keeps a state per rank and cannot merge them")
+
     @property
     def produces(self) -> tuple:
         """Metric names this callback writes, so ``valid_metric`` can be checked before training."""

@@ -60,8 +60,8 @@ def launch_and_exit(world: World, max_restarts: int = 0) -> None:
     ensure_console_handler()
     command = relaunch_command()
     restarts = f", up to {max_restarts} restart(s)" if max_restarts else ""
-    logger.info("starting %d process(es) (%s, ranks %d-%d of %d%s): %s", world.spawn, world.backend, world.rank,
-                world.rank + world.spawn - 1, world.world_size, restarts, " ".join(command))
+    logger.info("starting %d process%s (%s, ranks %d-%d of %d%s): %s", world.spawn, "es" if world.spawn > 1 else "",
+                world.backend, world.rank, world.rank + world.spawn - 1, world.world_size, restarts, " ".join(command))
     raise SystemExit(supervise(command, world, max_restarts))
 
 

@@ -56,6 +56,10 @@ class AUCMetric(Metric):
         if "chunks" in state:
             self._chunks = [state["chunks"].clone()]
 
+    def merge_state_dicts(self, states: list) -> dict:
+        parts = [state["chunks"] for state in states if "chunks" in state]
+        return {"chunks": torch.cat(parts)} if parts else {}
+
     def _update(self, outputs, targets) -> None:
         owner = "AUCMetric"
         outputs, targets = _tensor(outputs, "outputs", owner), _tensor(targets, "targets", owner)

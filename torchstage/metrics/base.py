@@ -57,6 +57,11 @@ class Metric(ABC):
         """Continue from :meth:`state_dict`'s partial state (the metric is reset first)."""
         self.reset()
 
+    def merge_state_dicts(self, states: list) -> dict:
+        """One partial state holding what every rank's :meth:`state_dict` held (a run resumed mid-loader on
+        another number of processes continues from it on one rank); TypeError where the metric cannot say."""
+        raise TypeError(f"{type(self).__name__} cannot merge the partial states of several processes")
+
     @property
     def names(self) -> tuple:
         """The result keys known before any data (``prefix`` included), to check ``valid_metric`` early."""
@@ -112,6 +117,10 @@ class AdditiveMetric(Metric):
         self.reset()
         if "state" in state:
             self._state = state["state"].clone()
+
+    def merge_state_dicts(self, states: list) -> dict:
+        parts = [state["state"] for state in states if "state" in state]
+        return {"state": torch.stack(parts).sum(0)} if parts else {}
 
     def _add(self, vector: torch.Tensor) -> None:
         self._state_like(vector).add_(vector.detach().to(torch.float64))

@@ -22,6 +22,15 @@ class RenamedMetric(Metric):
     def sync(self, engine) -> None:
         self.metric.sync(engine)
 
+    def state_dict(self) -> dict:
+        return self.metric.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.metric.load_state_dict(state)
+
+    def merge_state_dicts(self, states: list) -> dict:
+        return self.metric.merge_state_dicts(states)
+
     def compute(self) -> Values:
         return {self.mapping.get(name, name): value for name, value in self.metric.compute().items()}
 

@@ -38,6 +38,7 @@ class ResumePoint:
     rng: dict  #: this rank's generator states at the checkpoint
     loader_restored: bool = False  #: a stateful loader was put back where it was: no index skipping
     by_samples: bool = False  #: the loader's batch size changed: the pass goes on after its done samples
+    indices: Optional[list] = None  #: this rank's samples left of a pass resumed on another number of processes
 
 
 @dataclass

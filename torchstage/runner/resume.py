@@ -13,6 +13,7 @@ from torchstage.files.checkpoint import checkpoint_files, load_checkpoint, load_
 from torchstage.files.format import CheckpointError
 from torchstage.data.resume import (batch_size_changed, capture_loader_rng, resume_after_samples, resume_iterator,
                                     skips_samples)
+from torchstage.data.reshard import order_kind, pass_order, resume_shard
 from torchstage.runner.loop_state import dataset_size
 from torchstage.runner.resume_checks import apply_after_load, check_before_load, report_epochs
 from torchstage.launch.resolve import RESTART_ENV, job_identity, restart_attempt, same_job
@@ -146,23 +147,57 @@ def restore(runner, checkpoint: dict, path: str = "the checkpoint") -> None:
         if runner.epoch >= runner.num_epochs and index + 1 < len(names):
             runner.enter_stage(index + 1)
         return
-    loader = loop.get("loader")
-    rng = checkpoint["rng"][runner.engine.rank]
+    loader, rngs = loop.get("loader"), checkpoint["rng"]
+    same_world = len(rngs) == runner.engine.world_size
+    rng = rngs[runner.engine.rank] if same_world else rngs[0]
     if loader not in runner.loaders or "loader_start" not in rng:
         raise CheckpointError(f"checkpoint was written in the middle of loader {loader!r} of stage "
                               f"{loop['stage']!r}, which this run does not have (loaders: {list(runner.loaders)})"
                               if "loader_start" in rng else
                               "checkpoint was written mid-epoch without the loader's random state; it cannot "
                               "be resumed exactly")
-    by_samples = _check_mid_epoch_loader(runner, loader, loop, path)
     runner.epoch = loop["epoch"] - 1  # the loop runs this epoch again...
     runner.global_epoch_step -= 1  # ...and its start counts it again
-    runner.resume_point = ResumePoint(loader=loader, batch=loop["loader_batch"], train_batches_done=loop["batch"],
-                                      loader_sample_step=loop["loader_sample_step"], metrics=runner.epoch_metrics,
-                                      loader_rng=rng["loader_start"], rng=rng, by_samples=by_samples)
+    point = dict(loader=loader, batch=loop["loader_batch"], train_batches_done=loop["batch"],
+                 loader_sample_step=loop["loader_sample_step"], metrics=runner.epoch_metrics)
+    if same_world and "reshard" not in rng["loader_start"]:
+        by_samples = _check_mid_epoch_loader(runner, loader, loop, path)
+        runner.resume_point = ResumePoint(**point, loader_rng=rng["loader_start"], rng=rng, by_samples=by_samples)
+        return
+    _check_mid_epoch_loader(runner, loader, loop, path, batch_size=False)
+    lineage, indices = _reshard(runner, loader, loop, rng["loader_start"], len(rngs), path)
+    runner.resume_point = ResumePoint(**point, loader_rng=lineage, rng=rng if same_world else None, indices=indices)
 
 
-def _check_mid_epoch_loader(runner, name: str, loop: dict, path: str) -> bool:
+def _reshard(runner, name: str, loop: dict, start: dict, ck_world: int, path: str) -> tuple:
+    """``(lineage, indices)`` of a pass interrupted under ``ck_world`` processes and resumed under this world (or
+    resumed before): the samples of its order not done yet, dealt out anew; this rank's share of them."""
+    loader, world, rank = runner.loaders[name], runner.engine.world_size, runner.engine.rank
+    kind = order_kind(loader)
+    if kind is None:
+        raise CheckpointError(f"cannot resume from {path} with {world} process(es): it was written by {ck_world} in "
+                              f"the middle of loader {name!r}, a {type(loader).__name__} whose pass cannot be dealt "
+                              f"out anew (torchstage does it for DataLoaders over map-style datasets with a random or "
+                              f"sequential sampler); resume with {ck_world} process(es), or from an end-of-epoch "
+                              f"checkpoint")
+    if "reshard" in start:  # this pass was already resumed on another world
+        lineage = start["reshard"]
+    else:
+        shuffle, seed = kind
+        lineage = {"base": {"size": len(loader.dataset), "world": ck_world, "shuffle": shuffle,
+                            "seed": runner.spec.seed if seed is None else seed, "epoch": loop["global_epoch_step"],
+                            "loader_rng": start}, "steps": []}
+    done = loop["loader_sample_step"] * ck_world
+    steps = [*lineage["steps"], [done, world]]
+    order = pass_order(lineage["base"], steps)
+    if runner.engine.is_main and world != ck_world:
+        logger.warning("resume from %s: loader %r was interrupted after %d samples of its epoch's order by %d "
+                       "process(es); the %d left are dealt out to %d (each sample of the epoch once, apart from the "
+                       "padding that gives every rank as many batches)", path, name, done, ck_world, len(order), world)
+    return {"reshard": {"base": lineage["base"], "steps": steps}}, order[rank::world]
+
+
+def _check_mid_epoch_loader(runner, name: str, loop: dict, path: str, batch_size: bool = True) -> bool:
     """A loader interrupted mid-pass must still hold the samples its order was drawn over (refused otherwise);
     True when its batch size changed, so the pass goes on after the samples done (logged)."""
     loader, where = runner.loaders[name], f"loader {name!r} of stage {loop['stage']!r}"
@@ -172,6 +207,8 @@ def _check_mid_epoch_loader(runner, name: str, loop: dict, path: str) -> bool:
                               f"{before} samples; it has {now} now, so the epoch's order (drawn over {before}) cannot "
                               f"go on: every sample once is no longer possible. Resume with the same dataset, or from "
                               f"an end-of-epoch checkpoint")
+    if not batch_size:
+        return False
     changed = batch_size_changed(loader, loop["loader_batch"], loop["loader_sample_step"])
     if changed is None:
         return False
@@ -218,6 +255,11 @@ def loader_batches(runner):
     if point.loader_restored:  # a stateful loader was put back where it was (LoaderStateCallback)
         batches = iter(runner.loader)
         set_rng_state(point.rng)
+    elif point.indices is not None:  # resumed on another world (or resumed so before): its share of the rest
+        runner.loader_sample_step = 0  # samples of this rank's share, from which a later resume goes on
+        batches, done = resume_shard(runner.loader, point.indices)
+        if point.rng is not None:
+            set_rng_state(point.rng)
     elif point.by_samples:  # its batch size changed: on from the first sample not done
         batches, done = resume_after_samples(runner.loader, point.loader_sample_step, point.loader_rng, point.rng)
     else:

@@ -1,7 +1,6 @@
 """Honest resume: what the user passes now against what the checkpoint recorded, applied with a log line
 or refused naming the checkpoint, the parameter and both values."""
 import logging
-import os
 
 import torch
 
@@ -15,9 +14,8 @@ def check_before_load(runner, checkpoint: dict, path: str) -> list:
     """Refuse a checkpoint this run cannot continue (another world size, unless the checkpoint is a sharded
     directory that reshards; parameter shapes; a changed learning rate under ``resume_lr='refuse'``); return the learning rates given now, to apply after loading if asked."""
     world = checkpoint.get("meta", {}).get("world_size", len(checkpoint["rng"]))
-    if world != runner.engine.world_size and not os.path.isdir(path):  # a sharded (FSDP) checkpoint reshards
-        raise CheckpointError(f"cannot resume from {path}: world size is {runner.engine.world_size} now but "
-                              f"{world} in the checkpoint; resume it with {world} process(es)")
+    if world != runner.engine.world_size and runner.engine.is_main:
+        _report_world_change(runner, path, world)
     for name, model in named(runner.unwrapped_model, "model").items():
         _check_shapes(path, name, model, checkpoint["models"].get(name))
     _check_optimizer_kinds(runner, checkpoint, path)
@@ -43,6 +41,20 @@ def check_before_load(runner, checkpoint: dict, path: str) -> list:
                 logger.warning("resume from %s: %s; using %s (resume_lr=%r)", path, what,
                                value if policy == "new" else old, policy)
     return given if policy == "new" else {}
+
+
+def _report_world_change(runner, path: str, before: int) -> None:
+    """A resume on another number of processes: what changes, and what the user may want to scale."""
+    now = runner.engine.world_size
+    sizes = [getattr(loader, "batch_size", None) for name, loader in runner.loaders.items()
+             if str(name).startswith("train")]
+    per_process = next((size for size in sizes if size), None)
+    batch = "" if per_process is None else (f"; the global batch size is {per_process * now} now ({per_process} per "
+                                             f"process), {per_process * before} before")
+    logger.warning("resume from %s: written by %d process(es), resumed by %d%s: scale what depends on it, such as "
+                   "the learning rate (x%.3g by the linear rule, resume_lr='new' to pass it); each rank's random "
+                   "streams are derived anew (seed + rank + 1000003 x global batch)", path, before, now, batch,
+                   now / before)
 
 
 def apply_after_load(runner, given: dict) -> None:

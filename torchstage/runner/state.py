@@ -7,7 +7,7 @@ import torch
 from torchstage.files.format import FORMAT, CheckpointError, clean_state_dict
 from torchstage.launch.resolve import job_identity, restart_attempt
 from torchstage.named import named
-from torchstage.rng import get_rng_state, set_rng_state
+from torchstage.rng import get_rng_state, set_rng_state, set_seed
 from torchstage.version import __version__
 
 logger = logging.getLogger("torchstage")
@@ -49,10 +49,6 @@ def load_runner_state_dict(runner, checkpoint: dict, weights_only: bool = False)
         return
     rng, world_size = checkpoint["rng"], runner.engine.world_size
     same_world = len(rng) == world_size
-    if not same_world and not checkpoint["loop"]["epoch_done"]:
-        raise CheckpointError(f"checkpoint was written mid-epoch by {len(rng)} process(es); resume it with the same "
-                              f"number, not {world_size}, or resume from an end-of-epoch checkpoint (each rank's "
-                              f"data shard and random state belong to the world that wrote it)")
     _load_named("optimizer", named(runner.optimizer, "optimizer"), checkpoint["optimizers"],
                 lambda o, s: strategy.load_optimizer_state_dict(o, models, s))
     _load_named("scheduler", named(runner.scheduler, "scheduler"), checkpoint["schedulers"],
@@ -60,17 +56,43 @@ def load_runner_state_dict(runner, checkpoint: dict, weights_only: bool = False)
     strategy.precision.load_state_dict(checkpoint.get("scaler", {}))
     for name, state in checkpoint.get("callbacks", {}).items():
         if name in runner.callbacks:
-            if runner.callbacks[name].state_per_rank:
-                state = state["per_rank"][runner.engine.rank] if "per_rank" in state and same_world else {}
+            callback = runner.callbacks[name]
+            if callback.state_per_rank:
+                state = _rank_state(callback, name, state, runner.engine, len(rng))
             if state:
-                runner.callbacks[name].load_state_dict(state)
+                callback.load_state_dict(state)
     if same_world:
         set_rng_state(rng[runner.engine.rank])
-    elif runner.engine.is_main:
-        logger.warning("checkpoint written by %d process(es), resumed by %d: weights, optimizer, scheduler, callbacks "
-                       "and loop position are restored; random streams and data shards start anew for this world "
-                       "size, so the run continues but is not bitwise the one the old world would have run",
-                       len(rng), world_size)
+    else:  # streams of another world: each rank's own, derived from the seed, the rank and the position
+        set_seed(derived_seed(runner.spec.seed, runner.engine.rank, checkpoint["loop"]["global_batch_step"]))
+
+
+#: The seed of each rank's generators after a resume on another number of processes (see :func:`derived_seed`).
+RESEED_STRIDE = 1_000_003
+
+
+def derived_seed(seed: int, rank: int, global_batch_step: int) -> int:
+    """``seed + rank + 1,000,003 x global_batch_step``: the seed of rank ``rank``'s python, numpy and torch
+    generators in a run resumed by another number of processes (the old streams belong to the old world)."""
+    return seed + rank + RESEED_STRIDE * global_batch_step
+
+
+def _rank_state(callback, name: str, state: dict, engine, written_by: int) -> dict:
+    """This rank's part of a per-rank callback state; from another world, the ranks' states merged on the main
+    rank (what they held is counted once) and nothing on the others."""
+    if "per_rank" not in state:
+        return {}
+    states = state["per_rank"]
+    if len(states) == engine.world_size:
+        return states[engine.rank]
+    if not engine.is_main:
+        return {}
+    try:
+        return callback.merge_rank_states([s for s in states if s])
+    except TypeError as e:
+        raise CheckpointError(f"checkpoint was written mid-loader by {written_by} process(es) and is resumed by "
+                              f"{engine.world_size}: callbacks[{name!r}] keeps a partial state per rank ({e}); resume "
+                              f"with {written_by} process(es), or from an end-of-epoch checkpoint") from None
 
 
 def _load_named(kind: str, targets: dict, states: dict, load) -> None:

@@ -77,6 +77,20 @@ class MetricsAveragingCallback(Callback):
     def load_state_dict(self, state):
         self._resumed = state
 
+    def merge_rank_states(self, states: list) -> dict:
+        """The ranks' partial sums and counts added, their kept values side by side."""
+        merged = {"sums": {}, "counts": {}, "kept": {}}
+        for state in states:
+            for key, value in state.get("sums", {}).items():
+                merged["sums"][key] = value if key not in merged["sums"] else merged["sums"][key] + value
+            for key, value in state.get("counts", {}).items():
+                merged["counts"][key] = merged["counts"].get(key, 0) + value
+            for key, (values, sizes) in state.get("kept", {}).items():
+                kept = merged["kept"].setdefault(key, ([], []))
+                kept[0].extend(values)
+                kept[1].extend(sizes)
+        return merged if any(merged.values()) else {}
+
     def on_loader_end(self, runner):
         self._fold()
         partial, counts = self._sums, self._counts

@@ -52,6 +52,9 @@ class MetricCallback(Callback):
     def load_state_dict(self, state):
         self._resumed = state
 
+    def merge_rank_states(self, states: list) -> dict:
+        return self.metric.merge_state_dicts(states)
+
     def on_batch_end(self, runner):
         if self._active(runner):
             with torch.no_grad():
