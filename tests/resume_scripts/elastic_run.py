@@ -1,0 +1,48 @@
+"""A run under ``torchrun --nnodes=1:2`` (two agents on this host) whose samples carry their id, slowed so that a
+node can be lost mid-run; for the elastic test.
+
+Usage: torchrun --nnodes=1:2 --nproc-per-node=2 ... elastic_run.py LOGDIR
+Each rank appends, per train batch, its global epoch and batch and the batch's sample ids to
+LOGDIR/seen-ATTEMPT-RANK-WORLD.jsonl. The script names no resume: a restarted attempt continues by itself.
+"""
+import json
+import os
+import sys
+import time
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from torchstage import Batch, Callback, SupervisedRunner
+
+
+class Seen(Callback):
+    order = 1
+
+    def on_batch_start(self, runner):
+        if runner.is_train_loader:
+            time.sleep(0.3)
+            name = (f"seen-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}-{runner.engine.rank}-"
+                    f"{runner.engine.world_size}.jsonl")
+            with open(os.path.join(sys.argv[1], name), "a") as f:
+                f.write(json.dumps({"epoch": runner.global_epoch_step, "batch": runner.global_batch_step,
+                                    "ids": runner.batch[0][:, 0].long().tolist()}) + "\n")
+
+
+def main(logdir):
+    os.makedirs(logdir, exist_ok=True)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 1))
+    g = torch.Generator().manual_seed(1)
+    x = torch.cat([torch.arange(96, dtype=torch.float32)[:, None], torch.randn(96, 5, generator=g)], 1)
+    y = torch.randn(96, 1, generator=g)
+    loaders = {"train": DataLoader(TensorDataset(x, y), batch_size=4, shuffle=True),
+               "valid": DataLoader(TensorDataset(x[:8], y[:8]), batch_size=4)}
+    SupervisedRunner().train(model=model, criterion=nn.MSELoss(), optimizer=torch.optim.SGD(model.parameters(), 0.01),
+                             loaders=loaders, callbacks=[Seen()], logdir=logdir, num_epochs=3, seed=5,
+                             checkpoint_period=(Batch(2), 1))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
