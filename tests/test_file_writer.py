@@ -28,7 +28,7 @@ def test_jobs_run_in_order_on_one_other_thread():
 
 
 def test_a_failed_job_stops_the_queue_and_is_raised_once_in_the_caller():
-    writer, ran = FileWriter(), []
+    writer, ran = FileWriter(max_pending=2), []  # room for the gate and the failing job
     gate = threading.Event()
     writer.submit(gate.wait)  # hold the thread so that all three jobs are queued before the failure runs
 
@@ -112,8 +112,9 @@ def test_a_failure_among_held_jobs_stops_the_ones_after_it():
 
 def test_log_rows_and_events_are_written_by_the_file_writer_thread_and_a_stalled_log_never_stalls_training(
         tmp_path, monkeypatch):
-    """The first log write blocks until epoch 3 has started: were logs written in the training thread, the
-    run would never get there. Every row and event still lands, in order, before the run returns."""
+    """The first log write blocks until epoch 2 has started: were logs written in the training thread, the
+    run would never get there. Every row and event still lands, in order, before the run returns. (Epoch 2's
+    checkpoint waits for epoch 1's, queued behind the stalled row: no two saves overlap.)"""
     real_append, threads, released = LogFiles._append, set(), threading.Event()
 
     def stalled_append(self, path, data):
@@ -122,12 +123,12 @@ def test_log_rows_and_events_are_written_by_the_file_writer_thread_and_a_stalled
         real_append(self, path, data)
     monkeypatch.setattr(LogFiles, "_append", stalled_append)
 
-    class ReleaseAtEpochThree(Callback):
+    class ReleaseAtEpochTwo(Callback):
         def on_epoch_start(self, runner):
-            if runner.epoch == 3:
+            if runner.epoch == 2:
                 released.set()
 
-    SupervisedRunner().train(**tiny_train_kwargs(str(tmp_path), num_epochs=4), callbacks=[ReleaseAtEpochThree()])
+    SupervisedRunner().train(**tiny_train_kwargs(str(tmp_path), num_epochs=4), callbacks=[ReleaseAtEpochTwo()])
     assert threads == {"torchstage-file-writer"}
     for loader in ("train", "valid"):
         rows = list(csv.DictReader(open(tmp_path / "logs" / f"{loader}.csv")))
@@ -138,15 +139,15 @@ def test_log_rows_and_events_are_written_by_the_file_writer_thread_and_a_stalled
 
 def _recording_writes(monkeypatch, fail_at=None):
     """Record (file name, thread) of each checkpoint file write; raise like a full disk at write ``fail_at``."""
-    real, writes = atomic.write_atomic, []
+    real, writes = atomic._write_atomic_with, []
 
-    def write_atomic(path, data, durable=True, sync_folder=True):
+    def write_atomic_with(path, dump):
         writes.append((os.path.basename(path), threading.current_thread().name))
         if len(writes) == fail_at:
             raise CheckpointError(f"could not write checkpoint {path!r}: No space left on device; the previous "
                                   f"file, if any, is unchanged")
-        real(path, data, durable, sync_folder)
-    monkeypatch.setattr(atomic, "write_atomic", write_atomic)
+        real(path, dump)
+    monkeypatch.setattr(atomic, "_write_atomic_with", write_atomic_with)
     return writes
 
 
@@ -171,3 +172,29 @@ def test_a_failed_checkpoint_write_fails_the_run_and_leaves_the_last_good_one(tm
     assert (folder / "epoch-0001.pth").exists()  # nothing queued after the failure ran: no top-k file deleted
     assert not list(folder.glob(".*.tmp"))
     assert torch.load(str(folder / "last.pth"), weights_only=True)["format"] == "torchstage/1"
+
+
+def test_an_async_save_holds_the_state_of_its_moment_and_tied_weights_once(tmp_path):
+    """The file holds the weights as they were when the save was handed over, though training changed them in
+    place before the writer's thread ran; tied weights share one copy, as in the live state."""
+    from torchstage.strategies.engine import Engine
+    from torchstage.strategies.single import SingleDevice
+    encoder = torch.nn.Embedding(1000, 64)
+    decoder = torch.nn.Linear(64, 1000, bias=False)
+    decoder.weight = encoder.weight
+    model = torch.nn.ModuleDict({"encoder": encoder, "decoder": decoder})
+    before = encoder.weight.detach().clone()
+    writer, gate = FileWriter(), threading.Event()
+    writer.submit(gate.wait, large=False)  # the thread is busy: the save waits in the queue
+    paths = [str(tmp_path / "best.pth"), str(tmp_path / "last.pth")]
+    SingleDevice().save_checkpoint({"format": "torchstage/1", "models": {"model": model.state_dict()}}, paths,
+                                   Engine(), writer)
+    with torch.no_grad():
+        encoder.weight.add_(1.0)  # training goes on in place
+    gate.set()
+    writer.wait()
+    for path in paths:
+        saved = load_checkpoint(path)["models"]["model"]
+        assert torch.equal(saved["encoder.weight"], before) and torch.equal(saved["decoder.weight"], before)
+    assert os.path.getsize(paths[0]) < 1000 * 64 * 4 * 1.5  # the tied weight's storage once, not twice
+    assert open(paths[0], "rb").read() == open(paths[1], "rb").read()

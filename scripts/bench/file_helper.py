@@ -8,15 +8,15 @@ import pickle
 import struct
 import sys
 
-from torchstage.files.atomic import write_atomic_copies
+from torchstage.files.atomic import write_atomic_copies, write_atomic_stream
 from torchstage.files.log_files import LogFiles
 
 
 def main():
     source, answers, files = sys.stdin.buffer, sys.stdout.buffer, LogFiles()
     # the jobs the run would hand to its writer thread, as that thread runs them
-    operations = {"copies": write_atomic_copies, "append": files._append, "replace": files._replace,
-                  "close": files._close_all}
+    operations = {"copies": write_atomic_copies, "stream": write_atomic_stream, "append": files._append,
+                  "replace": files._replace, "close": files._close_all}
     while True:
         head = source.read(4)
         if len(head) < 4:

@@ -130,6 +130,12 @@ class _HelperProcess:
         else:
             self.send("replace", path, data)
 
+    def _write_stream(self, paths, dump, before_last=None) -> None:
+        """``atomic.write_atomic_stream`` in the helper: ``before_last`` (``metrics.json``, sent too) first."""
+        if before_last is not None:
+            before_last()
+        self.send("stream", paths, dump)
+
     @contextlib.contextmanager
     def installed(self):
         """The checkpoint, ``metrics.json`` and log writes of a run sent to the helper instead of the writer
@@ -137,7 +143,7 @@ class _HelperProcess:
         if self._process is None:
             helper = os.path.join(os.path.dirname(os.path.abspath(__file__)), "file_helper.py")
             self._process = subprocess.Popen([sys.executable, helper], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        patches = [(single, "write_atomic_copies", lambda paths, data: self.send("copies", paths, data)),
+        patches = [(single, "write_atomic_stream", self._write_stream),
                    (single, "hand_over", _run_here), (checkpoint_saver, "hand_over", _run_here),
                    (checkpoint_saver, "write_atomic", self._write_atomic),
                    (log_files.LogFiles, "append", lambda files, runner, path, data: self.send("append", path, data)),

@@ -22,6 +22,53 @@ def write_atomic_copies(paths: list, data: bytes, before_last=None) -> None:
         raise _write_error(paths[0], e) from e
 
 
+def write_atomic_stream(paths: list, dump, before_last=None) -> None:
+    """``dump(file)`` writes the content once, into the first of ``paths``; each further path gets a copy of the
+    bytes written (read back from the first). Every file is atomic and fsynced, landed in order,
+    ``before_last()`` (if given) run just before the last, and each folder fsynced once at the end."""
+    first = paths[0]
+    for index, path in enumerate(paths):
+        if before_last is not None and index == len(paths) - 1:
+            before_last()
+        _write_atomic_with(path, dump if index == 0 else _copier(first))
+    try:
+        for folder in dict.fromkeys(os.path.dirname(os.path.abspath(path)) for path in paths):
+            fsync_folder(folder)
+    except OSError as e:
+        raise _write_error(first, e) from e
+
+
+def _copier(source: str):
+    def copy(file) -> None:
+        with open(source, "rb") as original:
+            while True:
+                chunk = original.read(1 << 24)
+                if not chunk:
+                    return
+                file.write(chunk)
+    return copy
+
+
+def _write_atomic_with(path: str, dump) -> None:
+    """:func:`write_atomic` of what ``dump(file)`` writes into an open binary file, without the folder fsync."""
+    folder = os.path.dirname(os.path.abspath(path))
+    tmp = None
+    try:
+        fd, tmp = _create_temporary(folder, os.path.basename(path))
+        with os.fdopen(fd, "wb") as file:
+            dump(file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(tmp, path)
+        tmp = None
+    except OSError as e:
+        raise _write_error(path, e) from e
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+
+
 def write_atomic(path: str, data: bytes, durable: bool = True, sync_folder: bool = True) -> None:
     """Write ``data`` to ``path`` so that a crash at any moment leaves the old file or the new one.
 

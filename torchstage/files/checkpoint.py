@@ -47,6 +47,43 @@ def content_checksum(tree) -> int:
     return crc
 
 
+def snapshot(tree, _copies=None):
+    """A copy of ``tree`` whose tensors are host-memory copies and whose containers are new: what the checkpoint
+    files will hold, whatever training changes in place afterwards. Plain values are kept as they are.
+    Tensors sharing a storage (tied weights) share its one copy, so the file holds it once, as ``torch.save``
+    of the live state would."""
+    copies = {} if _copies is None else _copies
+    if isinstance(tree, torch.Tensor):
+        return _copy_tensor(tree.detach(), copies)
+    if isinstance(tree, dict):
+        return {key: snapshot(value, copies) for key, value in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(snapshot(value, copies) for value in tree)
+    return tree
+
+
+def _copy_tensor(tensor: torch.Tensor, copies: dict) -> torch.Tensor:
+    """A host copy of ``tensor``, a view of the copy of its storage (made once per storage)."""
+    if tensor.layout != torch.strided or type(tensor) is not torch.Tensor:  # sparse, subclasses: a plain copy
+        return tensor.clone() if tensor.device.type == "cpu" else tensor.to("cpu")
+    storage = tensor.untyped_storage()
+    key = (tensor.device, storage.data_ptr(), storage.nbytes())
+    if key not in copies:
+        copies[key] = storage.clone() if tensor.device.type == "cpu" else storage.cpu()
+    return torch.empty(0, dtype=tensor.dtype).set_(copies[key], tensor.storage_offset(), tensor.size(),
+                                                   tensor.stride())
+
+
+def dump(checkpoint: dict, file) -> None:
+    """Write ``checkpoint`` into the open binary ``file`` as :func:`serialize` would, each record with its CRC-32."""
+    content = {k: v for k, v in checkpoint.items() if k != "checksum"}
+    if serialization_config.save.compute_crc32:
+        torch.save(content, file)
+    else:
+        with serialization_config.patch({"save.compute_crc32": True}):
+            torch.save(content, file)
+
+
 def serialize(checkpoint: dict) -> bytes:
     """The bytes ``torch.save`` writes for ``checkpoint``, each record with its CRC-32 (even where a user
     turned torch's ``save.compute_crc32`` off): one pass in C instead of a Python walk over the state."""

@@ -7,11 +7,12 @@ keeps the schedule (accumulation, when to clip and step) and asks the strategy t
 engine (device, rank, world size) as an argument and knows nothing of runners or callbacks.
 """
 import contextlib
+import functools
 
 import torch
 
-from torchstage.files.atomic import write_atomic_copies
-from torchstage.files.checkpoint import serialize
+from torchstage.files.atomic import write_atomic_stream
+from torchstage.files.checkpoint import dump, snapshot
 from torchstage.files.writer import hand_over
 from torchstage.strategies.precision import FULL, Precision
 
@@ -123,15 +124,18 @@ class SingleDevice:
         """Write ``checkpoint`` to each of ``paths`` in order (independent files, each atomic, by the main rank),
         ``before_last()`` (the main rank's) run after all but the last: the last path is the commit point.
 
-        The state is serialized here (the snapshot); with a :class:`~torchstage.files.writer.FileWriter` the
-        files are written by its thread while training goes on.
+        With a :class:`~torchstage.files.writer.FileWriter` the save does not block training: once the previous
+        save has landed, the state is copied to host memory here (the snapshot, the only time training waits),
+        and the writer's thread serializes it into the files while training goes on.
         """
         if not engine.is_main:
             return
-        data = serialize(checkpoint)
+        if writer is not None:
+            writer.wait_for_room()  # no two saves overlap: at most one copy of the state besides the live one
+        state = snapshot(checkpoint)
 
         # copies, not links: damage to one file cannot reach another
-        hand_over(writer, lambda: write_atomic_copies(paths, data, before_last))
+        hand_over(writer, lambda: write_atomic_stream(paths, functools.partial(dump, state), before_last))
 
 
 def gradients_of(optimizer) -> list:
