@@ -3,9 +3,10 @@
 Usage: python fsdp_run.py LOGDIR [RESUME]; the world comes from train(distributed=True, nprocs=NPROC).
 Environment: STRATEGY (fsdp | ddp | fsdp-units), NPROC (2), EPOCHS (3), PERIOD (batches between
 checkpoints, 0: epochs only), CLIP (grad_clip_norm), ACC (accumulation_steps), AMP, KILL_AT_BATCH=n and
-KILL_RANK=r (SIGKILL rank r after global train batch n), KILL_IN_SAVE=n (SIGKILL the main rank when it
-switches the n-th checkpoint name, after every shard was written), KILL_IN_FSYNC=n (SIGKILL rank KILL_RANK
-in its n-th fsync, while it writes its shards of a checkpoint). Each rank writes LOGDIR/report-rank<R>.json.
+KILL_RANK=r (SIGKILL rank r after global train batch n, once every rank's saves landed), KILL_IN_SAVE=n
+(SIGKILL the main rank when it switches the n-th checkpoint name, after every shard was written),
+KILL_IN_FSYNC=n (SIGKILL rank KILL_RANK in its n-th fsync, while it writes its shards of a checkpoint).
+Each rank writes LOGDIR/report-rank<R>.json.
 """
 import json
 import os
@@ -31,7 +32,7 @@ class Report(Callback):
 
     def __init__(self):
         self.rank = int(env.get("RANK", 0))
-        self.kill_at = int(env.get("KILL_AT_BATCH", 0)) if int(env.get("KILL_RANK", -1)) == self.rank else 0
+        self.kill_at, self.kill_rank = int(env.get("KILL_AT_BATCH", 0)), int(env.get("KILL_RANK", -1))
         self.history = []
 
     def on_experiment_start(self, runner):
@@ -42,7 +43,10 @@ class Report(Callback):
 
     def on_batch_end(self, runner):
         if runner.is_train_loader and runner.global_batch_step == self.kill_at:
-            os.kill(os.getpid(), signal.SIGKILL)
+            runner.file_writer.wait()  # a kill between checkpoints: every rank's async save has landed
+            runner.engine.barrier()
+            if self.rank == self.kill_rank:
+                os.kill(os.getpid(), signal.SIGKILL)
 
     def on_epoch_end(self, runner):
         self.history.append({"epoch": runner.global_epoch_step, "lrs": [g["lr"] for g in runner.optimizer.param_groups],

@@ -8,6 +8,7 @@ into plain tensors on one process (any world size): the same dict a single-file 
 DCP's ``.metadata`` file is a pickle: it is read with an unpickler that builds only an explicit list of
 DCP's metadata classes and torch dtypes, so loading runs no code from the file.
 """
+import functools
 import glob
 import importlib
 import io
@@ -20,6 +21,7 @@ import torch
 
 from torchstage.files.atomic import fsync_folder
 from torchstage.files.format import FORMAT, CheckpointError
+from torchstage.files.writer import hand_over
 
 DATA_PREFIX = ".sharded-"
 
@@ -29,9 +31,16 @@ def is_sharded(path: str) -> bool:
     return os.path.isdir(path)
 
 
-def save_sharded(checkpoint: dict, paths: list, engine, before_last=None) -> None:
+def save_sharded(checkpoint: dict, paths: list, engine, before_last=None, writer=None, group=None) -> None:
     """Write ``checkpoint`` from every rank, then point each of ``paths`` at it in order, ``before_last()`` run
-    (on the main rank) before the last (collective)."""
+    (on the main rank) before the last (collective).
+
+    With a :class:`~torchstage.files.writer.FileWriter` the save does not block training: DCP's ``async_save``
+    copies each rank's shards to host memory here and writes them from a thread of its own, its collectives on
+    ``group`` (a process group of the checkpoints', so they never meet training's); the main rank's writer
+    thread then waits for the save to complete on every rank and switches the names. Until then the names
+    point at the previous checkpoint, so a crash during the save leaves it as ``last``.
+    """
     import torch.distributed.checkpoint as dcp  # heavy: only sharded runs pay for it
     folder = os.path.dirname(os.path.abspath(paths[0]))
     data = os.path.join(folder, DATA_PREFIX + engine.broadcast_object(uuid.uuid4().hex[:12]))
@@ -39,21 +48,46 @@ def save_sharded(checkpoint: dict, paths: list, engine, before_last=None) -> Non
         os.makedirs(data, exist_ok=True)
     engine.barrier()
     checkpoint = {**checkpoint, "meta": {**checkpoint.get("meta", {}), "sharded": True}}
+    storage = dcp.FileSystemWriter(data, sync_files=True)
+    if writer is not None:
+        future = dcp.async_save(checkpoint, storage_writer=storage, process_group=group,
+                                no_dist=not engine.is_distributed)
+        finish = functools.partial(_finish, future, paths, data, before_last, engine.is_main)
+        hand_over(writer, finish)
+        return
     try:
-        dcp.save(checkpoint, storage_writer=dcp.FileSystemWriter(data, sync_files=True),
-                 no_dist=not engine.is_distributed)
+        dcp.save(checkpoint, storage_writer=storage, no_dist=not engine.is_distributed)
     except OSError as e:
         raise CheckpointError(f"could not write sharded checkpoint {paths[0]!r}: {e}; the previous one, "
                               f"if any, is unchanged") from e
     engine.barrier()  # every rank's shards and the metadata are on disk
     if engine.is_main:
-        fsync_folder(data)
-        for index, path in enumerate(paths):
-            if before_last is not None and index == len(paths) - 1:
-                before_last()
-            _point(path, os.path.basename(data))
-        fsync_folder(folder)
-        collect_garbage(folder, keep=data)
+        _switch(paths, data, before_last)
+
+
+def _finish(future, paths: list, data: str, before_last, main: bool) -> None:
+    """In the writer's thread: wait for an async save; on the main rank, whose save completes once every rank's
+    shards and the metadata are written, point the names at it."""
+    try:
+        future.result()
+    except Exception as e:
+        raise CheckpointError(f"could not write sharded checkpoint {paths[0]!r}: {e}; the previous one, if any, is "
+                              f"unchanged") from e
+    if main:
+        _switch(paths, data, before_last)
+
+
+def _switch(paths: list, data: str, before_last) -> None:
+    """Point each of ``paths`` at the complete checkpoint ``data`` in order (``before_last()`` before the last),
+    then delete the data directories no name points to."""
+    folder = os.path.dirname(os.path.abspath(paths[0]))
+    fsync_folder(data)
+    for index, path in enumerate(paths):
+        if before_last is not None and index == len(paths) - 1:
+            before_last()
+        _point(path, os.path.basename(data))
+    fsync_folder(folder)
+    collect_garbage(folder, keep=data)
 
 
 def _point(path: str, target: str) -> None:

@@ -9,6 +9,7 @@ import contextlib
 import numbers
 
 import torch
+import torch.distributed as dist
 
 from torchstage.strategies.single import SingleDevice, optimizer_module
 
@@ -133,14 +134,20 @@ class FSDP(SingleDevice):
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict  # heavy; FSDP runs only
         return get_optimizer_state_dict(optimizer_module(optimizer, models), optimizer)
 
+    def setup(self, engine, amp=None) -> None:
+        super().setup(engine, amp)
+        # async checkpoint saves run their collectives from a thread of DCP's: on a gloo group of their own
+        self._checkpoint_group = dist.new_group(backend="gloo") if engine.is_distributed else None
+
     def save_checkpoint(self, checkpoint, paths, engine, writer=None, before_last=None):
         """Every rank writes its shards into a new directory; the names in ``paths`` are switched to it, in order,
-        ``before_last()`` run before the last one. A collective, written here (after the files handed to
-        ``writer`` earlier, which keeps their order)."""
+        ``before_last()`` run before the last one. A collective, started here once the files handed to
+        ``writer`` earlier (the previous save's included) have landed, which keeps their order and lets no two
+        saves overlap; with a writer the shards are written while training goes on (DCP's async save)."""
         from torchstage.files.sharded import save_sharded  # torch.distributed.checkpoint: heavy
         if writer is not None:
             writer.wait()
-        save_sharded(checkpoint, paths, engine, before_last)
+        save_sharded(checkpoint, paths, engine, before_last, writer, getattr(self, "_checkpoint_group", None))
 
 
 def _check_optimizers(models: dict, optimizers) -> None:
