@@ -51,22 +51,12 @@ def _copier(source: str):
 
 def _write_atomic_with(path: str, dump) -> None:
     """:func:`write_atomic` of what ``dump(file)`` writes into an open binary file, without the folder fsync."""
-    folder = os.path.dirname(os.path.abspath(path))
-    tmp = None
-    try:
-        fd, tmp = _create_temporary(folder, os.path.basename(path))
+    def fill(fd: int) -> None:
         with os.fdopen(fd, "wb") as file:
             dump(file)
             file.flush()
             os.fsync(file.fileno())
-        os.replace(tmp, path)
-        tmp = None
-    except OSError as e:
-        raise _write_error(path, e) from e
-    finally:
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.remove(tmp)
+    _replace_with(path, fill)
 
 
 def write_atomic(path: str, data: bytes, durable: bool = True, sync_folder: bool = True) -> None:
@@ -78,10 +68,7 @@ def write_atomic(path: str, data: bytes, durable: bool = True, sync_folder: bool
     rows, which the checkpoint's copy rewrites on resume. Five system calls a file (open, write, fsync,
     close, rename): in the file writer thread each one lets the training thread wait for the GIL.
     """
-    folder = os.path.dirname(os.path.abspath(path))
-    tmp = None
-    try:
-        fd, tmp = _create_temporary(folder, os.path.basename(path))
+    def fill(fd: int) -> None:
         try:
             view = memoryview(data)
             while view:  # a single write() may write less than asked (over 2 GiB at once on Linux)
@@ -90,10 +77,23 @@ def write_atomic(path: str, data: bytes, durable: bool = True, sync_folder: bool
                 os.fsync(fd)
         finally:
             os.close(fd)
+    _replace_with(path, fill)
+    if durable and sync_folder:
+        try:
+            fsync_folder(os.path.dirname(os.path.abspath(path)))
+        except OSError as e:
+            raise _write_error(path, e) from e
+
+
+def _replace_with(path: str, fill) -> None:
+    """Create a temporary file beside ``path``, let ``fill(fd)`` write and close it, rename it over ``path``;
+    on failure remove it and raise :class:`CheckpointError` (the old file, if any, is unchanged)."""
+    tmp = None
+    try:
+        fd, tmp = _create_temporary(os.path.dirname(os.path.abspath(path)), os.path.basename(path))
+        fill(fd)
         os.replace(tmp, path)
         tmp = None
-        if durable and sync_folder:
-            fsync_folder(folder)
     except OSError as e:
         raise _write_error(path, e) from e
     finally:
