@@ -47,29 +47,45 @@ def content_checksum(tree) -> int:
     return crc
 
 
-def snapshot(tree, _copies=None):
+def snapshot(tree, buffers: dict = None):
     """A copy of ``tree`` whose tensors are host-memory copies and whose containers are new: what the checkpoint
     files will hold, whatever training changes in place afterwards. Plain values are kept as they are.
+
     Tensors sharing a storage (tied weights) share its one copy, so the file holds it once, as ``torch.save``
-    of the live state would."""
-    copies = {} if _copies is None else _copies
+    of the live state would. ``buffers`` (a dict kept between calls) holds the previous snapshot's copies:
+    a storage copied again is copied into the same memory, which costs no allocation and no page faults
+    (the caller makes sure the previous snapshot is no longer read); it is then set to this snapshot's.
+    """
+    copies = {}
+    result = _snapshot(tree, copies, {} if buffers is None else buffers)
+    if buffers is not None:
+        buffers.clear()
+        buffers.update(copies)
+    return result
+
+
+def _snapshot(tree, copies: dict, previous: dict):
     if isinstance(tree, torch.Tensor):
-        return _copy_tensor(tree.detach(), copies)
+        return _copy_tensor(tree.detach(), copies, previous)
     if isinstance(tree, dict):
-        return {key: snapshot(value, copies) for key, value in tree.items()}
+        return {key: _snapshot(value, copies, previous) for key, value in tree.items()}
     if isinstance(tree, (list, tuple)):
-        return type(tree)(snapshot(value, copies) for value in tree)
+        return type(tree)(_snapshot(value, copies, previous) for value in tree)
     return tree
 
 
-def _copy_tensor(tensor: torch.Tensor, copies: dict) -> torch.Tensor:
+def _copy_tensor(tensor: torch.Tensor, copies: dict, previous: dict) -> torch.Tensor:
     """A host copy of ``tensor``, a view of the copy of its storage (made once per storage)."""
     if tensor.layout != torch.strided or type(tensor) is not torch.Tensor:  # sparse, subclasses: a plain copy
         return tensor.clone() if tensor.device.type == "cpu" else tensor.to("cpu")
     storage = tensor.untyped_storage()
     key = (tensor.device, storage.data_ptr(), storage.nbytes())
     if key not in copies:
-        copies[key] = storage.clone() if tensor.device.type == "cpu" else storage.cpu()
+        old = previous.get(key)
+        if old is not None:
+            copies[key] = old.copy_(storage)
+        else:
+            copies[key] = storage.clone() if tensor.device.type == "cpu" else storage.cpu()
     return torch.empty(0, dtype=tensor.dtype).set_(copies[key], tensor.storage_offset(), tensor.size(),
                                                    tensor.stride())
 

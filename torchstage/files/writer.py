@@ -50,6 +50,7 @@ class FileWriter:
 
     def __init__(self, max_pending: int = MAX_PENDING, hold_seconds: float = HOLD_SECONDS):
         self._jobs = queue.Queue()
+        self.max_pending = max_pending
         self._large = threading.Semaphore(max_pending)  # a permit per large job until it has run
         self._held, self._lock = [], threading.Lock()  # light jobs not handed to the idle thread yet
         self._hold_seconds = hold_seconds

@@ -32,6 +32,7 @@ class SingleDevice:
         """Ready for a run on ``engine``: the precision ``amp`` asks for on its device (ValueError, before training,
         for what it cannot do)."""
         self.precision = Precision.for_device(amp, engine.device, engine.is_main)
+        self._snapshot_buffers = {}  # the last checkpoint's host copy, reused by the next (save_checkpoint)
 
     # ---- placement and wrapping --------------------------------------------------------------
     def place(self, model: torch.nn.Module, engine) -> torch.nn.Module:
@@ -125,14 +126,17 @@ class SingleDevice:
         ``before_last()`` (the main rank's) run after all but the last: the last path is the commit point.
 
         With a :class:`~torchstage.files.writer.FileWriter` the save does not block training: once the previous
-        save has landed, the state is copied to host memory here (the snapshot, the only time training waits),
-        and the writer's thread serializes it into the files while training goes on.
+        save has landed, the state is copied to host memory here (the snapshot, the only time training waits;
+        into the previous snapshot's memory, kept for it), and the writer's thread serializes it into the files
+        while training goes on.
         """
         if not engine.is_main:
             return
         if writer is not None:
             writer.wait_for_room()  # no two saves overlap: at most one copy of the state besides the live one
-        state = snapshot(checkpoint)
+        # the previous snapshot has landed (or is still to be written, when several may be pending: no reuse)
+        reuse = writer is None or writer.max_pending == 1
+        state = snapshot(checkpoint, getattr(self, "_snapshot_buffers", None) if reuse else None)
 
         # copies, not links: damage to one file cannot reach another
         hand_over(writer, lambda: write_atomic_stream(paths, functools.partial(dump, state), before_last))
