@@ -3,7 +3,8 @@
 A launcher of torchstage's own sets ``TORCHSTAGE_FAILURE_DIR`` in its workers; a rank whose run raises writes
 one small JSON record there (its error and where the loop stood). The launcher reads the records to name the
 first failing rank and its error, and to tell a failure that repeats at the same point (deterministic: not
-worth a restart) from one that does not. Without the variable nothing is written.
+worth a restart) from one that does not. A graceful stop (a signal, ``request_stop``) is recorded too, as
+``"stopped"``: it ended the run on purpose and is not restarted. Without the variable nothing is written.
 """
 import json
 import os
@@ -15,10 +16,19 @@ FAILURE_DIR_ENV = "TORCHSTAGE_FAILURE_DIR"
 
 def record_failure(rank: int, error: BaseException, position: dict) -> None:
     """Write ``rank``'s failure record (never raises: the run is failing already)."""
+    _record(rank, f"{type(error).__name__}: {error}".strip()[:2000], position)
+
+
+def record_stop(rank: int, reason: str, position: dict) -> None:
+    """Write ``rank``'s record of a graceful stop: the run ended on purpose, with its checkpoint written."""
+    _record(rank, f"stopped gracefully ({reason})", position, stopped=True)
+
+
+def _record(rank: int, error: str, position: dict, stopped: bool = False) -> None:
     folder = os.environ.get(FAILURE_DIR_ENV)
     if not folder:
         return
-    record = {"rank": rank, "error": f"{type(error).__name__}: {error}".strip()[:2000], "time": time.time(),
+    record = {"rank": rank, "error": error, "stopped": stopped, "time": time.time(),
               "position": {k: position.get(k) for k in ("stage", "epoch", "epoch_done", "loader", "loader_batch",
                                                          "global_batch_step")}}
     try:
@@ -45,8 +55,11 @@ def read_failures(folder: str) -> dict:
 
 
 def first_failure(records: dict) -> Optional[dict]:
-    """The record written first: the rank whose error started the failure (the others' errors echo it)."""
-    return min(records.values(), key=lambda r: r.get("time", 0.0)) if records else None
+    """The record written first: the rank whose error started the failure (the others' errors echo it); an error
+    comes before a graceful stop recorded beside it (the stop did not end the run alone)."""
+    if not records:
+        return None
+    return min(records.values(), key=lambda r: (bool(r.get("stopped")), r.get("time", 0.0)))
 
 
 def where(record: Optional[dict]) -> str:

@@ -131,16 +131,22 @@ class Launcher:
         return 0
 
     def _fail(self, proc, code: int) -> int:
+        records = read_failures(self.failure_dir) if self.failure_dir else {}
+        if code > 0 and records.get(proc.rank, {}).get("stopped"):
+            self._let_exit()  # a graceful stop: every rank is on its way out, its checkpoint written
+            records = read_failures(self.failure_dir)
         self._stop_all()
         for thread in self.threads:
             thread.join(timeout=2)
         exit_code = 128 - code if code < 0 else code
         reason = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
         tail = "".join(self.tails.get(proc.rank, ()))
-        records = read_failures(self.failure_dir) if self.failure_dir else {}
         # a rank killed without a word is the cause: the others' records are their peers' echo of its death
         self.failure = None if code < 0 and proc.rank not in records else first_failure(records)
         self.failed_rank = proc.rank
+        if self.failure is not None and self.failure.get("stopped"):
+            logger.warning("the run %s at %s; exit code %d", self.failure["error"], where(self.failure), exit_code)
+            return exit_code
         first = ""
         if self.failure is not None:
             first = (f" The first error, on rank {self.failure['rank']} at {where(self.failure)}: "
@@ -148,6 +154,15 @@ class Launcher:
         logger.error("rank %d %s; stopped the other ranks.%s Last error output of rank %d:\n%s",
                      proc.rank, reason, first, proc.rank, tail.rstrip() or "(none)")
         return exit_code
+
+    def _let_exit(self) -> None:
+        """Give the live workers ``grace`` seconds to exit by themselves."""
+        deadline = time.monotonic() + self.grace
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                return
 
     def _stop_all(self, sig=signal.SIGTERM) -> None:
         """``sig`` (TERM) to every live worker's process group, wait ``grace`` seconds, then KILL what is left."""

@@ -4,7 +4,8 @@ Each attempt is one :class:`~torchstage.launch.local_launcher.Launcher` run; the
 ``TORCHSTAGE_RESTART_COUNT=k`` and continue their logdir's run from its last checkpoint (a run that failed
 before its first checkpoint starts over). A failure that repeats (the same error at the same point of the
 run, as the failing ranks recorded it) is deterministic and is not retried: the job exits with it. A signal
-to the launcher (the job cancelled, a SLURM time limit) ends the job without a restart.
+to the launcher (the job cancelled, a SLURM time limit) and a graceful stop of the run (``request_stop``, a
+signal to the workers) end the job without a restart.
 """
 import logging
 import os
@@ -49,6 +50,10 @@ def supervise(command: list, world: World, max_restarts: int) -> int:
                     logger.info("the run finished on attempt %d of %d", attempt + 1, max_restarts + 1)
                 return 0
             failure, told = launcher.failure, _told(launcher, code)
+            if failure is not None and failure.get("stopped"):
+                logger.warning("attempt %d of %d ended by a graceful stop: not restarted (a stop is asked for, not a "
+                               "failure)", attempt + 1, max_restarts + 1)
+                return code
             if attempt == max_restarts:
                 if max_restarts:
                     logger.error("attempt %d of %d failed (%s); no restart left: exit code %d", attempt + 1,

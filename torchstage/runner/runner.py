@@ -9,7 +9,7 @@ from torchstage.catalyst.runner import CatalystAttributes
 from torchstage.data.prefetch import prefetch_to_device
 from torchstage.files.lock import LogdirLock
 from torchstage.files.writer import FileWriter
-from torchstage.launch.failures import record_failure
+from torchstage.launch.failures import record_failure, record_stop
 from torchstage.named import map_named
 from torchstage.runner import export, inference
 from torchstage.runner.defaults import default_callbacks
@@ -158,6 +158,7 @@ class Runner(CatalystAttributes):
                 self.logdir_lock.release()
                 self.logdir_lock = None
         if self.stop_request is not None:
+            record_stop(self.engine.rank, self.stop_request.reason, self.loop_position())  # not to be restarted
             raise RunStopped(self.stop_request)  # a graceful stop: checkpoint written, exit code set
         return self
 
