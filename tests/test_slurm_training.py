@@ -11,6 +11,7 @@
   run matches only to rounding (the DDP gradient buckets of its first step differ), see docs/slurm.md.
 About 60-75 s on 2 cores, most of it process startups.
 """
+import csv
 import glob
 import json
 import os
@@ -173,5 +174,8 @@ def test_usr1_requeues_the_job_and_it_resumes_to_the_same_weights(runs):
     assert "graceful stop (SIGUSR1) after stage 'main' epoch 2 batch 8 (global batch 40)" in log
     assert re.search(r"requeueing SLURM job \d+ after SIGUSR1", log)
     assert log.count("epoch 3/3") == 1 and log.count("epoch 1/3") == 1  # the second run resumed in epoch 2
+    # a requeued job is a restart: its CSV logs carry the count on purpose (logs/run.csv), all else is bitwise
     assert checkpoint_differences(str(base / "reference" / "checkpoints" / "last.pth"),
-                                  str(base / "preempted" / "checkpoints" / "last.pth")) == []
+                                  str(base / "preempted" / "checkpoints" / "last.pth"), restarted=True) == []
+    rows = list(csv.DictReader(open(base / "preempted" / "logs" / "run.csv")))
+    assert [(row["restarts"], row["global_epoch"]) for row in rows] == [("1.0", "1")]  # stopped in epoch 2
