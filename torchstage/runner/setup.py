@@ -8,6 +8,7 @@ import torch
 from torchstage.callbacks.safety.watchdog import process_group_timeout
 from torchstage.data.datasets import build_loaders
 from torchstage.data.loaders import distribute_loaders
+from torchstage.data.fork_check import warn_forked_workers
 from torchstage.files.lock import LogdirLock
 from torchstage.launch.enter import run_in_world
 from torchstage.launch.resolve import restart_attempt
@@ -98,6 +99,8 @@ def stage_loaders(spec, engine) -> list:
         if id(source) not in built:
             built[id(source)] = (distribute_loaders(stage.loaders, engine, spec.seed) if stage.loaders is not None
                                  else build_loaders(stage.datasets, engine, seed=spec.seed))
+    for loaders in built.values():
+        warn_forked_workers(loaders, engine)
     return [built[id(stage.loaders if stage.loaders is not None else stage.datasets)] for stage in spec.stage_specs]
 
 

@@ -1,0 +1,41 @@
+"""The warning for DataLoader workers forked each epoch beside torch.distributed's threads on a CPython with
+the fork deadlock of gh-112275 (its figures: docs/distributed.md)."""
+import logging
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from torchstage import Engine
+from torchstage.data.fork_check import fork_deadlock_risk, forks_workers_each_epoch, warn_forked_workers
+
+DATA = TensorDataset(torch.arange(8).float())
+AFFECTED, FIXED = (3, 11, 7), (3, 11, 10)
+
+
+def test_the_affected_cpython_releases():
+    assert [fork_deadlock_risk(v) for v in [(3, 9, 19), (3, 9, 20), (3, 10, 14), (3, 10, 15), AFFECTED, FIXED,
+                                            (3, 12, 0), (3, 13, 1)]] == [True, False, True, False, True, False,
+                                                                         False, False]
+
+
+def test_only_workers_forked_at_every_pass_are_at_risk():
+    assert forks_workers_each_epoch(DataLoader(DATA, num_workers=1, multiprocessing_context="fork"))
+    assert not forks_workers_each_epoch(DataLoader(DATA))  # no worker
+    assert not forks_workers_each_epoch(DataLoader(DATA, num_workers=1, persistent_workers=True,
+                                                   multiprocessing_context="fork"))
+    assert not forks_workers_each_epoch(DataLoader(DATA, num_workers=1, multiprocessing_context="forkserver"))
+    assert not forks_workers_each_epoch([1, 2])  # not a DataLoader
+
+
+def test_the_main_rank_warns_naming_the_loaders_and_the_ways_out(caplog):
+    loaders = {"train": DataLoader(DATA, num_workers=1, multiprocessing_context="fork"), "valid": DataLoader(DATA)}
+    with caplog.at_level(logging.WARNING, logger="torchstage"):
+        assert warn_forked_workers(loaders, Engine(device="cpu", rank=0, world_size=2), AFFECTED)
+    assert "Python 3.11.7 can hang a DataLoader worker" in caplog.text and "['train']" in caplog.text
+    assert "gh-112275" in caplog.text and "persistent_workers=True" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="torchstage"):
+        assert warn_forked_workers(loaders, Engine(device="cpu", rank=1, world_size=2), AFFECTED)  # at risk, quiet
+        assert not warn_forked_workers(loaders, Engine(device="cpu", rank=0, world_size=2), FIXED)
+        assert not warn_forked_workers(loaders, Engine(device="cpu", rank=0, world_size=1), AFFECTED)  # no threads
+    assert caplog.text == ""
