@@ -1,5 +1,9 @@
 """The overhead workload through peer frameworks, each only if installed (they are never dependencies).
 
+Catalyst 22.04 (its last release) installs on Python 3.11 with torch 2.13 when its ``hydra-slayer``
+dependency is added (``pip install --no-deps catalyst==22.4 hydra-slayer``), best in a separate virtual
+environment with ``--system-site-packages``.
+
 Each function trains ``workload.NUM_EPOCHS`` epochs on train + valid with the same model, loss,
 optimizer and scheduler as the hand-written loop, averaging losses per loader and saving a checkpoint
 per epoch where the framework does so by default.
@@ -21,6 +25,8 @@ def available() -> dict:
         found["accelerate"] = run_accelerate
     if importlib.util.find_spec("lightning"):
         found["lightning"] = run_lightning
+    if importlib.util.find_spec("catalyst"):
+        found["catalyst 22"] = run_catalyst
     return found
 
 
@@ -87,3 +93,12 @@ def run_lightning(loaders, logdir):
     trainer = L.Trainer(max_epochs=workload.NUM_EPOCHS, accelerator="auto", devices=1, logger=False,
                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=logdir)
     trainer.fit(Module(), loaders["train"], loaders["valid"])
+
+
+def run_catalyst(loaders, logdir):
+    from catalyst import dl
+    model, criterion, optimizer, scheduler = workload.make_parts()
+    dl.SupervisedRunner().train(model=model, criterion=criterion, optimizer=optimizer, scheduler=scheduler,
+                                loaders=loaders, logdir=os.path.join(logdir, "catalyst"),
+                                num_epochs=workload.NUM_EPOCHS, valid_loader="valid", valid_metric="loss",
+                                minimize_valid_metric=True, verbose=False)
