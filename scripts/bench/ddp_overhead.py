@@ -51,42 +51,11 @@ def hand_written_one(logdir: str, num_workers: int) -> None:
 
 
 def hand_written_ddp(logdir: str, num_workers: int) -> None:
-    """The DDP loop a careful user writes: DistributedSampler, DDP, Adam, loss sums all-reduced per loader,
-    the scheduler per epoch and a checkpoint per epoch on rank 0."""
-    import torch
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
-    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+    """The hand-written DDP loop on the tutorial's data (``workload.hand_written_ddp``)."""
+    from torch.utils.data import TensorDataset
     import workload
-
-    dist.init_process_group("gloo")
-    workload.quiet()
-    data = TensorDataset(*workload.make_data())
-    sampler = DistributedSampler(data, shuffle=False)
-    loader = DataLoader(data, batch_size=workload.BATCH_SIZE, sampler=sampler, num_workers=num_workers)
-    model, criterion, optimizer, scheduler = workload.make_parts()
-    model = DistributedDataParallel(model)
-    for epoch in range(workload.NUM_EPOCHS):
-        sampler.set_epoch(epoch)
-        for training in (True, False):
-            model.train(training)
-            sums = torch.zeros(2, dtype=torch.float64)
-            with torch.set_grad_enabled(training):
-                for x, y in loader:
-                    loss = criterion(model(x), y)
-                    if training:
-                        loss.backward()
-                        optimizer.step()
-                        optimizer.zero_grad(set_to_none=True)
-                    sums[0] += loss.detach() * len(x)
-                    sums[1] += len(x)
-            dist.all_reduce(sums)
-            float(sums[0] / sums[1])
-        scheduler.step()
-        if dist.get_rank() == 0:
-            torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
-                        "scheduler": scheduler.state_dict()}, os.path.join(logdir, "hand.pth"))
-    dist.destroy_process_group()
+    workload.hand_written_ddp(TensorDataset(*workload.make_data()), workload.NUM_EPOCHS, num_workers,
+                              os.path.join(logdir, "hand.pth"))
 
 
 def torchstage_run(logdir: str, num_workers: int, overrides: dict) -> None:

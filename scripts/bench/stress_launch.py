@@ -36,37 +36,10 @@ def run_torchstage(logdir: str, epochs: int) -> None:
 
 
 def run_hand_written(logdir: str, epochs: int) -> None:
-    import torch
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
-    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+    from torch.utils.data import TensorDataset
     import workload
-
-    dist.init_process_group("gloo")
-    workload.quiet()
     x, y = workload.make_data()
-    data = TensorDataset(x[:SAMPLES], y[:SAMPLES])
-    loader = DataLoader(data, batch_size=workload.BATCH_SIZE, sampler=DistributedSampler(data, shuffle=False),
-                        num_workers=1)
-    model, criterion, optimizer, scheduler = workload.make_parts()
-    model = DistributedDataParallel(model)
-    for _ in range(epochs):
-        for training in (True, False):
-            model.train(training)
-            sums = torch.zeros(2, dtype=torch.float64)
-            with torch.set_grad_enabled(training):
-                for xb, yb in loader:
-                    loss = criterion(model(xb), yb)
-                    if training:
-                        loss.backward()
-                        optimizer.step()
-                        optimizer.zero_grad(set_to_none=True)
-                    sums += torch.stack([loss.detach() * len(xb), torch.tensor(float(len(xb)))]).double()
-            dist.all_reduce(sums)
-        scheduler.step()
-        if dist.get_rank() == 0:
-            torch.save(model.module.state_dict(), os.path.join(logdir, "hand.pth"))
-    dist.destroy_process_group()
+    workload.hand_written_ddp(TensorDataset(x[:SAMPLES], y[:SAMPLES]), epochs, 1, os.path.join(logdir, "hand.pth"))
 
 
 def process_tree(pid: int) -> list:

@@ -69,3 +69,40 @@ def hand_written(loaders, num_epochs, model, criterion, optimizer, scheduler, ch
             torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                         "scheduler": scheduler.state_dict()}, checkpoint_path)
     return model
+
+
+def hand_written_ddp(dataset, num_epochs: int, num_workers: int, checkpoint_path: str) -> None:
+    """The DDP loop a careful user writes, in a torchrun world: DistributedSampler, DDP, Adam, loss sums
+    all-reduced per loader, the scheduler and a rank-0 checkpoint per epoch."""
+    import os
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.utils.data import DistributedSampler
+
+    dist.init_process_group("gloo")
+    quiet()
+    sampler = DistributedSampler(dataset, shuffle=False)
+    loader = DataLoader(dataset, batch_size=BATCH_SIZE, sampler=sampler, num_workers=num_workers)
+    model, criterion, optimizer, scheduler = make_parts()
+    model = DistributedDataParallel(model)
+    for epoch in range(num_epochs):
+        sampler.set_epoch(epoch)
+        for training in (True, False):
+            model.train(training)
+            sums = torch.zeros(2, dtype=torch.float64)
+            with torch.set_grad_enabled(training):
+                for x, y in loader:
+                    loss = criterion(model(x), y)
+                    if training:
+                        loss.backward()
+                        optimizer.step()
+                        optimizer.zero_grad(set_to_none=True)
+                    sums[0] += loss.detach() * len(x)
+                    sums[1] += len(x)
+            dist.all_reduce(sums)
+            float(sums[0] / sums[1])
+        scheduler.step()
+        if dist.get_rank() == 0:
+            torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
+                        "scheduler": scheduler.state_dict()}, checkpoint_path)
+    dist.destroy_process_group()
