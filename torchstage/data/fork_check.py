@@ -2,8 +2,8 @@
 
 CPython before 3.9.20, 3.10.15 and 3.11.10 can deadlock a child forked while another thread creates or
 deletes a Python thread state (CPython gh-112275: the child waits forever in ``PyOS_AfterFork_Child`` on a
-lock the parent held). Under torch.distributed, gloo's threads take the GIL from C++ as they release
-tensors, so a DataLoader that forks its workers at each epoch hangs now and then: about 1 run in 10-20 of a
+lock the parent held). Under torch.distributed, C++ threads (most likely gloo's, as they release tensors)
+take the GIL and so create thread states, and a DataLoader that forks its workers at each epoch hangs now and then: about 1 run in 10-20 of a
 2-process job with 16 epochs on a 2-core machine, a hand-written DDP loop as much as torchstage. The rank
 then waits for a batch that never comes, until the hang watchdog ends the job.
 """
