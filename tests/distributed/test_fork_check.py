@@ -1,6 +1,8 @@
 """The warning for DataLoader workers forked each epoch beside torch.distributed's threads on a CPython with
 the fork deadlock of gh-112275 (its figures: docs/distributed.md)."""
 import logging
+import subprocess
+import sys
 
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -39,3 +41,12 @@ def test_the_main_rank_warns_naming_the_loaders_and_the_ways_out(caplog):
         assert not warn_forked_workers(loaders, Engine(device="cpu", rank=0, world_size=2), FIXED)
         assert not warn_forked_workers(loaders, Engine(device="cpu", rank=0, world_size=1), AFFECTED)  # no threads
     assert caplog.text == ""
+
+
+def test_reading_the_default_start_method_leaves_it_unset():
+    code = ("import multiprocessing, torch.utils.data as d\n"
+            "from torchstage.data.fork_check import forks_workers_each_epoch\n"
+            "forks_workers_each_epoch(d.DataLoader(list(range(4)), num_workers=1))\n"
+            "print(multiprocessing.get_start_method(allow_none=True))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["None"]  # a user may still call multiprocessing.set_start_method() after a run

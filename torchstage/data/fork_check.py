@@ -3,9 +3,9 @@
 CPython before 3.9.20, 3.10.15 and 3.11.10 can deadlock a child forked while another thread creates or
 deletes a Python thread state (CPython gh-112275: the child waits forever in ``PyOS_AfterFork_Child`` on a
 lock the parent held). Under torch.distributed, C++ threads (most likely gloo's, as they release tensors)
-take the GIL and so create thread states, and a DataLoader that forks its workers at each epoch hangs now and then: about 1 run in 10-20 of a
-2-process job with 16 epochs on a 2-core machine, a hand-written DDP loop as much as torchstage. The rank
-then waits for a batch that never comes, until the hang watchdog ends the job.
+take the GIL and so create thread states, and a DataLoader that forks its workers at each epoch hangs now
+and then: about 1 run in 7-20 of a 2-process, 40-epoch loop on a 2-core machine, a hand-written DDP loop as
+often as torchstage. The rank then waits for a batch that never comes, until the hang watchdog ends the job.
 """
 import logging
 import multiprocessing
@@ -31,8 +31,8 @@ def forks_workers_each_epoch(loader) -> bool:
     if not isinstance(loader, DataLoader) or loader.num_workers == 0 or loader.persistent_workers:
         return False
     context = loader.multiprocessing_context
-    if context is None:
-        method = multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_context().get_start_method()
+    if context is None:  # the default, read without fixing it (the user may still set another one)
+        method = multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
     else:
         method = context if isinstance(context, str) else context.get_start_method()
     return method == "fork"
