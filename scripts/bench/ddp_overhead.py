@@ -73,15 +73,10 @@ def torchstage_run(logdir: str, num_workers: int, overrides: dict) -> None:
 
 def kill_tree(pid: int) -> None:
     """SIGKILL ``pid`` and the processes below it."""
-    table = [line.split() for line in subprocess.run(["ps", "-eo", "pid=,ppid="], capture_output=True,
-                                                      text=True).stdout.splitlines()]
-    frontier, found = [str(pid)], []
-    while frontier:
-        found += frontier
-        frontier = [child for child, parent in table if parent in frontier]
-    for child in found:
+    from stress_launch import process_tree
+    for child in process_tree(pid):
         try:
-            os.kill(int(child), signal.SIGKILL)
+            os.kill(child, signal.SIGKILL)
         except ProcessLookupError:
             pass
 
@@ -137,9 +132,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.worker:  # torchrun parses "--nproc" after the script as its own option: read the world instead
         distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    if args.worker == "hand-written":
-        return (hand_written_ddp if distributed else hand_written_one)(args.logdir, args.num_workers)
-    if args.worker:
+        if args.worker == "hand-written":
+            return (hand_written_ddp if distributed else hand_written_one)(args.logdir, args.num_workers)
         overrides = {**SPLIT.get(args.worker, {}), **({} if distributed else {"distributed": False})}
         return torchstage_run(args.logdir, args.num_workers, overrides)
     from overhead import round_order  # not in the workers: the hand-written one imports no torchstage
