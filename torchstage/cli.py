@@ -5,7 +5,7 @@ import sys
 
 from torchstage import __version__
 from torchstage.files.format import CheckpointError
-from torchstage.commands import checkpoint_tools, env, plot, report, run, slurm, tune
+from torchstage.commands import checkpoint_tools, diagnose, env, plot, report, run, slurm, tune
 
 _USER_ERRORS = (ValueError, TypeError, KeyError, FileExistsError, FileNotFoundError, NotADirectoryError, PermissionError,
                 CheckpointError)
@@ -27,8 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _subcommands():
     """The ``add_parser(subparsers)`` function of every subcommand, in help order."""
     return [run.add_parser, tune.add_parser, env.add_parser, plot.add_parser, report.add_parser,
-            checkpoint_tools.add_parser,
-            slurm.add_parser]
+            checkpoint_tools.add_parser, diagnose.add_parser, slurm.add_parser]
 
 
 def main(argv=None) -> int:

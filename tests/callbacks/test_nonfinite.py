@@ -44,7 +44,9 @@ def test_mid_epoch_checkpoints_stop_at_the_last_finite_batch(tmp_path):
 def test_two_ranks_stop_together_when_one_rank_sees_a_nan(tmp_path):
     code, out = nan_run(tmp_path, NAN_AT_BATCH=6, POISON_RANK=1, NPROC=2)  # 4 batches per rank and epoch
     assert code != 0, out
-    assert "'loss' was nan at stage 'main', epoch 2, loader 'train', batch 2 (global batch 6)" in out, out
+    assert "'loss' was nan on rank 1 at stage 'main', epoch 2, loader 'train', batch 2 (global batch 6)" in out, out
+    # the launcher's summary names the rank that saw it, whichever rank's error it reports
+    assert "seen on rank 1 at stage 'main'" in out or "The first error, on rank 1 at stage 'main'" in out, out
     last = load_checkpoint(str(tmp_path / "checkpoints" / "last.pth"))
     assert (last["loop"]["epoch"], last["loop"]["epoch_done"]) == (1, True) and all_finite(last)
 

@@ -8,6 +8,7 @@ Workers are started by running this program's command line again with the torchr
 The launching process never trains: it waits for the workers and exits with their exit code.
 """
 import contextlib
+import faulthandler
 import logging
 import os
 from datetime import timedelta
@@ -77,6 +78,8 @@ def joined(world: World, timeout=None):
     global _joined
     if os.environ.get(LAUNCHED_ENV):
         watch_parent()
+    if not faulthandler.is_enabled():  # a rank that dies inside gloo/NCCL (SIGABRT) shows where its Python was
+        faulthandler.enable(all_threads=True)
     if world.backend == "nccl":
         torch.cuda.set_device(world.local_rank)
     kwargs = {} if timeout is None else {"timeout": timeout}

@@ -8,15 +8,27 @@ worth a restart) from one that does not. A graceful stop (a signal, ``request_st
 """
 import json
 import os
+import re
 import time
 from typing import Optional
 
+from torchstage.launch.collectives import first_difference
+
 FAILURE_DIR_ENV = "TORCHSTAGE_FAILURE_DIR"
+_TORCH = f"{os.sep}torch{os.sep}"
+#: Words of gloo's and NCCL's own errors when the ranks ran different collectives (or different sizes in one).
+_MISMATCH = ("collective mismatch", "op.preamble.length", "Received data size", "desync", "mismatch between collectives")
 
 
-def record_failure(rank: int, error: BaseException, position: dict) -> None:
-    """Write ``rank``'s failure record (never raises: the run is failing already)."""
-    _record(rank, f"{type(error).__name__}: {error}".strip()[:2000], position)
+def record_failure(rank: int, error, position: dict, collectives: list = None) -> None:
+    """Write ``rank``'s failure record: ``error`` (an exception, or what happened as text), where, and the last
+    collectives it ran (see :mod:`torchstage.launch.collectives`). Never raises: the run is failing already.
+
+    An error that says which rank caused it (an ``origin_rank`` attribute: a NaN seen on one rank stops all) keeps
+    that rank in the record."""
+    text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+    _record(rank, text.strip()[:2000], position, collectives=collectives or [],
+            origin_rank=getattr(error, "origin_rank", None))
 
 
 def record_stop(rank: int, reason: str, position: dict) -> None:
@@ -24,11 +36,11 @@ def record_stop(rank: int, reason: str, position: dict) -> None:
     _record(rank, f"stopped gracefully ({reason})", position, stopped=True)
 
 
-def _record(rank: int, error: str, position: dict, stopped: bool = False) -> None:
+def _record(rank: int, error: str, position: dict, stopped: bool = False, **extra) -> None:
     folder = os.environ.get(FAILURE_DIR_ENV)
     if not folder:
         return
-    record = {"rank": rank, "error": error, "stopped": stopped, "time": time.time(),
+    record = {"rank": rank, "error": error, "stopped": stopped, "time": time.time(), **extra,
               "position": {k: position.get(k) for k in ("stage", "epoch", "epoch_done", "loader", "loader_batch",
                                                          "global_batch_step")}}
     try:
@@ -80,3 +92,39 @@ def same_failure(a: Optional[dict], b: Optional[dict]) -> bool:
         return False
     keys = ("stage", "epoch", "loader", "loader_batch", "global_batch_step")
     return a["error"] == b["error"] and all(a["position"].get(k) == b["position"].get(k) for k in keys)
+
+
+def explain(records: dict, silent=(), output: str = "") -> list:
+    """Lines that say what the ranks' records show together: the first collective where the ranks differ (from
+    the collectives each recorded), or, when ``silent`` ranks died without a record, where the others were; and
+    what a gloo or NCCL abort about mismatched collectives (in a record or in the failing rank's ``output``)
+    means."""
+    compared = first_difference({r: rec.get("collectives") for r, rec in records.items()})
+    lines = [line for line in compared if line.startswith("First collective")]
+    lines = lines or [line for line in output.splitlines() if line.startswith("First collective")][:1]  # a hang report
+    silent = sorted(set(silent) - set(records))
+    if not lines and silent and compared:
+        lines = [f"{compared[0]} Rank{'s' * (len(silent) > 1)} {', '.join(map(str, silent))} died without "
+                 f"recording {'their' if len(silent) > 1 else 'its'} collectives."]
+    crash = died_in(output)
+    if silent and crash:
+        lines.append(f"Rank {silent[0]} died inside {crash}.")
+    texts = [rec.get("error", "") for rec in records.values()] + output.splitlines()
+    aborts = [text.strip() for text in texts if any(word in text for word in _MISMATCH)]
+    if aborts:
+        lines.append(f"The process group aborted because the ranks ran different collectives (or one collective "
+                     f"with different sizes): {aborts[0][:300]}")
+    return lines
+
+
+def died_in(output: str) -> Optional[str]:
+    """``torch.distributed.all_reduce called from train.py:12 in step``: the collective a crashed rank's Python
+    fault handler (its stack dump on SIGABRT/SIGSEGV, in ``output``) shows it in, else None."""
+    frames = re.findall(r'File "([^"]+)", line (\d+) in (\S+)', output[output.rfind("Fatal Python error"):]
+                        if "Fatal Python error" in output else "")
+    for index, (filename, _, name) in enumerate(frames):
+        if filename.endswith("distributed_c10d.py"):
+            caller = next((f for f in frames[index + 1:] if _TORCH not in f[0]), None)
+            return f"torch.distributed.{name}" + (f" called from {caller[0]}:{caller[1]} in {caller[2]}" if caller
+                                                  else "")
+    return None

@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 
-from torchstage.launch.failures import FAILURE_DIR_ENV, first_failure, read_failures, where
+from torchstage.launch.failures import FAILURE_DIR_ENV, explain, first_failure, read_failures, where
 from torchstage.launch.resolve import JOB_ID_ENV, LAUNCHED_ENV, RESTART_ENV
 from torchstage.launch.world import World
 
@@ -24,7 +24,7 @@ PARENT_ENV = "TORCHSTAGE_PARENT_PID"
 GRACE_SECONDS = 3.0
 #: Signals the launcher passes on to its workers and keeps running (SLURM's --signal warnings, scancel -s).
 FORWARDED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
-TAIL_LINES = 60
+TAIL_LINES = 100  # enough for a fault handler's stack dump of the training thread
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -80,6 +80,7 @@ class Launcher:
         self.procs, self.threads = [], []
         self.tails = {}
         self.failure_dir, self.failure, self.failed_rank = failure_dir, None, None
+        self.finished = {}  # rank -> monotonic time of its exit with code 0
         self.extra = {RESTART_ENV: str(attempt)}
         if job_id:
             self.extra[JOB_ID_ENV] = job_id
@@ -128,10 +129,13 @@ class Launcher:
                     pass
             if code != 0:
                 return self._fail(proc, code)
+            self.finished[proc.rank] = time.monotonic()
         return 0
 
     def _fail(self, proc, code: int) -> int:
         records = read_failures(self.failure_dir) if self.failure_dir else {}
+        if code < 0 and self.failure_dir:  # killed: its peers notice in a moment and say where they were
+            records = self._await_records(proc.rank)
         if code > 0 and records.get(proc.rank, {}).get("stopped"):
             self._let_exit()  # a graceful stop: every rank is on its way out, its checkpoint written
             records = read_failures(self.failure_dir)
@@ -149,11 +153,28 @@ class Launcher:
             return exit_code
         first = ""
         if self.failure is not None:
-            first = (f" The first error, on rank {self.failure['rank']} at {where(self.failure)}: "
+            origin = self.failure.get("origin_rank")
+            seen = f", seen on rank {origin}" if origin is not None and origin != self.failure["rank"] else ""
+            first = (f" The first error, on rank {self.failure['rank']}{seen} at {where(self.failure)}: "
                      f"{self.failure['error'].splitlines()[0]}.")
-        logger.error("rank %d %s; stopped the other ranks.%s Last error output of rank %d:\n%s",
-                     proc.rank, reason, first, proc.rank, tail.rstrip() or "(none)")
+        now = time.monotonic()
+        left = [f"Rank {rank} had exited with code 0 {now - at:.1f} s before, while the others still ran."
+                for rank, at in sorted(self.finished.items(), key=lambda item: item[1])]
+        silent = [proc.rank] if code < 0 else []  # killed: it recorded nothing
+        notes = "".join(f"\n{line}" for line in [*left, *explain(records, silent, tail)])
+        logger.error("rank %d %s; stopped the other ranks.%s%s\nLast error output of rank %d:\n%s",
+                     proc.rank, reason, first, notes, proc.rank, tail.rstrip() or "(none)")
         return exit_code
+
+    def _await_records(self, dead: int, seconds: float = 2.0) -> dict:
+        """The failure records once every other live worker wrote one or exited, or after ``seconds``."""
+        deadline = time.monotonic() + seconds
+        while True:
+            records = read_failures(self.failure_dir)
+            waiting = [p for p in self.procs if p.rank != dead and p.poll() is None and p.rank not in records]
+            if not waiting or time.monotonic() > deadline:
+                return records
+            time.sleep(0.05)
 
     def _let_exit(self) -> None:
         """Give the live workers ``grace`` seconds to exit by themselves."""

@@ -9,10 +9,11 @@ from torchstage.catalyst.runner import CatalystAttributes
 from torchstage.data.prefetch import prefetch_to_device
 from torchstage.files.lock import LogdirLock
 from torchstage.files.writer import FileWriter
-from torchstage.launch.failures import record_failure, record_stop
+from torchstage.launch.failures import record_stop
 from torchstage.named import map_named
 from torchstage.runner import export, inference
 from torchstage.runner.defaults import default_callbacks
+from torchstage.runner.failure_record import record_run_failure
 from torchstage.runner.loop_state import LoopState, expose_loop_state
 from torchstage.runner.resume import loader_batches, remaining_loaders
 from torchstage.runner.setup import train_in_world
@@ -144,8 +145,7 @@ class Runner(CatalystAttributes):
             self.file_writer.close()  # a checkpoint that failed to land fails the run
         except BaseException as exc:
             self.exception = exc
-            if not isinstance(exc, (KeyboardInterrupt, SystemExit)):
-                record_failure(self.engine.rank, exc, self.loop_position())  # for a launcher of torchstage's
+            record_run_failure(self, exc)  # for a launcher of torchstage's and `torchstage diagnose`
             for handler in self._handlers["on_exception"]:
                 try:
                     handler(self)

@@ -10,6 +10,7 @@ from torchstage.data.datasets import build_loaders
 from torchstage.data.loaders import distribute_loaders
 from torchstage.data.fork_check import warn_forked_workers
 from torchstage.files.lock import LogdirLock
+from torchstage.launch.collectives import point_dumps_to
 from torchstage.launch.enter import run_in_world
 from torchstage.launch.resolve import restart_attempt
 from torchstage.launch.world import World
@@ -29,6 +30,8 @@ logger = logging.getLogger("torchstage")
 
 def train_in_world(runner, spec):
     """Train as this process's rank of its world (joined or launched first, see ``run_in_world``); the runner."""
+    if spec.distributed is not False:
+        point_dumps_to(spec.logdir)  # NCCL's Flight Recorder dump on a timeout: into the logdir
     return run_in_world(lambda world: _train_here(runner, spec, world), spec.distributed, spec.nprocs,
                         timeout=process_group_timeout(spec.hang_timeout), max_restarts=spec.max_restarts)
 

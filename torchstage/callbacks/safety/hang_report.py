@@ -53,9 +53,10 @@ def describe(info: dict) -> str:
     return ", ".join(parts) + f" (after {info['event']})"
 
 
-def hang_report(rank: int, timeout: float, ranks: dict, stack: list, exit_code: int) -> str:
+def hang_report(rank: int, timeout: float, ranks: dict, stack: list, exit_code: int, collectives=()) -> str:
     """The text a firing watchdog writes: this rank's stack, then (last, so a launcher's tail of the output
-    keeps it) each rank's position and state, the ranks the others wait for, and a hint."""
+    keeps it) each rank's position and state, the ranks the others wait for, a hint, and ``collectives`` (lines
+    comparing the collectives the ranks ran)."""
     now = time.time()
     stuck = sorted(r for r, info in ranks.items() if "waiting" in info and not info["waiting"])
     order = sorted(ranks.items(), key=lambda item: (item[0] not in stuck, item[1]["time"], item[0]))
@@ -74,6 +75,7 @@ def hang_report(rank: int, timeout: float, ranks: dict, stack: list, exit_code: 
         lines.append(f"Stopped outside any collective (what the others wait for): rank{'s' * (len(stuck) > 1)} "
                      f"{', '.join(map(str, stuck))}.")
     lines.extend(_uneven_hint(ranks))
+    lines.extend(collectives)
     lines.append(f"torchstage: hang detected on rank {rank}; ending the job with exit code {exit_code}.")
     return "\n".join(lines) + "\n"
 

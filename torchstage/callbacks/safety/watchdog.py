@@ -20,7 +20,9 @@ from numbers import Real
 
 from torchstage.arguments import ArgumentError
 from torchstage.callbacks.base import Callback, CallbackOrder, CallbackScope
-from torchstage.callbacks.safety.hang_report import hang_report, position, where
+from torchstage.callbacks.safety.hang_report import describe, hang_report, position, where
+from torchstage.launch.collectives import TAIL, first_difference, recent, write_dump
+from torchstage.launch.failures import record_failure
 
 
 #: Exit code of a rank ended by the watchdog (the convention of GNU ``timeout``).
@@ -28,7 +30,8 @@ HANG_EXIT_CODE = 124
 #: The process group's collective timeout is ``hang_timeout`` plus this: the watchdog, which names the rank
 #: and shows its stack, speaks first; the group's timeout ends collectives no watchdog watches.
 GROUP_TIMEOUT_MARGIN = 60.0
-_BEAT, _FIRED = "torchstage/watchdog/beat{}", "torchstage/watchdog/fired{}"
+_BEAT, _FIRED, _COLLECTIVES = ("torchstage/watchdog/beat{}", "torchstage/watchdog/fired{}",
+                               "torchstage/watchdog/collectives{}")
 
 
 def check_hang_timeout(value, name: str = "timeout"):
@@ -116,6 +119,9 @@ class HangWatchdog(Callback):
         frame = sys._current_frames().get(loop_thread)
         mine = {**position(runner, beat), **where(frame)}
         _publish(store, _FIRED.format(rank), mine)
+        collectives = recent()  # torch's Flight Recorder: what this rank ran, for the report and the logdir
+        _publish(store, _COLLECTIVES.format(rank), collectives[-TAIL:])
+        write_dump(getattr(runner.spec, "logdir", None), rank, collectives)
         # A rank waiting in a collective lets the peer it waits for report first (with that peer's stack);
         # a rank stuck elsewhere gives the others a moment to say where they wait, then reports. When all
         # wait (mismatched collectives), rank 0, which holds the store, reports first.
@@ -127,7 +133,12 @@ class HangWatchdog(Callback):
             return
         ranks = _read_all(store, world_size)
         ranks[rank] = mine
-        report = hang_report(rank, self.timeout, ranks, traceback.format_stack(frame) if frame else [], HANG_EXIT_CODE)
+        compared = first_difference(_read_collectives(store, world_size, deadline=time.monotonic() + 2 * interval))
+        report = hang_report(rank, self.timeout, ranks, traceback.format_stack(frame) if frame else [], HANG_EXIT_CODE,
+                             compared)
+        state = f"waiting in {mine['waiting']}" if mine["waiting"] else f"stopped in {mine['frame']}"
+        record_failure(rank, f"hang: no progress for {self.timeout:g} s after {describe(mine)}; {state}",
+                       runner.loop_position(), collectives[-TAIL:])
         try:
             sys.stderr.write(report)  # a dying process's report, like a traceback: stderr, on every rank
             sys.stderr.flush()
@@ -150,6 +161,19 @@ def _publish(store, key: str, info: dict) -> None:
             store.set(key, json.dumps(info))
         except Exception:
             pass
+
+
+def _read_collectives(store, world_size: int, deadline: float) -> dict:
+    """Rank -> the last collectives each firing watchdog published, waiting until ``deadline`` for all ranks."""
+    keys = [_COLLECTIVES.format(rank) for rank in range(world_size)]
+    if store is None:
+        return {}
+    try:
+        while not all(store.check([key]) for key in keys) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return {rank: json.loads(store.get(key)) for rank, key in enumerate(keys) if store.check([key])}
+    except Exception:
+        return {}
 
 
 def _read_all(store, world_size: int) -> dict:

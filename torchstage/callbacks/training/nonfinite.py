@@ -20,7 +20,12 @@ logger = logging.getLogger("torchstage")
 
 
 class NonFiniteLossError(FloatingPointError):
-    """A train loss was NaN or infinite; the message says where and which loss."""
+    """A train loss was NaN or infinite; the message says where, which loss and (several processes) on which rank,
+    also kept as ``origin_rank`` for the launcher's summary."""
+
+    def __init__(self, message: str, origin_rank: int = None):
+        super().__init__(message)
+        self.origin_rank = origin_rank
 
 
 class NonFiniteStateError(FloatingPointError):
@@ -89,22 +94,24 @@ class NonFiniteLossCallback(Callback):
         if self.mode != "stop":
             return
         self._scan()
-        first = min(((step, key) for key, (step, _) in self._first.items()), default=(float("inf"), ""))
+        rank = runner.engine.rank
+        first = min(((step, key, rank) for key, (step, _) in self._first.items()), default=(float("inf"), "", rank))
         if runner.engine.is_distributed:  # every rank must agree, so every rank raises at the same point
             first = min(runner.engine.all_gather_object(first))
-        step, key = first
+        step, key, origin = first
         if step == float("inf"):
             return
         mine = self._first.get(key)
         value = mine[1] if mine is not None and mine[0] == step else None
         step = int(step)
+        seen = f" on rank {origin}" if runner.engine.is_distributed else ""
         raise NonFiniteLossError(
-            f"non-finite loss: {key!r} was {value if value is not None else 'nan/inf'} at stage "
+            f"non-finite loss: {key!r} was {value if value is not None else 'nan/inf'}{seen} at stage "
             f"{runner.stage_key!r}, epoch {runner.epoch}, loader {runner.loader_key!r}, batch "
             f"{step - self._loader_start_step} (global batch {step}); the run stops so that no checkpoint holds "
             f"weights trained on it (the last checkpoint is the last finite one). Lower the learning rate, "
             f"clip gradients (grad_clip_norm=...), or skip such batches with "
-            f"callbacks={{'nonfinite': NonFiniteLossCallback(mode='skip')}}")
+            f"callbacks={{'nonfinite': NonFiniteLossCallback(mode='skip')}}", origin_rank=origin)
 
     def _scan(self) -> None:
         """Find, per loss, the first non-finite value kept since the last scan (one host read); start anew."""

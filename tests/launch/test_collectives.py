@@ -1,0 +1,81 @@
+"""Comparing the ranks' recorded collectives (torch's Flight Recorder), and reading dumps without running code."""
+import json
+import os
+import pickle
+import subprocess
+import sys
+
+from tests.distributed.multiproc import ROOT
+from torchstage.launch.collectives import first_difference, point_dumps_to, read_dumps, write_dump
+
+
+def entry(seq, op="all_reduce", size=(10,), dtype="Float", site="train.py:5 in step", group="default_pg"):
+    return {"group": group, "seq": seq, "p2p": False, "op": op, "sizes": [list(size)], "dtypes": [dtype],
+            "site": site}
+
+
+def test_ranks_that_agree_are_said_to():
+    ranks = {r: [entry(1), entry(2)] for r in range(3)}
+    assert first_difference(ranks) == ["Collectives: the ranks' recorded collectives agree (ranks 0, 1, 2; the last: "
+                                       "all_reduce(Float[10]) #2 called from train.py:5 in step)."]
+
+
+def test_the_first_collective_of_another_shape_names_each_side():
+    ranks = {0: [entry(1), entry(2, size=(1,), site="a.py:3 in f")], 1: [entry(1), entry(2, size=(3,), site="b.py:9 in g")],
+             2: [entry(1), entry(2, size=(1,), site="a.py:3 in f")]}
+    assert first_difference(ranks) == [
+        "First collective where the ranks differ (group 'default_pg', #2): ranks 0, 2 in all_reduce(Float[1]) #2 "
+        "called from a.py:3 in f; rank 1 in all_reduce(Float[3]) #2 called from b.py:9 in g."]
+
+
+def test_a_rank_behind_is_named_with_its_last_collective():
+    ranks = {0: [entry(7), entry(8, op="broadcast")], 1: [entry(6), entry(7)]}  # rings that start at other points
+    assert first_difference(ranks) == [
+        "First collective where the ranks differ (group 'default_pg', #8): rank 0 entered broadcast(Float[10]) #8 "
+        "called from train.py:5 in step, which rank 1 never reached; rank 1 last ran all_reduce(Float[10]) #7 called "
+        "from train.py:5 in step."]
+    assert first_difference({0: [entry(1)]}) == [] and first_difference({0: [entry(1)], 1: []}) == []
+
+
+def test_dumps_round_trip_and_a_crafted_nccl_dump_runs_no_code(tmp_path):
+    assert write_dump(tmp_path, 0, [entry(1)]) == str(tmp_path / "flight-recorder" / "rank-0.json")
+    assert write_dump(None, 0, [entry(1)]) is None and write_dump(tmp_path, 1, []) is None
+    marker = tmp_path / "ran"
+
+    class Payload:
+        def __reduce__(self):
+            return os.system, (f"touch {marker}",)
+
+    (tmp_path / "flight-recorder" / "nccl-rank-1").write_bytes(pickle.dumps({"entries": [Payload()]}))
+    nccl = {"entries": [{"process_group": ("0", "default_pg"), "collective_seq_id": 1, "profiling_name": "nccl:all_reduce",
+                         "input_sizes": [[10]], "input_dtypes": ["Float"],
+                         "frames": [{"filename": "/x/torch/distributed/c10d.py", "line": 1, "name": "all_reduce"},
+                                    {"filename": "/job/train.py", "line": 5, "name": "step"}]}]}
+    (tmp_path / "flight-recorder" / "nccl-rank-2").write_bytes(pickle.dumps(nccl))
+    ranks = read_dumps(tmp_path)
+    assert not marker.exists()  # the crafted dump was refused, not run
+    assert ranks == {0: [entry(1)], 2: [entry(1, site="/job/train.py:5 in step")]}
+
+
+def test_nccl_dumps_are_pointed_into_the_logdir_unless_the_user_chose(tmp_path, monkeypatch):
+    for name in ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_NCCL_DUMP_ON_TIMEOUT"):
+        monkeypatch.delenv(name, raising=False)
+    point_dumps_to(tmp_path)
+    assert os.environ["TORCH_FR_DUMP_TEMP_FILE"] == str(tmp_path / "flight-recorder" / "nccl-rank-")
+    assert os.environ["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    monkeypatch.setenv("TORCH_FR_DUMP_TEMP_FILE", "/mine/rank_")
+    point_dumps_to(tmp_path / "other")
+    assert os.environ["TORCH_FR_DUMP_TEMP_FILE"] == "/mine/rank_"
+
+
+def test_diagnose_without_records_says_where_it_looked(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "torchstage", "diagnose", str(tmp_path)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert f"no collective records in {tmp_path / 'flight-recorder'}" in result.stderr
+    (tmp_path / "flight-recorder").mkdir()
+    (tmp_path / "flight-recorder" / "rank-0.json").write_text(json.dumps({"rank": 0, "entries": [entry(1)]}))
+    (tmp_path / "flight-recorder" / "rank-1.json").write_text(json.dumps({"rank": 1, "entries": [entry(1)]}))
+    result = subprocess.run([sys.executable, "-m", "torchstage", "diagnose", str(tmp_path)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and "the ranks' recorded collectives agree (ranks 0, 1" in result.stdout

@@ -1,0 +1,38 @@
+"""What a failing rank leaves behind for its launcher and for ``torchstage diagnose``: its error and position (see
+:mod:`torchstage.launch.failures`) and, with several processes, the collectives it ran (written to the logdir).
+
+A rank that leaves a distributed run on its own (``sys.exit`` in user code while its peers still train) is named
+too, with the line it left from: its peers only see their connections close.
+"""
+import sys
+import traceback
+
+from torchstage.launch.collectives import TAIL, recent, write_dump
+from torchstage.launch.failures import record_failure, where
+
+
+def record_run_failure(runner, exc: BaseException) -> None:
+    """Record why this rank's run ends with ``exc`` (never raises: the run is failing already)."""
+    if isinstance(exc, KeyboardInterrupt):
+        return  # a signal: the launcher that sent it knows
+    engine, position = runner.engine, runner.loop_position()
+    collectives = recent() if engine.is_distributed else []
+    if collectives:
+        write_dump(getattr(runner.spec, "logdir", None), engine.rank, collectives)
+    if isinstance(exc, SystemExit):
+        if not engine.is_distributed:
+            return
+        error = f"left the run: SystemExit({exc.code!r}) raised at {left_from(exc)}, while the other ranks train"
+        sys.stderr.write(f"torchstage: rank {engine.rank} {error} (at {where({'position': position})}); they will fail or wait "
+                         f"for it\n")
+        sys.stderr.flush()
+        record_failure(engine.rank, error, position, collectives[-TAIL:])
+        return
+    record_failure(engine.rank, exc, position, collectives[-TAIL:])
+
+
+def left_from(exc: BaseException) -> str:
+    """``file:line in function`` where ``exc`` was raised (the innermost frame of its traceback)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return f"{frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}" if frames else "an unknown line"
+
