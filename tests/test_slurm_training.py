@@ -5,7 +5,7 @@
   set of logs and checkpoints;
 - `torchstage slurm --config scripts/slurm_job.yml --submit --wait` runs a generated sbatch script that
   trains (the reference);
-- the same script with --requeue, sent `scancel -s USR1` after train batch 40, writes last.pth,
+- the same script with --requeue, sent `scancel -s USR1` after train batch 40, writes last.pth after batch 41,
   requeues itself, and the requeued run (SLURM_RESTART_COUNT=1) resumes and ends bitwise equal to
   the reference. Both sbatch jobs run one task per node (world 2): with more than two ranks a resumed
   run matches only to rounding (the DDP gradient buckets of its first step differ), see docs/slurm.md.
@@ -171,7 +171,8 @@ def test_usr1_requeues_the_job_and_it_resumes_to_the_same_weights(runs):
     log = (base / "preempted.out").read_text()
     assert runs["signalled_at"]["Restarts"] == "0"
     assert (fields.get("JobState"), fields.get("Restarts"), fields.get("ExitCode")) == ("COMPLETED", "1", "0:0"), log
-    assert "graceful stop (SIGUSR1) after stage 'main' epoch 2 batch 8 (global batch 40)" in log
+    # signalled after batch 40; the ranks' agreement started then is read after batch 41
+    assert "graceful stop (SIGUSR1) after stage 'main' epoch 2 batch 9 (global batch 41)" in log
     assert re.search(r"requeueing SLURM job \d+ after SIGUSR1", log)
     assert log.count("epoch 3/3") == 1 and log.count("epoch 1/3") == 1  # the second run resumed in epoch 2
     # a requeued job is a restart: its CSV logs carry the count on purpose (logs/run.csv), all else is bitwise

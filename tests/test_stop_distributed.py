@@ -1,7 +1,7 @@
 """Graceful stop and elastic restarts under two real processes (torch.distributed.run, gloo on 127.0.0.1).
 
-A SIGTERM sent to rank 1 alone stops both ranks after the same batch (they agree through an
-all-reduce at batch boundaries), both exit with 143, and resuming with two processes ends bitwise
+A SIGTERM sent to rank 1 alone in batch 7 stops both ranks after the same batch, 8 (they agree through an
+all-reduce started at each batch end and read at the next one), both exit with 143, and resuming with two processes ends bitwise
 equal to an uninterrupted two-process run. ``torchrun --max-restarts=1`` with resume='last' recovers
 from a rank killed by SIGKILL on its own. About 30-60 s on 2 cores.
 """
@@ -51,9 +51,10 @@ def test_sigterm_on_one_rank_stops_every_rank_after_the_same_batch(runs):
     codes = set(re.findall(r"exitcode\s*:\s*(-?\d+)", out))
     # each rank exits 143 after the stop; one may instead be hit by torchrun's own SIGTERM (-15) as it exits
     assert "143" in codes and codes <= {"143", "-15"}, out[-3000:]
-    assert "graceful stop (SIGTERM on another rank) after stage 'main' epoch 2 batch 2 (global batch 7)" in out
+    # the signal came in batch 7; the agreement started at its end is read at the end of batch 8
+    assert "graceful stop (SIGTERM on another rank) after stage 'main' epoch 2 batch 3 (global batch 8)" in out
     loop = runs["survivor"]["loop"]
-    assert (loop["global_batch_step"], loop["epoch_done"], runs["survivor"]["meta"]["world_size"]) == (7, False, 2)
+    assert (loop["global_batch_step"], loop["epoch_done"], runs["survivor"]["meta"]["world_size"]) == (8, False, 2)
     assert len(runs["survivor"]["rng"]) == 2
 
 

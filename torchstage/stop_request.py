@@ -98,16 +98,29 @@ def control_group():
     return None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
 
 
+class Agreement:
+    """An all-reduce of every rank's stop request, started now (in the background) and read later with
+    :meth:`result`; every rank reads the same result, so every rank acts on it at the same point."""
+
+    def __init__(self, request: Optional[StopRequest], group=None):
+        self.request = request
+        local = (request.exit_code, request.signum) if request is not None else (0, 0)
+        self.flags = torch.tensor(local, dtype=torch.int64)
+        self.work = dist.all_reduce(self.flags, op=dist.ReduceOp.MAX, group=group, async_op=True)
+
+    def result(self) -> Optional[StopRequest]:
+        """The stop request every rank acts on (waits for the all-reduce): any rank's request stops all."""
+        self.work.wait()
+        exit_code, signum = self.flags.tolist()
+        if exit_code == 0:
+            return None
+        if self.request is not None:
+            reason = self.request.reason
+        else:
+            reason = f"{signal.Signals(signum).name} on another rank" if signum else "requested on another rank"
+        return StopRequest(reason=reason, signum=signum, exit_code=exit_code)
+
+
 def agree(request: Optional[StopRequest], group=None) -> Optional[StopRequest]:
     """The stop request every rank will act on: any rank's request stops all (collective, CPU tensors)."""
-    local = (request.exit_code, request.signum) if request is not None else (0, 0)
-    flags = torch.tensor(local, dtype=torch.int64)
-    dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group)
-    exit_code, signum = flags.tolist()
-    if exit_code == 0:
-        return None
-    if request is not None:
-        reason = request.reason
-    else:
-        reason = f"{signal.Signals(signum).name} on another rank" if signum else "requested on another rank"
-    return StopRequest(reason=reason, signum=signum, exit_code=exit_code)
+    return Agreement(request, group).result()

@@ -38,7 +38,10 @@ def test_a_hung_rank_ends_the_job_naming_it_where_it_was_and_its_stack(tmp_path,
     assert (f"rank {rank} (this rank): " in tail and "stage 'main', epoch 1, loader 'train', batch 3 (after batch end); "
             f"stopped in " in tail), tail
     other = 1 - rank
-    assert f"rank {other}: " in tail and "waiting in torch.distributed.all_reduce" in tail, tail
+    # the other rank waits in the next batch's gradient all-reduce (the stop agreement of the batch before runs
+    # in the background), and the ranks' recorded collectives say which one the stuck rank never reached
+    assert f"rank {other}: " in tail and "waiting in a backward pass (DDP all-reduces gradients there)" in tail, tail
+    assert f"which rank {rank} never reached; rank {rank} last ran " in tail, tail
     assert f"Stopped outside any collective (what the others wait for): rank {rank}." in tail
     assert f"torchstage: hang detected on rank {rank}; ending the job with exit code 124." in tail
     assert no_worker_left(tmp_path)

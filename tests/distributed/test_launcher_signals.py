@@ -32,9 +32,10 @@ def test_usr1_to_the_launcher_stops_every_worker_gracefully(tmp_path):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 128 + signal.SIGUSR1, out[-3000:]
-    assert "graceful stop (SIGUSR1) after stage 'main' epoch 1 batch 5 (global batch 5)" in out
+    # the signal came after batch 5; the ranks' agreement started then is read after batch 6
+    assert "graceful stop (SIGUSR1) after stage 'main' epoch 1 batch 6 (global batch 6)" in out
     checkpoint = torch.load(tmp_path / "checkpoints" / "last.pth", weights_only=True)
-    assert (checkpoint["loop"]["global_batch_step"], checkpoint["meta"]["world_size"]) == (5, 2)
+    assert (checkpoint["loop"]["global_batch_step"], checkpoint["meta"]["world_size"]) == (6, 2)
 
 
 @pytest.mark.timeout(150)

@@ -35,15 +35,16 @@ def test_a_graceful_stop_is_not_restarted_and_one_process_finishes_the_run_of_tw
     assert "attempt 1 of 3 ended by a graceful stop: not restarted" in stopped.stdout
     assert "attempt 2" not in stopped.stdout
     at_stop = load_checkpoint(str(logdir / "checkpoints" / "last.pth"))
-    assert at_stop["loop"]["global_batch_step"] == 6 and at_stop["meta"]["world_size"] == 2
-    assert at_stop["loop"]["global_sample_step"] == 6 * 16  # the samples of one process, as in Catalyst
+    # asked in batch 6; the ranks' agreement started at its end is read after batch 7, where both stop
+    assert at_stop["loop"]["global_batch_step"] == 7 and at_stop["meta"]["world_size"] == 2
+    assert at_stop["loop"]["global_sample_step"] == 7 * 16  # the samples of one process, as in Catalyst
     finished = example(logdir, "--nprocs", 1)
     assert finished.returncode == 0, finished.stdout[-3000:]
     assert "written by 2 process(es), resumed by 1; the global batch size is 16 now (16 per process), 32 before" \
         in finished.stdout
-    assert "was interrupted after 192 samples of its epoch's order by 2 process(es); the 256 left are dealt out " \
+    assert "was interrupted after 224 samples of its epoch's order by 2 process(es); the 224 left are dealt out " \
            "to 1" in finished.stdout
     last = load_checkpoint(str(logdir / "checkpoints" / "last.pth"))
     assert last["meta"]["world_size"] == 1 and last["loop"]["global_epoch_step"] == 3
-    # one process's 6 batches of 16 before the stop, then the 256 samples left of epoch 1, then 2 whole epochs
-    assert last["loop"]["global_sample_step"] == 6 * 16 + 256 + 2 * 448
+    # one process's 7 batches of 16 before the stop, then the 224 samples left of epoch 1, then 2 whole epochs
+    assert last["loop"]["global_sample_step"] == 7 * 16 + 224 + 2 * 448

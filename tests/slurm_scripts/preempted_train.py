@@ -2,8 +2,9 @@
 
 In the first run of a SLURM job (SLURM_RESTART_COUNT unset or 0) the main rank writes LOGDIR/paused
 after train batch PAUSE_AT and waits there, at most 60 s, until a stop is requested (the test sends
-`scancel -s USR1`), so the signal lands after exactly that batch whatever the machine's speed.
-The other ranks wait for it in the stop callback's all-reduce. A requeued run does not pause.
+`scancel -s USR1`), so the signal lands after exactly that batch whatever the machine's speed, and
+every rank stops after the next one (the stop callback's agreement runs during it). The other ranks wait
+in that batch's gradient all-reduce. A requeued run does not pause.
 USR1_STOPS=1 makes SIGUSR1 stop the run outside SLURM too (where no requeue callback catches it).
 """
 import os
