@@ -51,10 +51,10 @@ class BatchTransformCallback(Callback):
             raise TypeError("BatchTransformCallback: output_key needs input_key (the entries the transform reads)")
         self.output_key = self.output_key or self.input_key
         self._single = isinstance(output_key, str) or (output_key is None and isinstance(input_key, str))
-        self.transform, self.scope = transform, scope
+        self.transform, self.event = transform, scope  # (Callback.scope says which ranks run it)
 
     def handles(self, event: str) -> bool:
-        return event == self.scope
+        return event == self.event
 
     def _apply(self, runner) -> None:
         batch = runner.batch
@@ -71,9 +71,9 @@ class BatchTransformCallback(Callback):
         batch.update(zip(self.output_key, (outputs,) if self._single else outputs))
 
     def on_batch_start(self, runner):
-        if self.scope == "on_batch_start":
+        if self.event == "on_batch_start":
             self._apply(runner)
 
     def on_batch_end(self, runner):
-        if self.scope == "on_batch_end":
+        if self.event == "on_batch_end":
             self._apply(runner)
