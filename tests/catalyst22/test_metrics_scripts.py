@@ -41,10 +41,10 @@ CATALYST_22_04 = {
 }
 
 
-def run_script(name: str, logdir) -> tuple:
-    """(the RESULT line's dict, the whole output) of scripts/catalyst22/metrics_<name>.py run by torchstage."""
+def run_script(script: str, logdir) -> tuple:
+    """(the RESULT line's dict, the whole output) of scripts/catalyst22/<script> run by torchstage."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
-    result = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "catalyst22", f"metrics_{name}.py"),
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "catalyst22", script),
                              str(logdir)], capture_output=True, text=True, timeout=300, env=env)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
@@ -63,7 +63,7 @@ def assert_catalyst_numbers(name: str, result: dict) -> None:
 
 
 def test_readme_classification_with_accuracy_and_precision_recall_f1_support(tmp_path):
-    result, output = run_script("classification", tmp_path)
+    result, output = run_script("metrics_classification.py", tmp_path)
     assert_catalyst_numbers("classification", result)
     assert "valid: accuracy01=" in output and "f1/_macro=" in output  # the console shows Catalyst 22's names
     assert "metrics.AdditiveMetric(compute_on_call=...) (a host-side mean/std meter) is Catalyst 22's spelling" \
@@ -71,16 +71,16 @@ def test_readme_classification_with_accuracy_and_precision_recall_f1_support(tmp
 
 
 def test_multilabel_reads_activated_scores_without_a_second_sigmoid(tmp_path):
-    result, _ = run_script("multilabel", tmp_path)
+    result, _ = run_script("metrics_multilabel.py", tmp_path)
     assert_catalyst_numbers("multilabel", result)
 
 
 def test_functional_metrics_batch_transform_and_metric_aggregation(tmp_path):
-    result, _ = run_script("functional", tmp_path)
+    result, _ = run_script("metrics_functional.py", tmp_path)
     assert_catalyst_numbers("functional", result)
 
 
 def test_optuna_pruning_prunes_the_same_trial_and_returns_trial_best_score(tmp_path):
     pytest.importorskip("optuna")
-    result, _ = run_script("optuna", tmp_path)
+    result, _ = run_script("metrics_optuna.py", tmp_path)
     assert_catalyst_numbers("optuna", result)

@@ -68,7 +68,13 @@ class BatchTransformCallback(Callback):
         if missing:
             raise KeyError(f"BatchTransformCallback: runner.batch has no {missing}; it has {sorted(batch)}")
         outputs = self.transform(*(batch[k] for k in self.input_key))
-        batch.update(zip(self.output_key, (outputs,) if self._single else outputs))
+        if self._single:
+            outputs = (outputs,)
+        elif not isinstance(outputs, (tuple, list)) or len(outputs) != len(self.output_key):
+            raise TypeError(f"BatchTransformCallback(output_key={self.output_key}): the transform returned a "
+                            f"{type(outputs).__name__}, expected a tuple or list of {len(self.output_key)} value(s), "
+                            f"one per output key")
+        batch.update(zip(self.output_key, outputs))
 
     def on_batch_start(self, runner):
         if self.event == "on_batch_start":
