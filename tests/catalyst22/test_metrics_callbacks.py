@@ -67,9 +67,10 @@ def test_accuracy_callback_with_catalyst_22_arguments_logs_accuracy01(notes):
     {"input_key": "targets", "output_key": "logits", "num_classes": 4, "log_on_batch": True},
 ])
 def test_accuracy_arguments_of_20_12_and_22_together_are_refused_with_both_spellings(kwargs):
-    with pytest.raises(TypeError, match=r"\(Catalyst 20.12\) with .* \(Catalyst 22\): write AccuracyCallback\(input_key="
-                                        r"<target>, output_key=<model output>.*\(20.12\) or AccuracyCallback\("
-                                        r"input_key=<model output>, target_key=<target>.*\(22\), not a mix"):
+    with pytest.raises(TypeError, match=r"\(Catalyst 20.12\) with .* \(Catalyst 22\): write AccuracyCallback\("
+                                        r"input_key=<target>, output_key=<model output>.*\(20.12\) or "
+                                        r"AccuracyCallback\(input_key=<model output>, target_key=<target>.*\(22\), "
+                                        r"not a mix"):
         dl.AccuracyCallback(**kwargs)
 
 

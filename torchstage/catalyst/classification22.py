@@ -23,7 +23,7 @@ def _f1(precision: float, recall: float) -> float:
 
 
 class PrecisionRecallF1SupportMetric(AdditiveStateMetric):
-    """State ``[tp(C), fp(C), fn(C), support(C)]``, C classes known from the first batch.
+    """State ``[tp(C), fp(C), fn(C), support(C), samples]``, C classes known from the first batch.
 
     - ``multilabel=False``: outputs ``(N, C)`` scores (the prediction is their argmax) or ``(N,)`` class
       indices, targets ``(N,)`` class indices;
@@ -39,7 +39,7 @@ class PrecisionRecallF1SupportMetric(AdditiveStateMetric):
                              f"from the outputs), got {num_classes!r}")
         self.num_classes, self.multilabel, self.zero_division = num_classes, multilabel, zero_division
         self.per_class, self.suffix = bool(compute_per_class_metrics), suffix or ""
-        self._state_size = 4 * (num_classes or 0)  # else set by the first batch
+        self._state_size = 4 * (num_classes or 0) + 1  # else set by the first batch
         super().__init__(prefix or "")
 
     def _reset_state(self) -> None:
@@ -79,12 +79,22 @@ class PrecisionRecallF1SupportMetric(AdditiveStateMetric):
             self._classes = counts.shape[1]
         elif counts.shape[1] != self._classes:
             raise ValueError(f"{owner}: this batch has {counts.shape[1]} classes, earlier ones {self._classes}")
-        self._state_size = 4 * self._classes
-        self._add(counts.reshape(-1))
+        self._state_size = 4 * self._classes + 1
+        self._add(torch.cat([counts.reshape(-1), counts.new_full((1,), outputs.shape[0])]))
+
+    def _sync(self, engine) -> None:
+        if self.num_classes is None:  # the class count agreed first: a rank that saw no batch does not know it
+            width = torch.tensor([float(self._classes or 0)], dtype=torch.float64, device=engine.device)
+            self._classes = int(engine.all_reduce_(width, op="max").item()) or None
+            self._state_size = 4 * (self._classes or 0) + 1
+        super()._sync(engine)
 
     def _compute(self) -> Values:
         state = self._checked_state()
-        tp, fp, fn, support = np.asarray(state.tolist(), dtype=np.float64).reshape(4, -1)
+        counts = state.tolist()
+        if counts[-1] == 0:
+            raise self._empty_error()
+        tp, fp, fn, support = np.asarray(counts[:-1], dtype=np.float64).reshape(4, -1)
         zd = self.zero_division
         precision = np.array([_ratio(t, f, zd) for t, f in zip(tp, fp)])
         recall = np.array([_ratio(t, f, zd) for t, f in zip(tp, fn)])
@@ -94,7 +104,8 @@ class PrecisionRecallF1SupportMetric(AdditiveStateMetric):
         averages = {"_micro": (micro_p, micro_r, _f1(micro_p, micro_r)),
                     "_macro": (precision.mean(), recall.mean(), f1.mean()),
                     "_weighted": ((precision * weight).sum(), (recall * weight).sum(), (f1 * weight).sum())}
-        values = {f"{m}/{a}": v for a, triple in averages.items() for m, v in zip(("precision", "recall", "f1"), triple)}
+        values = {f"{m}/{a}": v for a, triple in averages.items()
+                  for m, v in zip(("precision", "recall", "f1"), triple)}
         if self.per_class:
             for m, per in zip(("precision", "recall", "f1", "support"), (precision, recall, f1, support)):
                 values.update({f"{m}/class_{i:02d}": v for i, v in enumerate(per)})
