@@ -89,7 +89,7 @@ def test_precision_recall_f1_support_equals_catalyst_22(notes):
            "Catalyst 22's spelling; torchstage's is PrecisionRecallF1Callback(" in notes.text
 
 
-def test_multilabel_callbacks_read_activated_outputs_as_catalyst_22():
+def test_multilabel_callbacks_read_activated_outputs_as_catalyst_22(caplog):
     values = evaluate([dl.MultilabelPrecisionRecallF1SupportCallback(input_key="features", target_key="targets",
                                                                      compute_per_class_metrics=True),
                        dl.MultilabelAccuracyCallback(input_key="features", target_key="targets", threshold=0.6),
@@ -100,6 +100,8 @@ def test_multilabel_callbacks_read_activated_outputs_as_catalyst_22():
     assert values["recall/class_00"] == pytest.approx(0.6666666666666667)
     assert values["f1/_macro"] == pytest.approx(0.6555508074435503, rel=1e-12)
     assert values["precision/_weighted"] == pytest.approx(0.75) and values["support/class_00"] == 3.0
+    assert "MultilabelPrecisionRecallF1SupportCallback: 1 outputs were neither 0 nor 1; as in Catalyst 22 only " \
+           "outputs equal to 1 count as predicted labels" in caplog.text
     assert values["accuracy"] == pytest.approx(0.75)  # Catalyst 22.04: (outputs > 0.6) == targets, no sigmoid
     assert values["high_accuracy"] == pytest.approx(8 / 12)
     sigmoid = evaluate([dl.MultiLabelAccuracyCallback(input_key="features", target_key="targets", threshold=0.8)],

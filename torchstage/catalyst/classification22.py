@@ -2,12 +2,15 @@
 Catalyst 22.04's formulas at loader end (its F1 has 1e-5 in the denominator), keys ``precision/_micro``,
 ``recall/_macro``, ``f1/_weighted`` and, with ``compute_per_class_metrics``, ``precision/class_00``...
 """
+import logging
+
 import numpy as np
 import torch
 
 from torchstage.metrics._inputs import _tensor
 from torchstage.metrics.base import AdditiveStateMetric, Values
 
+logger = logging.getLogger("torchstage")
 _AVERAGES = ("_micro", "_macro", "_weighted")
 
 
@@ -23,7 +26,7 @@ def _f1(precision: float, recall: float) -> float:
 
 
 class PrecisionRecallF1SupportMetric(AdditiveStateMetric):
-    """State ``[tp(C), fp(C), fn(C), support(C), samples]``, C classes known from the first batch.
+    """State ``[tp(C), fp(C), fn(C), support(C), samples, outputs neither 0 nor 1]``, C known from the first batch.
 
     - ``multilabel=False``: outputs ``(N, C)`` scores (the prediction is their argmax) or ``(N,)`` class
       indices, targets ``(N,)`` class indices;
@@ -38,8 +41,8 @@ class PrecisionRecallF1SupportMetric(AdditiveStateMetric):
             raise ValueError(f"PrecisionRecallF1SupportCallback: num_classes must be a positive int or None (taken "
                              f"from the outputs), got {num_classes!r}")
         self.num_classes, self.multilabel, self.zero_division = num_classes, multilabel, zero_division
-        self.per_class, self.suffix = bool(compute_per_class_metrics), suffix or ""
-        self._state_size = 4 * (num_classes or 0) + 1  # else set by the first batch
+        self.per_class, self.suffix, self._warned = bool(compute_per_class_metrics), suffix or "", False
+        self._state_size = 4 * (num_classes or 0) + 2  # else set by the first batch
         super().__init__(prefix or "")
 
     def _reset_state(self) -> None:
@@ -56,11 +59,13 @@ class PrecisionRecallF1SupportMetric(AdditiveStateMetric):
     def _update(self, outputs, targets) -> None:
         owner = type(self).__name__
         outputs, targets = _tensor(outputs, "outputs", owner), _tensor(targets, "targets", owner)
+        unread = None  # multi-label outputs that are neither 0 nor 1
         if self.multilabel:
             if outputs.ndim != 2 or targets.shape != outputs.shape:
                 raise ValueError(f"Multilabel{owner}: expects outputs and 0/1 targets of the same shape (N, C), got "
                                  f"outputs {tuple(outputs.shape)} and targets {tuple(targets.shape)}")
             predicted, actual = outputs == 1, targets == 1
+            unread = ((outputs != 0) & ~predicted).sum()  # counted as not predicted, as Catalyst 22 does
         else:
             width = self._classes
             if outputs.ndim == targets.ndim + 1:
@@ -79,22 +84,28 @@ class PrecisionRecallF1SupportMetric(AdditiveStateMetric):
             self._classes = counts.shape[1]
         elif counts.shape[1] != self._classes:
             raise ValueError(f"{owner}: this batch has {counts.shape[1]} classes, earlier ones {self._classes}")
-        self._state_size = 4 * self._classes + 1
-        self._add(torch.cat([counts.reshape(-1), counts.new_full((1,), outputs.shape[0])]))
+        self._state_size = 4 * self._classes + 2
+        extra = torch.stack([counts.new_tensor(outputs.shape[0]), counts.new_tensor(0) if unread is None else unread])
+        self._add(torch.cat([counts.reshape(-1), extra]))
 
     def _sync(self, engine) -> None:
         if self.num_classes is None:  # the class count agreed first: a rank that saw no batch does not know it
             width = torch.tensor([float(self._classes or 0)], dtype=torch.float64, device=engine.device)
             self._classes = int(engine.all_reduce_(width, op="max").item()) or None
-            self._state_size = 4 * (self._classes or 0) + 1
+            self._state_size = 4 * (self._classes or 0) + 2
         super()._sync(engine)
 
     def _compute(self) -> Values:
         state = self._checked_state()
         counts = state.tolist()
-        if counts[-1] == 0:
+        if counts[-2] == 0:
             raise self._empty_error()
-        tp, fp, fn, support = np.asarray(counts[:-1], dtype=np.float64).reshape(4, -1)
+        if counts[-1] and not self._warned:
+            self._warned = True
+            logger.warning("MultilabelPrecisionRecallF1SupportCallback: %d outputs were neither 0 nor 1; as in "
+                           "Catalyst 22 only outputs equal to 1 count as predicted labels. Give it 0/1 predictions "
+                           "(e.g. a BatchTransformCallback thresholding the scores)", int(counts[-1]))
+        tp, fp, fn, support = np.asarray(counts[:-2], dtype=np.float64).reshape(4, -1)
         zd = self.zero_division
         precision = np.array([_ratio(t, f, zd) for t, f in zip(tp, fp)])
         recall = np.array([_ratio(t, f, zd) for t, f in zip(tp, fn)])
