@@ -25,6 +25,7 @@ setup(
         "torchmetrics": ["torchmetrics>=1.0"],
         "torchdata": ["torchdata>=0.8"],
         "optuna": ["optuna>=3.4"],
+        "onnx": ["onnx>=1.14"],  # utils.onnx_export (Catalyst 22's): torch.onnx.export writes the file with it
     },
     entry_points={"console_scripts": ["torchstage=torchstage.cli:main"]},
     license="Apache-2.0",

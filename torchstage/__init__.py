@@ -1,4 +1,6 @@
 """torchstage: a callback-driven runner for PyTorch, from one process to a SLURM cluster."""
+import importlib
+
 from torchstage.callbacks.base import (Callback, CallbackOrder, CallbackScope, CancelBatch, CancelEpoch,
                                        CancelLoader, CancelRun, CancelStage)
 from torchstage.callbacks.checkpoints.checkpoint_saver import CheckpointCallback
@@ -14,6 +16,7 @@ from torchstage.callbacks.loggers.progress import ProgressBar
 from torchstage.callbacks.loggers.tensorboard import TensorBoardLogger
 from torchstage.callbacks.metrics.aggregation import MetricAggregationCallback
 from torchstage.callbacks.metrics.averaging import MetricsAveragingCallback
+from torchstage.callbacks.metrics.batch_transform import BatchTransformCallback
 from torchstage.callbacks.metrics.metric import (AccuracyCallback, AUCCallback, FunctionalMetricCallback,
                                                  MetricCallback, MultiLabelAccuracyCallback,
                                                  PrecisionRecallF1Callback)
@@ -60,7 +63,10 @@ del train_signature
 
 
 def __getattr__(name):
-    """Catalyst 20.12 names (``dl.CallbackNode``, ``utils.set_global_seed``...): torchstage's object, noted once."""
+    """Catalyst 20.12 names (``dl.CallbackNode``, ``utils.set_global_seed``...): torchstage's object, noted once;
+    Catalyst 22 names (``dl.PrecisionRecallF1SupportCallback``, ``utils.trace_model``...) from the compat layer."""
+    if name in _catalyst_names.CATALYST22_NAMES:
+        return getattr(importlib.import_module(_catalyst_names.CATALYST22_NAMES[name]), name)
     if name in _catalyst_names.MODULE_ALIASES:
         _catalyst_names.note_alias(f"torchstage.{name}", f"torchstage.{_catalyst_names.MODULE_ALIASES[name]}")
         return globals()[_catalyst_names.MODULE_ALIASES[name]]
@@ -80,5 +86,5 @@ __all__ = [
     "LoggerCallback", "MLflowLogger", "ProfilerCallback", "ThroughputMonitor",
     "TorchMetricsCallback", "EMACallback", "SWACallback", "WeightAveragingCallback", "OptunaPruningCallback", "tune",
     "LogdirLocked", "NonFiniteLossCallback", "NonFiniteLossError", "NonFiniteStateError",
-    "HangWatchdog", "EvenBatchesCallback", "UnevenBatchesError",
+    "HangWatchdog", "EvenBatchesCallback", "UnevenBatchesError", "BatchTransformCallback",
 ]

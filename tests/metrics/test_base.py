@@ -5,6 +5,7 @@ from torchstage import Engine
 from torchstage.metrics import (AccuracyMetric, AUCMetric, AverageMetric, FunctionalMetric, Metric,
                                 PrecisionRecallF1Metric)
 from tests.metrics.helpers import values
+from torchstage.catalyst.classification22 import PrecisionRecallF1SupportMetric
 
 
 def _cases(device="cpu"):
@@ -19,6 +20,10 @@ def _cases(device="cpu"):
 
     def ml(n):
         return torch.randn(n, 3, generator=g).to(device), torch.randint(0, 2, (n, 3), generator=g).to(device)
+
+    def ml01(n):  # 0/1 predictions, as Catalyst 22's multi-label metric reads them
+        preds = torch.randint(0, 2, (n, 3), generator=g).float()
+        return preds.to(device), torch.randint(0, 2, (n, 3), generator=g).to(device)
 
     def loss(n):
         return torch.rand((), generator=g).to(device), n
@@ -37,6 +42,8 @@ def _cases(device="cpu"):
         "auc_binary": (AUCMetric(), bi),
         "auc_multilabel": (AUCMetric(), ml),
         "auc_multiclass": (AUCMetric(), mc),
+        "prf22_multiclass": (PrecisionRecallF1SupportMetric(), mc),  # (support, a count, would double in a twin sync)
+        "prf22_multilabel": (PrecisionRecallF1SupportMetric(3, multilabel=True), ml01),
     }
 
 

@@ -7,6 +7,7 @@ target. In Catalyst 20.12 ``input_key`` named the target (a key of the batch) an
 output. Giving ``output_key`` selects 20.12's meaning; ``input_key`` alone keeps torchstage's, and an
 ``input_key`` that names the target itself (20.12's ``input_key="targets"``) is refused with both spellings.
 """
+from torchstage.catalyst.callback_args22 import accuracy22, default_topk
 from torchstage.catalyst.names import note_alias
 from torchstage.metrics import AccuracyMetric, FunctionalMetric, RenamedMetric
 
@@ -36,14 +37,14 @@ def resolve_keys(owner: str, input_key, target_key, output_key, catalyst: bool =
     return prediction, target
 
 
-def renamed_argument(owner: str, old: str, old_value, new: str, new_value, default=None):
-    """The value of torchstage's ``new=`` argument, or of Catalyst 20.12's ``old=`` name for it (noted once);
+def renamed_argument(owner: str, old: str, old_value, new: str, new_value, default=None, version: str = "20.12"):
+    """The value of torchstage's ``new=`` argument, or of Catalyst ``version``'s ``old=`` name for it (noted once);
     TypeError when both are given."""
     if old_value is None:
         return new_value
     if new_value != default:
-        raise TypeError(f"{owner}: give {new}=... or Catalyst 20.12's {old}=..., not both")
-    note_alias(f"{owner}({old}=...)", f"{owner}({new}=...)")
+        raise TypeError(f"{owner}: give {new}=... or Catalyst {version}'s {old}=..., not both")
+    note_alias(f"{owner}({old}=...)", f"{owner}({new}=...)", version=version)
     return old_value
 
 
@@ -124,12 +125,28 @@ def metric_args(owner: str, metric, input_key, target_key, loaders, metric_fn, o
 
 
 def accuracy_callback_args(topk, prefix, input_key, target_key, output_key, num_classes, accuracy_args_, topk_args,
-                  torchstage_metric) -> tuple:
+                           suffix, log_on_batch, torchstage_metric) -> tuple:
     """``(metric, prediction key, target key)`` of an AccuracyCallback: ``torchstage_metric()`` with torchstage's
-    keys, or Catalyst 20.12's ``num_classes=, accuracy_args=[1, 3]`` metric (``accuracy01``, ``accuracy03``)."""
-    catalyst = any(v is not None for v in (num_classes, accuracy_args_, topk_args, output_key))
-    metric = catalyst_accuracy(topk, prefix, num_classes, accuracy_args_, topk_args) if catalyst else torchstage_metric()
-    return (metric, *resolve_keys("AccuracyCallback", input_key, target_key, output_key, catalyst))
+    keys; Catalyst 20.12's ``num_classes=, accuracy_args=[1, 3]`` or Catalyst 22's ``target_key=, num_classes=``
+    (``suffix=``, ``log_on_batch=``) metric, both named ``accuracy01``, ``accuracy03``. The arguments given pick
+    the version: ``output_key``/``accuracy_args``/``topk_args`` exist only in 20.12, ``target_key`` with
+    ``num_classes`` and ``suffix``/``log_on_batch`` only in 22; a mix is refused with both spellings."""
+    given20 = [n for n, v in (("output_key", output_key), ("accuracy_args", accuracy_args_),
+                              ("topk_args", topk_args)) if v is not None]
+    given22 = [n for n, v in (("suffix", suffix), ("log_on_batch", log_on_batch)) if v is not None]
+    if num_classes is not None and target_key is not None:
+        given22.insert(0, "target_key with num_classes")
+    if given20 and given22:
+        raise TypeError(f"AccuracyCallback: {', '.join(given20)} (Catalyst 20.12) with {', '.join(given22)} (Catalyst "
+                        f"22): write AccuracyCallback(input_key=<target>, output_key=<model output>, num_classes=...,"
+                        f" accuracy_args=[1, 3]) (20.12) or AccuracyCallback(input_key=<model output>, "
+                        f"target_key=<target>, num_classes=..., topk=(1, 3)) (22), not a mix")
+    if given22:
+        return (accuracy22(topk, num_classes, prefix, suffix), input_key or "logits", target_key or "targets")
+    if given20 or num_classes is not None:
+        metric = catalyst_accuracy(topk, prefix, num_classes, accuracy_args_, topk_args)
+        return (metric, *resolve_keys("AccuracyCallback", input_key, target_key, output_key, catalyst=True))
+    return (torchstage_metric(), *resolve_keys("AccuracyCallback", input_key, target_key, output_key))
 
 
 def catalyst_metric_args(metric, input_key, target_key, loaders, metric_fn, output_key, prefix, multiplier,
@@ -165,12 +182,10 @@ def catalyst_metric_args(metric, input_key, target_key, loaders, metric_fn, outp
 
 def catalyst_accuracy(topk, prefix: str, num_classes, accuracy_args, topk_args):
     """Catalyst 20.12's ``AccuracyCallback(num_classes=, accuracy_args=[1, 3])``: ``accuracy01``, ``accuracy03``."""
-    if tuple(topk) != (1,):
+    if topk is not None:
         raise TypeError("AccuracyCallback: give topk=... or Catalyst 20.12's accuracy_args/topk_args/num_classes, "
                         "not both")
-    ks = topk_args or accuracy_args
-    if ks is None:
-        ks = [1] + [k for k in (3, 5) if num_classes is not None and num_classes > k]
+    ks = topk_args or accuracy_args or default_topk(num_classes)
     note_alias("AccuracyCallback(accuracy_args=..., num_classes=...)", "AccuracyCallback(topk=(1, 3), ...)")
     prefix = prefix or "accuracy"
     return RenamedMetric(AccuracyMetric(topk=tuple(ks)),

@@ -21,6 +21,15 @@ MODULE_ALIASES = {
     "BatchMetricCallback": "MetricCallback",
 }
 
+#: Catalyst 22 names with no torchstage object of their own -> the compat module defining them (imported on first
+#: use; each notes torchstage's spelling once when built or called).
+CATALYST22_NAMES = {
+    **dict.fromkeys(("PrecisionRecallF1SupportCallback", "MultilabelAccuracyCallback",
+                     "MultilabelPrecisionRecallF1SupportCallback"), "torchstage.catalyst.metric_callbacks22"),
+    **dict.fromkeys(("trace_model", "quantize_model", "prune_model", "onnx_export"),
+                    "torchstage.catalyst.model_utils"),
+}
+
 #: Catalyst 20.12 enum members (lower-case or renamed) -> torchstage member name.
 _MEMBERS = {
     "CallbackOrder": {"internal": "Internal", "metric": "Metric", "metric_aggregation": "MetricAggregation",
@@ -49,14 +58,14 @@ def is_main_process() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
-def note_alias(old: str, preferred: str) -> None:
-    """Log once per process (main rank only) that ``old`` is Catalyst 20.12's spelling of ``preferred``."""
+def note_alias(old: str, preferred: str, version: str = "20.12") -> None:
+    """Log once per process (main rank only) that ``old`` is Catalyst ``version``'s spelling of ``preferred``."""
     if old in _noted:
         return
     _noted.add(old)
     if is_main_process():
         ensure_console_handler()
-        logger.info("note: %s is Catalyst 20.12's spelling; torchstage's is %s", old, preferred)
+        logger.info("note: %s is Catalyst %s's spelling; torchstage's is %s", old, version, preferred)
 
 
 def enum_alias(enum, name: str):

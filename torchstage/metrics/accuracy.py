@@ -4,10 +4,10 @@ from typing import Sequence, Union
 import torch
 
 from torchstage.metrics._inputs import binary_inputs, binary_predictions, check_threshold, multiclass_inputs
-from torchstage.metrics.base import AdditiveMetric, Values
+from torchstage.metrics.base import AdditiveStateMetric, Values
 
 
-class AccuracyMetric(AdditiveMetric):
+class AccuracyMetric(AdditiveStateMetric):
     """Fraction of samples predicted right; state ``[correct@k for k in topk] + [total]``.
 
     The mode follows each batch's shape:

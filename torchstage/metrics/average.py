@@ -4,12 +4,12 @@ from typing import Callable, Optional, Union
 
 import torch
 
-from torchstage.metrics.base import AdditiveMetric, Values
+from torchstage.metrics.base import AdditiveStateMetric, Values
 
 Number = Union[int, float]
 
 
-class _WeightedMean(AdditiveMetric):
+class _WeightedMean(AdditiveStateMetric):
     """State ``[sum(value * count), sum(count)]``; compute gives ``{name: sum / count}``."""
 
     _state_size = 2

@@ -92,7 +92,7 @@ class Metric(ABC):
                           "(no update() since reset(), or only empty batches)")
 
 
-class AdditiveMetric(Metric):
+class AdditiveStateMetric(Metric):
     """A metric whose whole state is one float64 vector of sums and counts: one all-reduce syncs it.
 
     Subclasses call ``_add(vector)`` or write ``_state_like(ref)[i] += x`` in ``_update`` and read

@@ -2,12 +2,12 @@
 import torch
 
 from torchstage.metrics._inputs import _tensor, check_threshold
-from torchstage.metrics.base import AdditiveMetric, Values
+from torchstage.metrics.base import AdditiveStateMetric, Values
 
 _ACTIVATIONS = ("sigmoid", "softmax", "none")
 
 
-class MultiLabelAccuracyMetric(AdditiveMetric):
+class MultiLabelAccuracyMetric(AdditiveStateMetric):
     """Outputs ``(N, K)`` scores and 0/1 targets ``(N, K)``: label k of sample n is predicted present iff
     ``activation(outputs)[n, k] > threshold``; the result is the share of the N*K pairs predicted right.
 

@@ -4,7 +4,7 @@ from typing import Optional
 import torch
 
 from torchstage.metrics._inputs import binary_inputs, binary_predictions, check_threshold, multiclass_inputs
-from torchstage.metrics.base import AdditiveMetric, Values
+from torchstage.metrics.base import AdditiveStateMetric, Values
 
 
 def _safe_div(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
@@ -12,7 +12,7 @@ def _safe_div(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
     return torch.where(den > 0, num / torch.where(den > 0, den, torch.ones_like(den)), torch.zeros_like(num))
 
 
-class PrecisionRecallF1Metric(AdditiveMetric):
+class PrecisionRecallF1Metric(AdditiveStateMetric):
     """Precision, recall and F1; state ``[tp(C), predicted(C), actual(C), n]`` (C=1 in binary mode).
 
     - binary (``num_classes=None``): outputs ``(N,)``/``(N, 1)``, targets 0/1; predicted positive iff

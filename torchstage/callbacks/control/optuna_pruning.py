@@ -6,6 +6,7 @@ decision is broadcast, so every rank stops after the same epoch.
 import logging
 
 from torchstage.callbacks.base import Callback, CallbackOrder, CancelRun
+from torchstage.catalyst.callback_args import renamed_argument
 
 logger = logging.getLogger("torchstage")
 
@@ -15,13 +16,27 @@ class OptunaPruningCallback(Callback):
 
     ``loader``/``metric`` default to the run's ``valid_loader``/``valid_metric``. When the pruner says
     so, the run ends after that epoch (its checkpoints written) and ``train()`` raises
-    ``optuna.TrialPruned``. ``best`` holds the best reported value (the objective of the trial).
+    ``optuna.TrialPruned``. ``best`` holds the best reported value (the objective of the trial), also set as
+    ``trial.best_score`` at each report. ``minimize`` defaults to ``minimize_valid_metric``; a value counts as
+    better when it beats the best by more than ``min_delta``.
+    Catalyst 22's ``OptunaPruningCallback(trial, loader_key, metric_key, minimize, min_delta=1e-6)`` also works.
     """
 
     order = CallbackOrder.External
 
-    def __init__(self, trial=None, loader: str = None, metric: str = None):
+    def __init__(self, trial=None, loader: str = None, metric: str = None, minimize: bool = None,
+                 min_delta: float = None, *, loader_key: str = None, metric_key: str = None):
+        catalyst22 = loader_key is not None or metric_key is not None
+        owner = "OptunaPruningCallback"
+        loader = renamed_argument(owner, "loader_key", loader_key, "loader", loader, version="22")
+        metric = renamed_argument(owner, "metric_key", metric_key, "metric", metric, version="22")
+        min_delta = (1e-6 if catalyst22 else 0.0) if min_delta is None else min_delta
+        if isinstance(min_delta, bool) or not isinstance(min_delta, (int, float)) or min_delta < 0:
+            raise ValueError(f"OptunaPruningCallback: min_delta must be a number >= 0, got {min_delta!r}")
+        if minimize is not None and not isinstance(minimize, bool):
+            raise TypeError(f"OptunaPruningCallback: minimize must be True, False or None, got {minimize!r}")
         self.trial, self.loader, self.metric = trial, loader, metric
+        self.minimize, self.min_delta = minimize, min_delta
         self.best, self.pruned_at = None, None
 
     def needs(self, stage) -> tuple:
@@ -36,12 +51,18 @@ class OptunaPruningCallback(Callback):
         if metrics is None:
             return  # validation did not run this epoch
         value, step = metrics[metric], runner.global_epoch_step
-        better = (lambda a, b: a < b) if runner.minimize_valid_metric else (lambda a, b: a > b)
+        minimize = runner.minimize_valid_metric if self.minimize is None else self.minimize
+        delta = self.min_delta
+        if delta:  # Catalyst 22's comparison
+            better = (lambda a, b: a <= b - delta) if minimize else (lambda a, b: a >= b + delta)
+        else:
+            better = (lambda a, b: a < b) if minimize else (lambda a, b: a > b)
         if self.best is None or better(value, self.best):
             self.best = value
         prune = None
         if self.trial is not None and runner.engine.is_main:
             self.trial.report(value, step)
+            self.trial.best_score = self.best  # Catalyst 22's objective reads it
             prune = self.trial.should_prune()
         prune = runner.engine.broadcast_object(prune)  # the main rank decides for all
         if prune:
@@ -55,3 +76,4 @@ class OptunaPruningCallback(Callback):
         if self.pruned_at is not None:
             import optuna  # an optional extra: pip install torchstage[optuna]
             raise optuna.TrialPruned(f"pruned after epoch {self.pruned_at}")
+

@@ -3,7 +3,8 @@ import torch
 
 from torchstage.callbacks.base import Callback, CallbackOrder
 from torchstage.catalyst.callback_args import accuracy_callback_args, metric_args, resolve_keys
-from torchstage.metrics import (AccuracyMetric, AUCMetric, FunctionalMetric, Metric, MultiLabelAccuracyMetric,
+from torchstage.catalyst.callback_args22 import functional_metric_args
+from torchstage.metrics import (AccuracyMetric, AUCMetric, Metric, MultiLabelAccuracyMetric,
                                 PrecisionRecallF1Metric)
 
 
@@ -71,13 +72,17 @@ class MetricCallback(Callback):
 
 
 class AccuracyCallback(MetricCallback):
-    """Top-k accuracy (multi-class logits) or thresholded binary accuracy: ``accuracy``, ``accuracy_top{k}``."""
+    """Top-k accuracy (multi-class logits) or thresholded binary accuracy: ``accuracy``, ``accuracy_top{k}``
+    (``topk`` default ``(1,)``). Catalyst 20.12's and 22's arguments also work: see
+    :func:`~torchstage.catalyst.callback_args.accuracy_callback_args`."""
 
-    def __init__(self, input_key=None, target_key=None, topk=(1,), threshold=0.5, from_logits=True,
-                 prefix="", loaders=None, *, output_key=None, num_classes=None, accuracy_args=None, topk_args=None):
-        metric, input_key, target_key = accuracy_callback_args(  # Catalyst 20.12's spelling translated
-            topk, prefix, input_key, target_key, output_key, num_classes, accuracy_args, topk_args,
-            lambda: AccuracyMetric(topk=topk, threshold=threshold, from_logits=from_logits, prefix=prefix))
+    def __init__(self, input_key=None, target_key=None, topk=None, threshold=0.5, from_logits=True,
+                 prefix="", loaders=None, *, output_key=None, num_classes=None, accuracy_args=None, topk_args=None,
+                 suffix=None, log_on_batch=None):
+        metric, input_key, target_key = accuracy_callback_args(  # Catalyst 20.12's and 22's spellings translated
+            topk, prefix, input_key, target_key, output_key, num_classes, accuracy_args, topk_args, suffix,
+            log_on_batch, lambda: AccuracyMetric(topk=topk or (1,), threshold=threshold, from_logits=from_logits,
+                                                 prefix=prefix))
         super().__init__(metric, input_key, target_key, loaders)
 
 
@@ -112,7 +117,14 @@ class AUCCallback(MetricCallback):
 
 
 class FunctionalMetricCallback(MetricCallback):
-    """Any ``fn(outputs, targets) -> tensor`` (a batch mean), averaged over the loader by batch size."""
+    """Any ``fn(outputs, targets) -> tensor`` (a batch mean), averaged over the loader by batch size, as ``name``.
 
-    def __init__(self, fn, name: str, input_key="logits", target_key="targets", prefix="", loaders=None):
-        super().__init__(FunctionalMetric(fn, name=name, prefix=prefix), input_key, target_key, loaders)
+    Catalyst 22's ``FunctionalMetricCallback(input_key, target_key, metric_fn, metric_key, prefix=, suffix=)``
+    also works (by position or by name)."""
+
+    def __init__(self, fn=None, name: str = None, input_key=None, target_key=None, prefix="", loaders=None, *,
+                 metric_fn=None, metric_key: str = None, suffix: str = None, compute_on_call: bool = True,
+                 log_on_batch: bool = True):
+        metric, input_key, target_key = functional_metric_args(  # Catalyst 22's spelling translated
+            fn, name, input_key, target_key, metric_fn, metric_key, prefix, suffix)
+        super().__init__(metric, input_key, target_key, loaders)
