@@ -1,11 +1,12 @@
 """The cost of torch's Flight Recorder (on by default: ``TORCH_FR_BUFFER_SIZE`` 2000) per collective, which the
 diagnosis of a failed run reads: the same 2-process gloo runs with the recorder on (torch's default) and off
-(``TORCH_FR_BUFFER_SIZE=0``), alternating, each a fresh ``torchrun``.
+(``TORCH_FR_BUFFER_SIZE=0``), alternating, each a fresh ``torchrun`` of ``--nproc`` gloo processes (2; 1 measures
+the recording alone, without the scheduling noise of two processes sharing cores).
 
 Each run times ``--calls`` all-reduces of 4 floats (the size of torchstage's own agreements), then ``--steps``
 DDP steps of a small MLP (the tutorial's scale: one bucket all-reduce per step). Prints the median per call and
 per step of each setting and their ratio.
-Usage: python scripts/bench/flight_recorder.py [--rounds 7] [--calls 2000] [--steps 300]
+Usage: python scripts/bench/flight_recorder.py [--nproc 2] [--rounds 7] [--calls 2000] [--steps 300]
 """
 import argparse
 import json
@@ -52,6 +53,7 @@ def worker(calls: int, steps: int, out: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--steps", type=int, default=300)
@@ -68,7 +70,7 @@ def main() -> None:
                 if size is not None:
                     env["TORCH_FR_BUFFER_SIZE"] = size
                 out = os.path.join(tmp, "result.json")
-                subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.nproc),
                                 os.path.abspath(__file__), "--worker", out, "--calls", str(args.calls),
                                 "--steps", str(args.steps)], env=env, check=True, capture_output=True, timeout=600)
                 with open(out) as f:
@@ -80,7 +82,8 @@ def main() -> None:
     for name, m in medians.items():
         print(f"{name:32s} all_reduce(4 floats) {m['call'] * 1e6:8.1f} us   DDP step {m['step'] * 1e6:8.1f} us")
     print(f"on/off ratio: per call {on['call'] / off['call']:.3f}, per step {on['step'] / off['step']:.3f} "
-          f"(+{(on['call'] - off['call']) * 1e6:.1f} us per call; medians of {args.rounds} alternating runs)")
+          f"(+{(on['call'] - off['call']) * 1e6:.1f} us per call; medians of {args.rounds} alternating runs of "
+          f"{args.nproc} process(es))")
 
 
 if __name__ == "__main__":
