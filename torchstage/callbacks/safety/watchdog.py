@@ -30,6 +30,11 @@ HANG_EXIT_CODE = 124
 #: The process group's collective timeout is ``hang_timeout`` plus this: the watchdog, which names the rank
 #: and shows its stack, speaks first; the group's timeout ends collectives no watchdog watches.
 GROUP_TIMEOUT_MARGIN = 60.0
+#: Firing ranks that read every rank's state from the store: rank 0 and the first few stopped outside a
+#: collective (the ones the others wait for). The rest report only themselves: with thousands of ranks, each
+#: reading every other's state would be N² reads of one store.
+FULL_REPORTS = 4
+_REPORTERS = "torchstage/watchdog/reporters"
 _BEAT, _FIRED, _COLLECTIVES = ("torchstage/watchdog/beat{}", "torchstage/watchdog/fired{}",
                                "torchstage/watchdog/collectives{}")
 
@@ -131,9 +136,12 @@ class HangWatchdog(Callback):
             pause = min(1.0, self.timeout / 2)
         if stop.wait(pause):
             return
-        ranks = _read_all(store, world_size)
+        full = rank == 0 or (not mine["waiting"] and _report_slot(store))
+        ranks = _read_all(store, world_size) if full else {}
         ranks[rank] = mine
-        compared = first_difference(_read_collectives(store, world_size, deadline=time.monotonic() + 2 * interval))
+        compared = (first_difference(_read_collectives(store, world_size, deadline=time.monotonic() + 2 * interval))
+                    if full else [f"(rank {rank} waits for a peer and reports only itself; rank 0's report and that of "
+                                  f"a rank stopped outside any collective list every rank)"])
         report = hang_report(rank, self.timeout, ranks, traceback.format_stack(frame) if frame else [], HANG_EXIT_CODE,
                              compared)
         state = f"waiting in {mine['waiting']}" if mine["waiting"] else f"stopped in {mine['frame']}"
@@ -161,6 +169,14 @@ def _publish(store, key: str, info: dict) -> None:
             store.set(key, json.dumps(info))
         except Exception:
             pass
+
+
+def _report_slot(store) -> bool:
+    """True for the first :data:`FULL_REPORTS` ranks that ask (one atomic add on the store; True without one)."""
+    try:
+        return store is None or store.add(_REPORTERS, 1) <= FULL_REPORTS
+    except Exception:
+        return True
 
 
 def _read_collectives(store, world_size: int, deadline: float) -> dict:
