@@ -49,14 +49,14 @@ def is_main_process() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
-def note_alias(old: str, preferred: str) -> None:
-    """Log once per process (main rank only) that ``old`` is Catalyst 20.12's spelling of ``preferred``."""
+def note_alias(old: str, preferred: str, version: str = "20.12") -> None:
+    """Log once per process (main rank only) that ``old`` is Catalyst ``version``'s spelling of ``preferred``."""
     if old in _noted:
         return
     _noted.add(old)
     if is_main_process():
         ensure_console_handler()
-        logger.info("note: %s is Catalyst 20.12's spelling; torchstage's is %s", old, preferred)
+        logger.info("note: %s is Catalyst %s's spelling; torchstage's is %s", old, version, preferred)
 
 
 def enum_alias(enum, name: str):

@@ -49,7 +49,7 @@ def prepare(runner, spec, world: World = None) -> None:
     here, every user error is raised here."""
     ensure_console_handler()
     runner.spec = spec
-    runner.engine = run_engine(runner.engine, world or World(), spec)
+    runner.engine = run_engine(spec.engine or runner.engine, world or World(), spec)
     set_seed(spec.seed + runner.engine.rank, spec.deterministic)
     runner.model = spec.model
     for stage in spec.stage_specs:
