@@ -11,9 +11,14 @@ class IRunner(Runner):
     ``get_scheduler(optimizer)``, ``get_callbacks()``, the ``num_epochs``, ``seed`` and ``hparams`` properties;
     then ``runner.run()``. The seed is set before the loaders and again before the other parts are made, as
     Catalyst did. torchstage's spelling is ``Runner.train(model=..., loaders=..., ...)``.
+
+    On an IRunner, a class only Catalyst 22 scripts use, ``runner.batch_step`` has Catalyst 22's meaning (the
+    batches of every loader so far in the run) and ``runner.loader_batch_step`` is the batch within the loader
+    (counted from 1); on other runners ``batch_step`` is torchstage's batch within the loader.
     """
 
     _catalyst_epochs = 1
+    catalyst22_batch_step = True
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -24,6 +29,16 @@ class IRunner(Runner):
     def __init__(self, model=None, engine=None):
         super().__init__(model=model, engine=engine)
         self._running = False
+
+    @property
+    def batch_step(self) -> int:
+        """Catalyst 22's: batches of every loader so far in this process's run (``runner.loop.run_batch_step``)."""
+        return self.loop.run_batch_step
+
+    @property
+    def loader_batch_step(self) -> int:
+        """Catalyst 22's: the batch within the current loader, counted from 1 (torchstage's ``loop.batch_step``)."""
+        return self.loop.batch_step
 
     @property
     def seed(self) -> int:

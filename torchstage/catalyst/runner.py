@@ -1,6 +1,6 @@
 """Catalyst 20.12 on the runner: its attribute names, its ``_handle_batch(batch)`` override point, its flat epoch
 metric keys and its ``train()`` argument names (``fp16``, ``main_metric``...), each mapped to torchstage's with a
-one-time note.
+one-time note; also Catalyst 22's attribute names (``epoch_step``, ``sample_step``, ``loader_batch_len``).
 """
 from torchstage.catalyst.names import note_alias
 from torchstage.strategies.engine import Engine
@@ -71,8 +71,8 @@ def flat_epoch_metric(metrics: dict, key):
 class _Alias:
     """A Catalyst 20.12 runner attribute: reads torchstage's value (noting its name once); assignable."""
 
-    def __init__(self, preferred: str, read):
-        self.preferred, self.read = preferred, read
+    def __init__(self, preferred: str, read, version: str = "20.12"):
+        self.preferred, self.read, self.version = preferred, read, version
 
     def __set_name__(self, owner, name):
         self.name = name
@@ -82,7 +82,7 @@ class _Alias:
             return self
         if self.name in runner.__dict__:
             return runner.__dict__[self.name]
-        note_alias(f"runner.{self.name}", self.preferred)
+        note_alias(f"runner.{self.name}", self.preferred, self.version)
         return self.read(runner)
 
     def __set__(self, runner, value):
@@ -114,7 +114,7 @@ class CatalystAttributes:
     device = _Alias("runner.engine.device", lambda r: _engine(r).device)
     global_epoch = _Alias("runner.global_epoch_step", lambda r: r.global_epoch_step)
     loader_name = _Alias("runner.loader_key", lambda r: r.loader_key)
-    loader_batch_step = _Alias("runner.batch_step (counted from 1)", lambda r: r.batch_step - 1)
+    loader_batch_step = _Alias("runner.batch_step (counted from 1)", lambda r: r.loop.batch_step - 1)
     loader_len = _Alias("len(runner.loader)", lambda r: len(r.loader))
     stage = _Alias("runner.stage_key", lambda r: r.stage_key)
     stage_name = _Alias("runner.stage_key", lambda r: r.stage_key)
@@ -129,6 +129,12 @@ class CatalystAttributes:
     is_distributed_worker = _Alias("not runner.engine.is_main", lambda r: not _engine(r).is_main)
     is_check_run = _Alias("runner.spec.check", lambda r: r.spec.check)
     state = _Alias("runner", lambda r: r)
+    # Catalyst 22's names (runner.batch_step keeps torchstage's meaning, the batch within the loader, except on
+    # dl.IRunner: see torchstage.catalyst.irunner)
+    epoch_step = _Alias("runner.global_epoch_step", lambda r: r.global_epoch_step, version="22")
+    sample_step = _Alias("runner.loop.run_sample_step (every loader's samples so far)",
+                         lambda r: r.loop.run_sample_step, version="22")
+    loader_batch_len = _Alias("len(runner.loader)", lambda r: len(r.loader), version="22")
     need_early_stop = property(lambda r: False, _early_stop)
 
 

@@ -7,6 +7,7 @@ methods did before a subclass's code; its end method runs after every callback b
 what it writes (``runner.loader_metrics[...] = ...``) reaches the loggers, as it reached Catalyst's own logging.
 """
 from torchstage.callbacks.base import CallbackOrder
+from torchstage.catalyst.names import note_alias
 
 #: Events whose runner method runs before the callbacks (after the bookkeeping ones).
 STARTS = frozenset({"on_experiment_start", "on_stage_start", "on_epoch_start", "on_loader_start", "on_batch_start"})
@@ -15,6 +16,9 @@ STARTS = frozenset({"on_experiment_start", "on_stage_start", "on_epoch_start", "
 class RunnerHooks:
     """The no-op event methods of a runner, each an override point called with the runner itself (Catalyst 22's
     signature ``on_loader_end(self, runner)``); ``super().on_loader_end(runner)`` works in an override."""
+
+    #: True where ``runner.batch_step`` has Catalyst 22's meaning (``dl.IRunner``), not torchstage's
+    catalyst22_batch_step = False
 
     def on_experiment_start(self, runner): pass
     def on_stage_start(self, runner): pass
@@ -30,9 +34,19 @@ class RunnerHooks:
 
 
 def overridden_hooks(runner) -> dict:
-    """Event -> the runner's bound method, for each event method that ``runner``'s class overrides."""
+    """Event -> the runner's bound method, for each event method that ``runner``'s class overrides.
+
+    Such a runner is written in Catalyst's style, where ``runner.batch_step`` counted the batches of the whole run:
+    a one-time note says that it is the batch within the loader here (``dl.IRunner`` keeps Catalyst 22's meaning).
+    """
     cls = type(runner)
-    return {event: getattr(runner, event) for event in _EVENTS if getattr(cls, event) is not getattr(RunnerHooks, event)}
+    hooks = {event: getattr(runner, event) for event in _EVENTS
+             if getattr(cls, event) is not getattr(RunnerHooks, event)}
+    if hooks and not cls.catalyst22_batch_step and not cls.__module__.startswith("torchstage."):
+        note_alias("runner.batch_step in a runner with its own on_* methods (Catalyst 22: the batches of the whole "
+                   "run)", "runner.loop.run_batch_step; runner.batch_step is the batch within the current loader",
+                   version="22")
+    return hooks
 
 
 def with_runner_hooks(event: str, active: list, hooks: dict) -> list:

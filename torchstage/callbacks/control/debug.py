@@ -107,7 +107,7 @@ class CheckRunCallback(Callback):
         self.num_epochs, self.num_batch_steps = num_epochs, num_batch_steps
 
     def on_batch_end(self, runner):
-        if self.num_batch_steps is not None and runner.batch_step >= self.num_batch_steps:
+        if self.num_batch_steps is not None and runner.loop.batch_step >= self.num_batch_steps:
             raise CancelLoader()
 
     def on_experiment_start(self, runner):

@@ -84,7 +84,7 @@ class OptimizerCallback(Callback):
         if not runner.is_train_loader or self._step_only:
             return
         if self._pending == 0 and self._length is not None:  # a group's first batch: how many it will hold
-            self._group = min(self.accumulation_steps, self._length - runner.batch_step + 1)
+            self._group = min(self.accumulation_steps, self._length - runner.loop.batch_step + 1)
         if self._pending + 1 < self._group:
             # DDP decides at forward time whether the backward syncs, so the context spans the batch.
             self._no_sync = self._strategy.no_sync(runner.model)
