@@ -11,6 +11,7 @@ from torchstage.files.lock import LogdirLock
 from torchstage.files.writer import FileWriter
 from torchstage.launch.failures import record_failure, record_stop
 from torchstage.named import map_named
+from torchstage.rng import set_seed
 from torchstage.runner import export, inference
 from torchstage.runner.defaults import default_callbacks
 from torchstage.runner.loop_state import LoopState, expose_loop_state
@@ -115,8 +116,13 @@ class Runner(CatalystAttributes, RunnerHooks):
         """One pass of ``handle_batch`` and ``callbacks`` over inference ``loaders`` (eval mode, no grad)."""
         return export.infer(self, model=model, loaders=loaders, callbacks=callbacks, resume=resume, **unsupported)
 
-    def evaluate_loader(self, loader, callbacks=None, criterion=None) -> dict:
-        """The loader metrics of one pass over ``loader`` without training (loss with ``criterion`` or the runner's)."""
+    def evaluate_loader(self, loader, callbacks=None, criterion=None, *, model=None, seed: int = None) -> dict:
+        """The loader metrics of one pass over ``loader`` without training (loss with ``criterion`` or the runner's);
+        ``model=`` replaces the runner's model first and ``seed=`` seeds the pass (both Catalyst 22's arguments)."""
+        if model is not None:
+            export.use_model(self, model, None, "evaluate_loader")
+        if seed is not None:
+            set_seed(seed)
         return inference.evaluate_loader(self, loader, callbacks=callbacks, criterion=criterion)
 
     def get_default_callbacks(self, spec: TrainSpec) -> dict:

@@ -187,10 +187,12 @@ def _check_stage(runner, stage: StageSpec) -> None:
         names = dataset_loader_names(stage.datasets, prefix)
     if names is not None:  # None: a get_datasets_fn, checked once it has run (still before training)
         check_loader_names(stage, names)
-    if runner.requires:
+    trains = names is None or any(str(name).startswith("train") for name in names)
+    if runner.requires and trains:  # a stage of evaluation loaders only needs no optimizer (as in Catalyst 22)
         for name in runner.requires:
             if getattr(stage, name) is None:
-                raise ValueError(f"{prefix}{type(runner).__name__} needs {name}=...; got {name}=None")
+                raise ValueError(f"{prefix}{type(runner).__name__} needs {name}=...; got {name}=None (a stage "
+                                 f"whose loaders are all evaluation loaders, not 'train*', needs none)")
     if stage.callbacks is not None and not isinstance(stage.callbacks, (list, tuple, Mapping)):
         raise TypeError(f"{prefix}callbacks must be a list or a dict name -> Callback, "
                         f"got {type(stage.callbacks).__name__}")

@@ -60,7 +60,7 @@ class OptimizerCallback(Callback):
 
     def on_stage_start(self, runner):
         self._optimizer_now = self._optimizer(runner)
-        if self._optimizer_now is None:
+        if self._optimizer_now is None and any(key.startswith("train") for key in runner.loaders):
             raise ValueError(f"stage {runner.stage_key!r} has no optimizer; pass optimizer=... to train()")
         self._strategy = strategy = runner.engine.strategy
         self._backward = strategy.backward  # bound once: it runs every train batch
