@@ -144,7 +144,7 @@ def test_catalyst22_checkpoint_callback_judges_by_its_own_metric_in_the_folder_g
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"period": "valid"}, r"second argument is torchstage's period .*loader_key must be given by name"),
+    ({"period": "valid"}, r"period must be Batch\(n\), Epoch\(n\).*CheckpointCallback\(logdir, loader_key=\.\.\.,"),
     ({"loader_key": "valid", "metric_key": "loss"}, r"needs minimize=True or False"),
     ({"loader_key": "valid"}, r"give loader_key and metric_key together"),
     ({"resume_model": "x.pth"}, r"train\(resume='path/to/last.pth'\)"),
@@ -210,3 +210,21 @@ def test_evaluate_loader_takes_catalyst22s_model_argument():
     trained = runner.evaluate_loader(loader, model=model)["loss"]
     untrained = runner.evaluate_loader(loader, model=other, seed=1)["loss"]
     assert runner.model is other and untrained != trained
+
+
+def test_check_and_overfit_switches_say_how_they_differ_from_catalyst(caplog):
+    """train(check=True) and train(overfit=True) keep torchstage's counts (a smoke run, a one-batch epoch) and say
+    what Catalyst 22 ran and how to get it; with those callbacks the counts are Catalyst's."""
+    with caplog.at_level(logging.INFO, logger="torchstage"):
+        fit(check=True, num_epochs=5)
+        fit(overfit=True)
+    assert "check=True: 2 epoch(s) x 2 batch(es) per loader; Catalyst 22's check=True ran 3 epochs x 3 batches, " \
+           "20.12's 2 x 3" in caplog.text
+    assert "overfit=True: the first 1 batch(es) of each loader, the same ones once per epoch; Catalyst 22's " \
+           "overfit=True repeated the first batch for each loader's whole length" in caplog.text
+    runner = dl.SupervisedRunner()
+    fit(runner, num_epochs=5, callbacks=[dl.CheckRunCallback(num_batch_steps=3, num_epoch_steps=3)])
+    assert (runner.epoch, runner.global_batch_step) == (3, 9)
+    runner = dl.SupervisedRunner()
+    fit(runner, callbacks=[dl.BatchOverfitCallback()])
+    assert runner.global_batch_step == 2 * 4  # the first batch, for the train loader's 4 steps, 2 epochs

@@ -16,6 +16,8 @@ CATALYST_22_04 = {
                       "valid_accuracy=0.820312500000 sha=e2fbfc8b42a3f50c sum=2.8508461313"],
     "gan": ["generated_mean=1.8083,-0.7325 loss_generator=0.296220155433 loss_discriminator=0.853792626411",
             "sha=8eb97485bbfd4761 sum=3.6360005387"],
+    "overfit_fp16": ["train_loss=0.26700819 valid_loss=0.64489225 lr=0.0025 sha=e3933395be7afa77 "
+                     "sum=-16.1709571216"],
     "irunner_checkpoint": ["valid_loss=0.055557176471 lr=0.05 sha=133af3b0fee241e9 sum=0.3765448323",
                            "checkpoints=model.0003.pth,model.0004.pth,model.best.pth,model.last.pth,"
                            "model.storage.json"],
@@ -54,3 +56,11 @@ def test_irunner_with_catalyst22_checkpoint_callback_matches_catalyst(tmp_path):
     assert files == "checkpoints=best.pth,epoch-0003.pth,epoch-0004.pth,last.pth,metrics.json"
     # get_loggers()' CSVLogger(logdir=...): one row per epoch, in logdir/logs/ (Catalyst 22 wrote logdir/valid.csv)
     assert len((tmp_path / "logs" / "valid.csv").read_text().strip().splitlines()) == 1 + 4
+
+
+def test_fp16_on_cpu_and_batch_overfit_give_catalysts_result(tmp_path):
+    """fp16=True trains in float32 on a CPU and BatchOverfitCallback(train=3, valid=0.5) repeats the first batches
+    for each loader's length, as Catalyst 22 does (before, torchstage autocast to bf16 and ran 3 steps an epoch:
+    train_loss 1.1697 instead of 0.2670); the StepLR steps once per epoch in both."""
+    lines = run_script("overfit_fp16", tmp_path)
+    assert lines[-1:] == CATALYST_22_04["overfit_fp16"]

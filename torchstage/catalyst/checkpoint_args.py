@@ -7,14 +7,15 @@ _LAYOUT = ("torchstage writes last.pth, best.pth, epoch-NNNN.pth (top-k) and met
            "Catalyst 22 wrote model.last.pth, model.best.pth, model.000N.pth and model.storage.json")
 
 
-def catalyst22_checkpoint_args(logdir, period, loader_key, metric_key, minimize, mode, save_last, save_best,
+#: Added to the error of a period given as a string: Catalyst 22's second positional argument was its loader_key.
+POSITIONAL_HINT = ("; Catalyst 22's CheckpointCallback(logdir, loader_key, metric_key, minimize) arguments go by "
+                   "name here: CheckpointCallback(logdir, loader_key=..., metric_key=..., minimize=...)")
+
+
+def catalyst22_checkpoint_args(logdir, loader_key, metric_key, minimize, mode, save_last, save_best,
                                resume_model, resume_runner) -> bool:
     """Whether Catalyst 22's arguments were given (then ``logdir`` is the checkpoint folder itself and the best
     epoch is judged by ``loader_key``/``metric_key``/``minimize``); TypeError/ValueError for what cannot be."""
-    if isinstance(period, str):
-        raise TypeError(f"CheckpointCallback: the second argument is torchstage's period (Epoch(n)/Batch(n)), got "
-                        f"{period!r}; Catalyst 22's loader_key must be given by name: CheckpointCallback(logdir, "
-                        f"loader_key=..., metric_key=..., minimize=...)")
     given = {k: v for k, v in (("loader_key", loader_key), ("metric_key", metric_key), ("minimize", minimize),
                                ("mode", mode), ("save_last", save_last), ("save_best", save_best)) if v is not None}
     if not given and resume_model is None and resume_runner is None:

@@ -4,6 +4,7 @@ one-time note; also Catalyst 22's attribute names (``epoch_step``, ``sample_step
 """
 from torchstage.catalyst.names import note_alias
 from torchstage.strategies.engine import Engine
+from torchstage.strategies.precision import FP16_OR_FULL
 
 #: train() arguments Catalyst 20.12 spelled differently -> torchstage's name.
 TRAIN_RENAMED = {"main_metric": "valid_metric", "minimize_metric": "minimize_valid_metric", "initial_seed": "seed",
@@ -32,18 +33,20 @@ def translate_train_kwargs(kwargs: dict) -> dict:
         if new in kwargs:
             raise TypeError(f"train() got both {old}= (Catalyst 20.12's name) and {new}=; give only {new}=")
         value = kwargs.pop(old)
-        note_alias(f"train({old}=...)", f"train({new}=...)" if old != "fp16" else "train(amp='auto'|'fp16'|'bf16')")
+        note_alias(f"train({old}=...)", f"train({new}=...)" if old != "fp16" else
+                   "train(amp='fp16-or-full'|'fp16'|'bf16'|'auto')")
         kwargs[new] = fp16_to_amp(value) if old == "fp16" else value
     return kwargs
 
 
 def fp16_to_amp(fp16):
-    """The ``amp=`` value for Catalyst 20.12's ``fp16=``: ``True``/``{"amp": True}``/``{"opt_level": "O1"}``
-    give ``"auto"`` (fp16 on CUDA, bf16 elsewhere); ``False``/``None``/``{}``/``"O0"`` full precision."""
+    """The ``amp=`` value for Catalyst's ``fp16=``: ``True``/``{"amp": True}``/``{"opt_level": "O1"}`` give
+    ``"fp16-or-full"`` (fp16 on CUDA; elsewhere full precision, as Catalyst 20.12 and 22 trained there, logged);
+    ``False``/``None``/``{}``/``"O0"`` full precision."""
     if fp16 is None or fp16 is False:
         return None
     if fp16 is True:
-        return "auto"
+        return FP16_OR_FULL
     if not isinstance(fp16, dict):
         raise TypeError(f"fp16 must be True, False or a dict such as {{'amp': True}}, got {fp16!r}")
     unknown = sorted(set(fp16) - {"amp", "apex", "opt_level"})
@@ -53,8 +56,8 @@ def fp16_to_amp(fp16):
     if level is not None:
         if level not in ("O0", "O1"):
             raise ValueError(f"fp16={fp16!r}: opt_level {level!r}: {_APEX}")
-        return "auto" if level == "O1" else None
-    return "auto" if fp16.get("amp") else None
+        return FP16_OR_FULL if level == "O1" else None
+    return FP16_OR_FULL if fp16.get("amp") else None
 
 
 def flat_epoch_metric(metrics: dict, key):

@@ -9,7 +9,7 @@ import math
 import os
 
 from torchstage.catalyst.callback_args import renamed_argument
-from torchstage.catalyst.checkpoint_args import catalyst22_checkpoint_args
+from torchstage.catalyst.checkpoint_args import POSITIONAL_HINT, catalyst22_checkpoint_args
 from torchstage.arguments import ArgumentError
 from torchstage.callbacks.base import Callback, CallbackOrder
 from torchstage.callbacks.training.nonfinite import NonFiniteLossCallback, check_finite_state
@@ -44,12 +44,17 @@ class CheckpointCallback(Callback):
                  resume_runner: str = None):
         topk = renamed_argument("CheckpointCallback", "save_n_best", save_n_best, "topk", topk, default=0)
         #: Catalyst 22's arguments: logdir is the folder itself, the best judged by loader_key/metric_key/minimize
-        self.catalyst22 = catalyst22_checkpoint_args(logdir, period, loader_key, metric_key, minimize, mode,
+        self.catalyst22 = catalyst22_checkpoint_args(logdir, loader_key, metric_key, minimize, mode,
                                                      save_last, save_best, resume_model, resume_runner)
         self.loader_key, self.metric_key, self.minimize = loader_key, metric_key, minimize
         if isinstance(topk, bool) or not isinstance(topk, int) or topk < 0:
             raise ArgumentError("topk", f"must be an integer >= 0 (how many epoch-NNNN.pth to keep), got {topk!r}")
-        self.logdir, self.periods = logdir, as_periods(period, "period")
+        try:
+            self.logdir, self.periods = logdir, as_periods(period, "period")
+        except ArgumentError as error:
+            if not isinstance(period, str):
+                raise
+            raise ArgumentError("period", error.problem + POSITIONAL_HINT) from None
         self.topk, self.load_best_on_end = topk, bool(load_best_on_end)
         self.best, self.kept = None, []
         #: each epoch's entry as a line of JSON, made once: the checkpoint and metrics.json of a long run join
