@@ -27,7 +27,7 @@ CATALYST_22_04 = {
 def run_script(name, logdir):
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
-    result = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "catalyst22", f"{name}.py"), str(logdir)],
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "catalyst22", name), str(logdir)],
                             capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result.stdout.strip().splitlines()
@@ -36,13 +36,13 @@ def run_script(name, logdir):
 def test_custom_runner_with_its_own_loader_hooks_matches_catalyst_bitwise(tmp_path):
     """handle_batch with self.engine.backward(loss); on_loader_start/on_loader_end of the runner compute the
     loader metrics (they were silently never called): the valid losses they wrote and the weights match."""
-    lines = run_script("custom_runner", tmp_path)
+    lines = run_script("custom_runner.py", tmp_path)
     assert lines[-2:] == CATALYST_22_04["custom_runner"]
     assert (tmp_path / "checkpoints" / "best.pth").exists()
 
 
 def test_gan_backward_callbacks_run_before_either_optimizer_steps_as_in_catalyst(tmp_path):
-    lines = run_script("gan", tmp_path)
+    lines = run_script("gan.py", tmp_path)
     assert lines[-2:] == CATALYST_22_04["gan"]
 
 
@@ -50,7 +50,7 @@ def test_irunner_with_catalyst22_checkpoint_callback_matches_catalyst(tmp_path):
     """dl.IRunner's get_* parts, CPUEngine, get_loggers and a 22 CheckpointCallback(logdir, loader_key, metric_key,
     minimize, topk=2): the same weights and learning rate; the same top-2 epochs (3 and 4), named torchstage's way
     in the folder given."""
-    lines = run_script("irunner_checkpoint", tmp_path)
+    lines = run_script("irunner_checkpoint.py", tmp_path)
     numbers, files = lines[-2:]
     assert numbers == CATALYST_22_04["irunner_checkpoint"][0]
     assert files == "checkpoints=best.pth,epoch-0003.pth,epoch-0004.pth,last.pth,metrics.json"
@@ -62,5 +62,5 @@ def test_fp16_on_cpu_and_batch_overfit_give_catalysts_result(tmp_path):
     """fp16=True trains in float32 on a CPU and BatchOverfitCallback(train=3, valid=0.5) repeats the first batches
     for each loader's length, as Catalyst 22 does (before, torchstage autocast to bf16 and ran 3 steps an epoch:
     train_loss 1.1697 instead of 0.2670); the StepLR steps once per epoch in both."""
-    lines = run_script("overfit_fp16", tmp_path)
+    lines = run_script("overfit_fp16.py", tmp_path)
     assert lines[-1:] == CATALYST_22_04["overfit_fp16"]
