@@ -36,6 +36,8 @@ def test_cpu_engine_and_loggers_are_noted_once_and_used(tmp_path, caplog, monkey
 
 @pytest.mark.parametrize("kwargs, error, message", [
     ({"engine": "cpu"}, TypeError, r"engine must be a torchstage Engine .*got str"),
+    ({"engine": dl.Engine(device="cpu"), "distributed": True}, ValueError,
+     r"engine=\.\.\. sets the device of a one-process run; with distributed=True"),
     ({"loggers": [dl.CSVLogger()]}, TypeError, r"loggers must be a dict name -> logger callback, got list"),
     ({"loggers": {"mine": object()}}, TypeError, r"loggers\['mine'\] must be a torchstage logger callback"),
 ])

@@ -35,12 +35,16 @@ def _no_arguments(owner: str, args, kwargs) -> None:
                         f"precision pass train(amp='bf16'/'fp16'), got {args or ''}{kwargs or ''}")
 
 
-def check_engine_and_loggers(engine, loggers) -> None:
-    """``train(engine=...)`` must be an Engine and ``train(loggers=...)`` a dict (checked again per logger)."""
+def check_engine_and_loggers(engine, loggers, distributed=None) -> None:
+    """``train(engine=...)`` must be an Engine of a one-process run and ``train(loggers=...)`` a dict (checked
+    again per logger)."""
     if engine is not None:
         if not isinstance(engine, Engine):
             raise TypeError(f"engine must be a torchstage Engine (such as dl.CPUEngine() or Engine(device='cpu')), "
                             f"got {type(engine).__name__}")
+        if distributed:
+            raise ValueError("engine=... sets the device of a one-process run; with distributed=True each process "
+                             "takes its device from its rank: drop engine=...")
         note_alias("train(engine=...)", "Runner(engine=...) or train(strategy=...)", version="22")
     if loggers is not None:
         if not isinstance(loggers, Mapping):

@@ -128,7 +128,7 @@ def make_spec(runner, kwargs: dict, config_text: str = None) -> TrainSpec:
         raise TypeError(f"distributed must be None (join a torchrun/SLURM world if started in one), True "
                         f"(also launch one process per device) or False (one process), got {spec.distributed!r}")
     spec.strategy = resolve_strategy(spec.strategy)
-    check_engine_and_loggers(spec.engine, spec.loggers)
+    check_engine_and_loggers(spec.engine, spec.loggers, spec.distributed)
     spec.max_restarts = check_max_restarts(spec.max_restarts)
     check_switches(spec)
     if spec.check and spec.logdir is not None:  # a smoke run writes to a scratch folder, never the real run's
