@@ -15,15 +15,22 @@ TRAIN_GONE = {
     "state_kwargs": "set per-stage settings with stages={'name': {...}}",
     "checkpoint_data": "checkpoints hold tensors and plain values only; save extra data next to them in logdir",
 }
+#: train() arguments of Catalyst 22 with no torchstage meaning -> why, and what to do instead.
+TRAIN_GONE_22 = {
+    "hparams": "torchstage logs the run's own settings (logs/hparams.json and each logger); log more with a "
+               "logger callback's log_hparams",
+    "profile": "add callbacks=[ProfilerCallback(...)] (see docs/observability.md)",
+}
 _APEX = ("apex was removed from torchstage: native autocast replaces opt_level 'O1'; 'O2'/'O3' (fp16 master "
          "weights, a half-precision model) have no equivalent. Pass fp16=True or amp='fp16'/'bf16'")
 
 
 def translate_train_kwargs(kwargs: dict) -> dict:
     """``train()`` keyword arguments with Catalyst 20.12 names replaced by torchstage's (each noted once)."""
-    if not any(name in kwargs for name in (*TRAIN_RENAMED, *TRAIN_GONE)):
+    if not any(name in kwargs for name in (*TRAIN_RENAMED, *TRAIN_GONE, *TRAIN_GONE_22, "ddp", "cpu")):
         return kwargs
     kwargs = dict(kwargs)
+    _translate_22(kwargs)
     for old, why in TRAIN_GONE.items():
         if old in kwargs:
             raise TypeError(f"train({old}=...) is Catalyst 20.12's and has no torchstage meaning: {why}")
@@ -37,6 +44,24 @@ def translate_train_kwargs(kwargs: dict) -> dict:
                    "train(amp='fp16-or-full'|'fp16'|'bf16'|'auto')")
         kwargs[new] = fp16_to_amp(value) if old == "fp16" else value
     return kwargs
+
+
+def _translate_22(kwargs: dict) -> None:
+    """Catalyst 22's ``train(ddp=True)`` is ``distributed=True``; ``cpu=True`` is ``engine=Engine(device="cpu")``."""
+    for old, why in TRAIN_GONE_22.items():
+        if old in kwargs:
+            raise TypeError(f"train({old}=...) is Catalyst 22's and has no torchstage meaning: {why}")
+    if "ddp" in kwargs:
+        if "distributed" in kwargs:
+            raise TypeError("train() got both ddp= (Catalyst 22's name) and distributed=; give only distributed=")
+        note_alias("train(ddp=...)", "train(distributed=...)", version="22")
+        kwargs["distributed"] = True if kwargs.pop("ddp") else None
+    if "cpu" in kwargs:
+        if kwargs.pop("cpu"):
+            if kwargs.get("engine") is not None:
+                raise TypeError("train() got both cpu=True (Catalyst 22's) and engine=; give only engine=")
+            note_alias("train(cpu=True)", "train(engine=Engine(device='cpu'))", version="22")
+            kwargs["engine"] = Engine(device="cpu")
 
 
 def fp16_to_amp(fp16):
