@@ -46,6 +46,16 @@ def test_bad_engine_or_loggers_fail_before_training(kwargs, error, message):
         fit(**kwargs)
 
 
+def test_catalyst22_train_switches_translate_or_are_refused():
+    runner = dl.SupervisedRunner()
+    fit(runner, cpu=True, ddp=False)
+    assert runner.engine.device == torch.device("cpu") and runner.spec.distributed is None
+    with pytest.raises(TypeError, match=r"train\(hparams=\.\.\.\) is Catalyst 22's and has no torchstage meaning"):
+        fit(hparams={"lr": 0.1})
+    with pytest.raises(TypeError, match=r"both ddp= \(Catalyst 22's name\) and distributed="):
+        fit(ddp=True, distributed=False)
+
+
 def test_catalyst22_engine_arguments_and_distributed_engines_are_refused():
     with pytest.raises(TypeError, match=r"dl.CPUEngine\(\) takes no arguments.*train\(amp="):
         dl.CPUEngine(fp16=True)
