@@ -222,6 +222,8 @@ def test_evaluate_loader_takes_catalyst22s_model_argument():
     trained = runner.evaluate_loader(loader, model=model)["loss"]
     untrained = runner.evaluate_loader(loader, model=other, seed=1)["loss"]
     assert runner.model is other and untrained != trained
+    with pytest.raises(dl.IRunnerError, match=r"callbacks\[0\]: a CheckpointCallback has nothing to save"):
+        runner.evaluate_loader(loader, callbacks=[dl.CheckpointCallback("ckpt")])
 
 
 def test_check_and_overfit_switches_say_how_they_differ_from_catalyst(caplog):
