@@ -32,6 +32,7 @@ def test_cpu_engine_and_loggers_are_noted_once_and_used(tmp_path, caplog, monkey
     assert not (tmp_path / "logs" / "valid.csv").exists()
     assert caplog.text.count("dl.CPUEngine() is Catalyst 22's spelling; torchstage's is Engine(device='cpu')") == 1
     assert "train(loggers={...}) is Catalyst 22's spelling" in caplog.text
+    assert not {"CPUEngine", "GPUEngine", "IRunner", "IRunnerError"} & set(dl.__all__)  # aliases, not exports
 
 
 @pytest.mark.parametrize("kwargs, error, message", [

@@ -1,4 +1,4 @@
-"""A Catalyst 22-style script (own loader hooks, BackwardCallback + step-only OptimizerCallback, ddp=True) on 2 ranks."""
+"""A Catalyst 22-style script (own loader hooks, BackwardCallback + step-only OptimizerCallback, ddp=True), 2 ranks."""
 import json
 
 import pytest

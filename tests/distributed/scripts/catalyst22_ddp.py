@@ -33,7 +33,8 @@ class CustomRunner(dl.Runner):
 torch.manual_seed(0)
 x = torch.randn(256, 6)
 y = (x[:, 0] > 0).long()
-loaders = {"train": DataLoader(TensorDataset(x, y), batch_size=16), "valid": DataLoader(TensorDataset(x, y), batch_size=16)}
+dataset = TensorDataset(x, y)
+loaders = {"train": DataLoader(dataset, batch_size=16), "valid": DataLoader(dataset, batch_size=16)}
 model = torch.nn.Linear(6, 2)
 initial = model.weight.detach().clone()
 runner = CustomRunner()

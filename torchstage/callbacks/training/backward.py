@@ -8,7 +8,8 @@ from torchstage.callbacks.base import Callback, CallbackOrder
 from torchstage.named import each
 
 #: ``grad_clip_fn`` given by name -> the torch function.
-CLIP_FUNCTIONS = {"clip_grad_norm_": torch.nn.utils.clip_grad_norm_, "clip_grad_value_": torch.nn.utils.clip_grad_value_}
+CLIP_FUNCTIONS = {"clip_grad_norm_": torch.nn.utils.clip_grad_norm_,
+                  "clip_grad_value_": torch.nn.utils.clip_grad_value_}
 
 
 class BackwardCallback(Callback):
