@@ -243,3 +243,13 @@ def test_check_and_overfit_switches_say_how_they_differ_from_catalyst(caplog):
     runner = dl.SupervisedRunner()
     fit(runner, callbacks=[dl.BatchOverfitCallback()])
     assert runner.global_batch_step == 2 * 4  # the first batch, for the train loader's 4 steps, 2 epochs
+
+
+def test_a_plain_runner_overriding_catalyst22_getters_is_refused_rather_than_ignored():
+    class Getters(dl.SupervisedRunner):
+        def get_loaders(self):
+            return regression_loaders()
+
+    with pytest.raises(TypeError, match=r"Getters overrides get_loaders, which Catalyst 22's dl.Runner.train\(\) "
+                                        r"read its parts from.*derive from dl.IRunner"):
+        fit(Getters())

@@ -166,6 +166,25 @@ class CatalystAttributes:
     need_early_stop = property(lambda r: False, _early_stop)
 
 
+#: Catalyst 22's ``dl.Runner`` read a run's parts from these methods, which ``train()`` filled; torchstage's
+#: ``train()`` takes the parts as arguments and only ``dl.IRunner`` calls them.
+CATALYST_GETTERS = ("get_engine", "get_loaders", "get_model", "get_criterion", "get_optimizer", "get_scheduler",
+                    "get_callbacks")
+
+
+def refuse_ignored_getters(runner) -> None:
+    """A ``train()`` call on a runner class overriding Catalyst 22's ``get_*`` methods (which ``train()`` would not
+    call) is refused, naming them; ``dl.IRunner`` subclasses call them from ``run()``."""
+    if getattr(runner, "catalyst22_batch_step", False):  # a dl.IRunner
+        return
+    cls = type(runner)
+    found = [name for name in CATALYST_GETTERS if any(name in klass.__dict__ for klass in cls.__mro__[:-1])]
+    if found:
+        raise TypeError(f"{cls.__name__} overrides {', '.join(found)}, which Catalyst 22's dl.Runner.train() read "
+                        f"its parts from; torchstage's train() takes them as arguments and would ignore these. "
+                        f"Pass them to train(...), or derive from dl.IRunner and start with runner.run()")
+
+
 def catalyst_target_key(target_key: str, input_target_key: str) -> str:
     """``SupervisedRunner(input_target_key=...)``, Catalyst 20.12's name for ``target_key``."""
     if target_key != "targets":

@@ -5,7 +5,7 @@ import torch
 
 from torchstage.callbacks.base import (EVENTS, CallbackScope, CancelBatch, CancelEpoch, CancelLoader, CancelRun,
                                        CancelStage)
-from torchstage.catalyst.runner import CatalystAttributes
+from torchstage.catalyst.runner import CatalystAttributes, refuse_ignored_getters
 from torchstage.data.prefetch import prefetch_to_device
 from torchstage.files.lock import LogdirLock
 from torchstage.files.writer import FileWriter
@@ -143,6 +143,7 @@ class Runner(CatalystAttributes, RunnerHooks):
     # ---- entry point ---------------------------------------------------------------------
     def train(self, **kwargs) -> "Runner":
         """Check every argument, then run all stages; see :class:`~torchstage.runner.spec.TrainSpec`."""
+        refuse_ignored_getters(self)
         return train_in_world(self, make_spec(self, kwargs))
 
     def run(self) -> "Runner":
