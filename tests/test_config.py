@@ -244,8 +244,9 @@ def test_a_word_where_a_number_is_expected_names_the_yaml_path():
 
 
 def test_catalyst_argument_names_mean_in_a_config_what_they_mean_in_train():
-    """A config goes through train()'s translation: ``fp16: true`` is ``fp16=True`` (amp 'auto': bf16 on CPU)."""
+    """A config goes through train()'s translation: ``fp16: true`` is ``fp16=True`` (amp 'fp16-or-full': full
+    precision on CPU, as Catalyst)."""
     runner = torchstage.train_from_config(base(fp16=True, main_metric="loss", initial_seed=3), dry_run=True)
-    assert runner.amp_dtype is torch.bfloat16
-    assert (runner.spec.amp, runner.spec.valid_metric, runner.spec.seed) == ("auto", "loss", 3)
+    assert runner.amp_dtype is None
+    assert (runner.spec.amp, runner.spec.valid_metric, runner.spec.seed) == ("fp16-or-full", "loss", 3)
     assert "train(stage_kwargs=...) is Catalyst 20.12's" in error_of(base(stage_kwargs={}))

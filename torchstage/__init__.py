@@ -28,6 +28,7 @@ from torchstage.callbacks.safety.even_batches import EvenBatchesCallback, Uneven
 from torchstage.callbacks.safety.requeue import RequeueCallback
 from torchstage.callbacks.safety.stop import StopCallback
 from torchstage.callbacks.safety.watchdog import HangWatchdog
+from torchstage.callbacks.training.backward import BackwardCallback
 from torchstage.callbacks.training.criterion import CriterionCallback
 from torchstage.callbacks.training.loop import LoopCallback
 from torchstage.callbacks.training.nonfinite import NonFiniteLossCallback, NonFiniteLossError, NonFiniteStateError
@@ -37,6 +38,7 @@ from torchstage.callbacks.training.scheduler import SchedulerCallback
 from torchstage.callbacks.training.swa import SWACallback
 from torchstage.callbacks.training.weight_averaging import EMACallback, WeightAveragingCallback
 from torchstage.catalyst import names as _catalyst_names
+from torchstage.catalyst.module22 import catalyst22_attribute
 from torchstage.config.instantiate import ConfigError
 from torchstage.config.train_call import train_from_config
 from torchstage.config.tuning import tune
@@ -70,6 +72,10 @@ def __getattr__(name):
     if name in _catalyst_names.MODULE_ALIASES:
         _catalyst_names.note_alias(f"torchstage.{name}", f"torchstage.{_catalyst_names.MODULE_ALIASES[name]}")
         return globals()[_catalyst_names.MODULE_ALIASES[name]]
+    try:
+        return catalyst22_attribute(name)  # dl.CPUEngine, dl.IRunner... (Catalyst 22)
+    except KeyError:
+        pass
     raise AttributeError(f"module 'torchstage' has no attribute {name!r}")
 
 __all__ = [
@@ -86,5 +92,5 @@ __all__ = [
     "LoggerCallback", "MLflowLogger", "ProfilerCallback", "ThroughputMonitor",
     "TorchMetricsCallback", "EMACallback", "SWACallback", "WeightAveragingCallback", "OptunaPruningCallback", "tune",
     "LogdirLocked", "NonFiniteLossCallback", "NonFiniteLossError", "NonFiniteStateError",
-    "HangWatchdog", "EvenBatchesCallback", "UnevenBatchesError", "BatchTransformCallback",
+    "HangWatchdog", "EvenBatchesCallback", "UnevenBatchesError", "BatchTransformCallback", "BackwardCallback",
 ]

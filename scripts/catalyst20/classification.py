@@ -1,6 +1,6 @@
 """Catalyst 20.12 supervised classification with its callback arguments, moved by changing the import only.
 
-Catalyst 20.12: ``from catalyst import dl, utils``. It uses ``fp16=True`` (bf16 autocast on a CPU),
+Catalyst 20.12: ``from catalyst import dl, utils``. It uses ``fp16=True`` (float32 on a CPU, as Catalyst),
 ``main_metric``/``minimize_metric``/``initial_seed``, Catalyst's key names (``input_key`` is the target),
 gradient clipping through ``grad_clip_params`` and early stopping on ``metric=``.
 

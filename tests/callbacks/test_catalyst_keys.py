@@ -146,6 +146,18 @@ class Count(dl.Callback):
         self.counts[key] = self.counts.get(key, 0) + 1
 
 
+class Firsts(dl.Callback):
+    """The first input row of each batch, per (epoch, loader)."""
+
+    def __init__(self):
+        super().__init__(dl.CallbackOrder.Internal + 1)
+        self.rows = {}
+
+    def on_batch_start(self, runner):
+        batch = runner.batch
+        self.rows.setdefault((runner.epoch, runner.loader_key), []).append(batch[0][0].clone())
+
+
 def test_check_run_callback_runs_num_batch_steps_for_num_epoch_steps():
     count = Count()
     loaders = classification_loaders(n=160)  # 10 batches per loader
@@ -159,7 +171,14 @@ def test_check_run_callback_runs_num_batch_steps_for_num_epoch_steps():
 def test_batch_overfit_callback_takes_counts_and_shares_per_loader():
     count = Count()
     loaders = classification_loaders(n=160)
-    run([count, dl.BatchOverfitCallback(train=2, valid=0.5)], loaders=loaders)
-    assert count.counts == {(e, name): n for e in (1, 2) for name, n in (("train", 2), ("valid", 5))}
+    seen = Firsts()
+    run([count, seen, dl.BatchOverfitCallback(train=2, valid=0.5)], loaders=loaders)
+    # Catalyst's meaning (20.12 and 22): the first 2 (train) and 5 (valid: half of 10) batches repeated for the
+    # loader's whole length, in Catalyst 22.04's order (step i of n takes batch i-1 below n, then (i - n) % n)
+    assert count.counts == {(e, name): 10 for e in (1, 2) for name in ("train", "valid")}
+    for name, order in (("train", [0, 0, 1, 0, 1, 0, 1, 0, 1, 0]), ("valid", [0, 1, 2, 3, 0, 1, 2, 3, 4, 0])):
+        firsts = [x[0] for x, _ in loaders[name]]
+        assert [next(i for i, first in enumerate(firsts) if torch.equal(first, row))
+                for row in seen.rows[(1, name)]] == order
     with pytest.raises(ValueError, match=r"BatchOverfitCallback\(train=0\)"):
         dl.BatchOverfitCallback(train=0)

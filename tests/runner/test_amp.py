@@ -1,4 +1,6 @@
 """train(amp=...): bf16 autocast on CPU trains; fp16 needs CUDA; the no-amp path costs nothing per batch."""
+import logging
+
 import pytest
 import torch
 from torch import nn
@@ -95,3 +97,18 @@ def test_bf16_on_cuda_runs_forward_in_bf16():
     SupervisedRunner().train(model=net, criterion=nn.MSELoss(), loaders=loaders(), amp="bf16",
                              optimizer=torch.optim.Adam(net.parameters(), lr=1e-2), callbacks=[dtypes])
     assert dtypes.outputs == {torch.bfloat16}
+
+
+def test_catalyst_fp16_is_float16_on_cuda_and_full_precision_elsewhere(caplog):
+    """amp='fp16-or-full' (Catalyst's fp16=True): what Catalyst trained in on each device, logged."""
+    import warnings
+
+    from torchstage.strategies.precision import Precision
+    with caplog.at_level(logging.INFO, logger="torchstage"):
+        cpu = Precision.for_device("fp16-or-full", torch.device("cpu"))
+    assert (cpu.dtype, cpu.scaler) == (None, None)
+    assert "float16 needs CUDA; this run on cpu trains in full precision (float32), as Catalyst did" in caplog.text
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a GradScaler made without CUDA warns that it is disabled
+        cuda = Precision.for_device("fp16-or-full", torch.device("cuda"))
+    assert cuda.dtype is torch.float16 and cuda.scaler is not None

@@ -1,9 +1,10 @@
 """Catalyst 20.12 on the runner: its attribute names, its ``_handle_batch(batch)`` override point, its flat epoch
 metric keys and its ``train()`` argument names (``fp16``, ``main_metric``...), each mapped to torchstage's with a
-one-time note.
+one-time note; also Catalyst 22's attribute names (``epoch_step``, ``sample_step``, ``loader_batch_len``).
 """
 from torchstage.catalyst.names import note_alias
 from torchstage.strategies.engine import Engine
+from torchstage.strategies.precision import FP16_OR_FULL
 
 #: train() arguments Catalyst 20.12 spelled differently -> torchstage's name.
 TRAIN_RENAMED = {"main_metric": "valid_metric", "minimize_metric": "minimize_valid_metric", "initial_seed": "seed",
@@ -14,15 +15,22 @@ TRAIN_GONE = {
     "state_kwargs": "set per-stage settings with stages={'name': {...}}",
     "checkpoint_data": "checkpoints hold tensors and plain values only; save extra data next to them in logdir",
 }
+#: train() arguments of Catalyst 22 with no torchstage meaning -> why, and what to do instead.
+TRAIN_GONE_22 = {
+    "hparams": "torchstage logs the run's own settings (logs/hparams.json and each logger); log more with a "
+               "logger callback's log_hparams",
+    "profile": "add callbacks=[ProfilerCallback(...)] (see docs/observability.md)",
+}
 _APEX = ("apex was removed from torchstage: native autocast replaces opt_level 'O1'; 'O2'/'O3' (fp16 master "
          "weights, a half-precision model) have no equivalent. Pass fp16=True or amp='fp16'/'bf16'")
 
 
 def translate_train_kwargs(kwargs: dict) -> dict:
     """``train()`` keyword arguments with Catalyst 20.12 names replaced by torchstage's (each noted once)."""
-    if not any(name in kwargs for name in (*TRAIN_RENAMED, *TRAIN_GONE)):
+    if not any(name in kwargs for name in (*TRAIN_RENAMED, *TRAIN_GONE, *TRAIN_GONE_22, "ddp", "cpu")):
         return kwargs
     kwargs = dict(kwargs)
+    _translate_22(kwargs)
     for old, why in TRAIN_GONE.items():
         if old in kwargs:
             raise TypeError(f"train({old}=...) is Catalyst 20.12's and has no torchstage meaning: {why}")
@@ -32,18 +40,38 @@ def translate_train_kwargs(kwargs: dict) -> dict:
         if new in kwargs:
             raise TypeError(f"train() got both {old}= (Catalyst 20.12's name) and {new}=; give only {new}=")
         value = kwargs.pop(old)
-        note_alias(f"train({old}=...)", f"train({new}=...)" if old != "fp16" else "train(amp='auto'|'fp16'|'bf16')")
+        note_alias(f"train({old}=...)", f"train({new}=...)" if old != "fp16" else
+                   "train(amp='fp16-or-full'|'fp16'|'bf16'|'auto')")
         kwargs[new] = fp16_to_amp(value) if old == "fp16" else value
     return kwargs
 
 
+def _translate_22(kwargs: dict) -> None:
+    """Catalyst 22's ``train(ddp=True)`` is ``distributed=True``; ``cpu=True`` is ``engine=Engine(device="cpu")``."""
+    for old, why in TRAIN_GONE_22.items():
+        if old in kwargs:
+            raise TypeError(f"train({old}=...) is Catalyst 22's and has no torchstage meaning: {why}")
+    if "ddp" in kwargs:
+        if "distributed" in kwargs:
+            raise TypeError("train() got both ddp= (Catalyst 22's name) and distributed=; give only distributed=")
+        note_alias("train(ddp=...)", "train(distributed=...)", version="22")
+        kwargs["distributed"] = True if kwargs.pop("ddp") else None
+    if "cpu" in kwargs:
+        if kwargs.pop("cpu"):
+            if kwargs.get("engine") is not None:
+                raise TypeError("train() got both cpu=True (Catalyst 22's) and engine=; give only engine=")
+            note_alias("train(cpu=True)", "train(engine=Engine(device='cpu'))", version="22")
+            kwargs["engine"] = Engine(device="cpu")
+
+
 def fp16_to_amp(fp16):
-    """The ``amp=`` value for Catalyst 20.12's ``fp16=``: ``True``/``{"amp": True}``/``{"opt_level": "O1"}``
-    give ``"auto"`` (fp16 on CUDA, bf16 elsewhere); ``False``/``None``/``{}``/``"O0"`` full precision."""
+    """The ``amp=`` value for Catalyst's ``fp16=``: ``True``/``{"amp": True}``/``{"opt_level": "O1"}`` give
+    ``"fp16-or-full"`` (fp16 on CUDA; elsewhere full precision, as Catalyst 20.12 and 22 trained there, logged);
+    ``False``/``None``/``{}``/``"O0"`` full precision."""
     if fp16 is None or fp16 is False:
         return None
     if fp16 is True:
-        return "auto"
+        return FP16_OR_FULL
     if not isinstance(fp16, dict):
         raise TypeError(f"fp16 must be True, False or a dict such as {{'amp': True}}, got {fp16!r}")
     unknown = sorted(set(fp16) - {"amp", "apex", "opt_level"})
@@ -53,8 +81,8 @@ def fp16_to_amp(fp16):
     if level is not None:
         if level not in ("O0", "O1"):
             raise ValueError(f"fp16={fp16!r}: opt_level {level!r}: {_APEX}")
-        return "auto" if level == "O1" else None
-    return "auto" if fp16.get("amp") else None
+        return FP16_OR_FULL if level == "O1" else None
+    return FP16_OR_FULL if fp16.get("amp") else None
 
 
 def flat_epoch_metric(metrics: dict, key):
@@ -71,8 +99,8 @@ def flat_epoch_metric(metrics: dict, key):
 class _Alias:
     """A Catalyst 20.12 runner attribute: reads torchstage's value (noting its name once); assignable."""
 
-    def __init__(self, preferred: str, read):
-        self.preferred, self.read = preferred, read
+    def __init__(self, preferred: str, read, version: str = "20.12"):
+        self.preferred, self.read, self.version = preferred, read, version
 
     def __set_name__(self, owner, name):
         self.name = name
@@ -82,7 +110,7 @@ class _Alias:
             return self
         if self.name in runner.__dict__:
             return runner.__dict__[self.name]
-        note_alias(f"runner.{self.name}", self.preferred)
+        note_alias(f"runner.{self.name}", self.preferred, self.version)
         return self.read(runner)
 
     def __set__(self, runner, value):
@@ -114,7 +142,7 @@ class CatalystAttributes:
     device = _Alias("runner.engine.device", lambda r: _engine(r).device)
     global_epoch = _Alias("runner.global_epoch_step", lambda r: r.global_epoch_step)
     loader_name = _Alias("runner.loader_key", lambda r: r.loader_key)
-    loader_batch_step = _Alias("runner.batch_step (counted from 1)", lambda r: r.batch_step - 1)
+    loader_batch_step = _Alias("runner.batch_step (counted from 1)", lambda r: r.loop.batch_step - 1)
     loader_len = _Alias("len(runner.loader)", lambda r: len(r.loader))
     stage = _Alias("runner.stage_key", lambda r: r.stage_key)
     stage_name = _Alias("runner.stage_key", lambda r: r.stage_key)
@@ -129,7 +157,32 @@ class CatalystAttributes:
     is_distributed_worker = _Alias("not runner.engine.is_main", lambda r: not _engine(r).is_main)
     is_check_run = _Alias("runner.spec.check", lambda r: r.spec.check)
     state = _Alias("runner", lambda r: r)
+    # Catalyst 22's names (runner.batch_step keeps torchstage's meaning, the batch within the loader, except on
+    # dl.IRunner: see torchstage.catalyst.irunner)
+    epoch_step = _Alias("runner.global_epoch_step", lambda r: r.global_epoch_step, version="22")
+    sample_step = _Alias("runner.loop.run_sample_step (every loader's samples so far)",
+                         lambda r: r.loop.run_sample_step, version="22")
+    loader_batch_len = _Alias("len(runner.loader)", lambda r: len(r.loader), version="22")
     need_early_stop = property(lambda r: False, _early_stop)
+
+
+#: Catalyst 22's ``dl.Runner`` read a run's parts from these methods, which ``train()`` filled; torchstage's
+#: ``train()`` takes the parts as arguments and only ``dl.IRunner`` calls them.
+CATALYST_GETTERS = ("get_engine", "get_loaders", "get_model", "get_criterion", "get_optimizer", "get_scheduler",
+                    "get_callbacks")
+
+
+def refuse_ignored_getters(runner) -> None:
+    """A ``train()`` call on a runner class overriding Catalyst 22's ``get_*`` methods (which ``train()`` would not
+    call) is refused, naming them; ``dl.IRunner`` subclasses call them from ``run()``."""
+    if getattr(runner, "catalyst22_batch_step", False):  # a dl.IRunner
+        return
+    cls = type(runner)
+    found = [name for name in CATALYST_GETTERS if any(name in klass.__dict__ for klass in cls.__mro__[:-1])]
+    if found:
+        raise TypeError(f"{cls.__name__} overrides {', '.join(found)}, which Catalyst 22's dl.Runner.train() read "
+                        f"its parts from; torchstage's train() takes them as arguments and would ignore these. "
+                        f"Pass them to train(...), or derive from dl.IRunner and start with runner.run()")
 
 
 def catalyst_target_key(target_key: str, input_target_key: str) -> str:

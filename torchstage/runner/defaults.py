@@ -6,7 +6,10 @@ passed to it, and a malformed value is reported under the name given to ``train(
 A runner adds the callbacks of its training step through one hook, :meth:`Runner.step_callbacks`
 (SupervisedRunner: the loss and the optimizer step). Users replace a default by giving its name.
 """
+from collections.abc import Mapping
+
 from torchstage.arguments import named_as
+from torchstage.callbacks.base import Callback
 from torchstage.callbacks.metrics.averaging import MetricsAveragingCallback
 from torchstage.callbacks.checkpoints.checkpoint_saver import CheckpointCallback
 from torchstage.callbacks.checkpoints.config_saver import ConfigSaver
@@ -40,12 +43,32 @@ OPTIMIZER_ARGS = {"accumulation_steps": 1, "grad_clip_norm": None, "grad_clip_va
 
 
 def stage_chains(runner, spec) -> list:
-    """Each stage's chain: the defaults, then ``train(callbacks=...)``, then the stage's own, by name."""
+    """Each stage's chain: the defaults, the loggers (``runner.get_loggers()``: ``train(loggers=...)``), then
+    ``train(callbacks=...)``, then the stage's own, by name."""
     defaults = runner.get_default_callbacks(spec)
-    chains = [merge_chain(defaults, spec.callbacks, stage.callbacks if stage.callbacks is not spec.callbacks else None)
+    loggers = runner_loggers(runner, spec)
+    chains = [merge_chain(defaults, loggers, spec.callbacks,
+                          stage.callbacks if stage.callbacks is not spec.callbacks else None)
               for stage in spec.stage_specs]
     _check_optimizer_args(spec, defaults, chains)
     return chains
+
+
+def runner_loggers(runner, spec) -> dict:
+    """``runner.get_loggers()`` for the run of ``spec`` (the runner's hook sees ``runner.spec``); each a Callback."""
+    saved, runner.spec = runner.spec, spec
+    try:
+        loggers = runner.get_loggers()
+    finally:
+        runner.spec = saved
+    if not isinstance(loggers, Mapping):
+        raise TypeError(f"{type(runner).__name__}.get_loggers() must return a dict name -> logger callback, "
+                        f"got {type(loggers).__name__}")
+    for name, logger in loggers.items():
+        if not isinstance(logger, Callback):
+            raise TypeError(f"loggers[{name!r}] must be a torchstage logger callback (CSVLogger, TensorBoardLogger, "
+                            f"MLflowLogger, ConsoleLogger...), got {type(logger).__name__}")
+    return dict(loggers)
 
 
 def default_callbacks(runner, spec=None, *, evaluate: bool = False) -> dict:

@@ -2,10 +2,12 @@
 import torch
 
 from torchstage.callbacks.base import Callback, CancelStage
+from torchstage.callbacks.checkpoints.checkpoint_saver import CheckpointCallback
 from torchstage.callbacks.safety.watchdog import HangWatchdog
 from torchstage.named import each
 from torchstage.runner.chain import merge_chain
 from torchstage.runner.defaults import default_callbacks
+from torchstage.runner.errors import RunnerException
 from torchstage.runner.loop_state import LoopState
 from torchstage.strategies.engine import Engine
 
@@ -48,6 +50,9 @@ def evaluate_loader(runner, loader, callbacks=None, criterion=None) -> dict:
     for key, callback in items:
         if not isinstance(callback, Callback):
             raise TypeError(f"callbacks[{key!r}] must be a torchstage Callback, got {type(callback).__name__}")
+        if isinstance(callback, CheckpointCallback):  # as Catalyst 22 refused it (IRunnerError)
+            raise RunnerException(f"callbacks[{key!r}]: a CheckpointCallback has nothing to save in "
+                                  f"evaluate_loader, which trains nothing; drop it")
     saved = runner.loop, runner.callbacks, runner._handlers, runner.criterion
     try:
         runner.loop = LoopState(stage_key="evaluate", num_epochs=1, loaders={"valid": loader})

@@ -63,6 +63,8 @@ class LoopState:
     global_epoch_step: int = 0
     global_batch_step: int = 0
     global_sample_step: int = 0
+    run_batch_step: int = 0  #: batches of every loader so far in this process's run (Catalyst 22's batch_step)
+    run_sample_step: int = 0  #: samples of every loader so far in this process's run (Catalyst 22's sample_step)
     batch_metrics: dict = field(default_factory=dict)
     loader_metrics: dict = field(default_factory=dict)
     epoch_metrics: EpochMetrics = field(default_factory=EpochMetrics)

@@ -5,16 +5,18 @@ import torch
 
 from torchstage.callbacks.base import (EVENTS, CallbackScope, CancelBatch, CancelEpoch, CancelLoader, CancelRun,
                                        CancelStage)
-from torchstage.catalyst.runner import CatalystAttributes
+from torchstage.catalyst.runner import CatalystAttributes, refuse_ignored_getters
 from torchstage.data.prefetch import prefetch_to_device
 from torchstage.files.lock import LogdirLock
 from torchstage.files.writer import FileWriter
 from torchstage.launch.failures import record_stop
 from torchstage.named import map_named
+from torchstage.rng import set_seed
 from torchstage.runner import export, inference
 from torchstage.runner.defaults import default_callbacks
 from torchstage.runner.failure_record import record_run_failure
 from torchstage.runner.loop_state import LoopState, expose_loop_state
+from torchstage.runner.own_hooks import RunnerHooks, overridden_hooks, with_runner_hooks
 from torchstage.runner.resume import loader_batches, remaining_loaders
 from torchstage.runner.setup import train_in_world
 from torchstage.runner.spec import TrainSpec, make_spec
@@ -27,7 +29,7 @@ logger = logging.getLogger("torchstage")
 
 
 @expose_loop_state
-class Runner(CatalystAttributes):
+class Runner(CatalystAttributes, RunnerHooks):
     """Drives a run and fires every event through the callback chain.
 
     Subclass and override :meth:`handle_batch` for custom training steps (GANs, multi-model runs);
@@ -35,7 +37,9 @@ class Runner(CatalystAttributes):
     The loop's position and counters live in ``runner.loop`` (a :class:`~torchstage.runner.loop_state.LoopState`),
     each field also readable and writable as an attribute (``runner.epoch``, ``runner.batch_step``...).
     Catalyst 20.12's ``_handle_batch(batch)`` override and attribute names also work, through the one base
-    class :class:`~torchstage.catalyst.runner.CatalystAttributes`.
+    class :class:`~torchstage.catalyst.runner.CatalystAttributes`. A subclass may also override the event methods
+    (``on_loader_end(self, runner)``...): they run around the callbacks as in Catalyst 22
+    (:mod:`torchstage.runner.own_hooks`).
     """
 
     #: Metric names this runner's handle_batch writes; ``None`` means unknown until the first loader.
@@ -113,13 +117,23 @@ class Runner(CatalystAttributes):
         """One pass of ``handle_batch`` and ``callbacks`` over inference ``loaders`` (eval mode, no grad)."""
         return export.infer(self, model=model, loaders=loaders, callbacks=callbacks, resume=resume, **unsupported)
 
-    def evaluate_loader(self, loader, callbacks=None, criterion=None) -> dict:
-        """The loader metrics of one pass over ``loader`` without training (loss with ``criterion`` or the runner's)."""
+    def evaluate_loader(self, loader, callbacks=None, criterion=None, *, model=None, seed: int = None) -> dict:
+        """The loader metrics of one pass over ``loader`` without training (loss with ``criterion`` or the runner's);
+        ``model=`` replaces the runner's model first and ``seed=`` seeds the pass (both Catalyst 22's arguments)."""
+        if model is not None:
+            export.use_model(self, model, None, "evaluate_loader")
+        if seed is not None:
+            set_seed(seed)
         return inference.evaluate_loader(self, loader, callbacks=callbacks, criterion=criterion)
 
     def get_default_callbacks(self, spec: TrainSpec) -> dict:
         """Name -> callback for the default chain (:mod:`torchstage.runner.defaults`); users replace one by name."""
         return default_callbacks(self, spec)
+
+    def get_loggers(self) -> dict:
+        """Name -> logger callback of this run, added to the default chain (the same names replace the default
+        ``csv``, ``tensorboard``, ``console``): ``train(loggers=...)``; a subclass may override it (Catalyst 22)."""
+        return dict(self.spec.loggers or {}) if self.spec is not None else {}
 
     def step_callbacks(self, spec: TrainSpec, optimizer_options: dict) -> dict:
         """Name -> callback of this runner's training step, added to the default chain; none by default (a
@@ -130,6 +144,7 @@ class Runner(CatalystAttributes):
     # ---- entry point ---------------------------------------------------------------------
     def train(self, **kwargs) -> "Runner":
         """Check every argument, then run all stages; see :class:`~torchstage.runner.spec.TrainSpec`."""
+        refuse_ignored_getters(self)
         return train_in_world(self, make_spec(self, kwargs))
 
     def run(self) -> "Runner":
@@ -207,7 +222,8 @@ class Runner(CatalystAttributes):
         loop, handle_batch = self.loop, self.handle_batch
         starts, ends = self._handlers["on_batch_start"], self._handlers["on_batch_end"]
         if not loop.is_train_loader:  # without the callbacks whose batch events act on train loaders only
-            starts, ends = ([h for h in handlers if not h.__self__.train_batches_only] for handlers in (starts, ends))
+            starts, ends = ([h for h in handlers if not getattr(h.__self__, "train_batches_only", False)]
+                            for handlers in (starts, ends))
         for loop.batch_step, batch in batches:
             loop.batch = to_device(batch) if to_device else batch
             try:
@@ -235,8 +251,8 @@ class Runner(CatalystAttributes):
         """Install an ordered name -> callback chain and index its handlers per event."""
         self.callbacks = callbacks
         active = [cb for cb in callbacks.values() if CallbackScope(cb.scope).runs_on(self.engine)]
-        self._handlers = {event: [getattr(cb, event) for cb in active if cb.handles(event)]
-                          for event in EVENTS}
+        hooks = overridden_hooks(self)  # the runner's own on_* methods, where its class overrides them
+        self._handlers = {event: with_runner_hooks(event, active, hooks) for event in EVENTS}
 
     def state_dict(self) -> dict:
         """The whole run as a checkpoint dict (models, optimizers, loop position, RNG...)."""

@@ -52,7 +52,11 @@ def prepare(runner, spec, world: World = None) -> None:
     here, every user error is raised here."""
     ensure_console_handler()
     runner.spec = spec
-    runner.engine = run_engine(runner.engine, world or World(), spec)
+    world = world or World()
+    if spec.engine is not None and world.is_distributed:
+        raise ValueError(f"train(engine={spec.engine!r}) sets the device of a one-process run, but this run has "
+                         f"{world.world_size} processes, whose devices come from their ranks; drop engine=...")
+    runner.engine = run_engine(spec.engine or runner.engine, world, spec)
     set_seed(spec.seed + runner.engine.rank, spec.deterministic)
     runner.model = spec.model
     for stage in spec.stage_specs:

@@ -10,6 +10,7 @@ from typing import Any, Optional
 import torch
 
 from torchstage.callbacks.base import Callback
+from torchstage.catalyst.engines import check_engine_and_loggers
 from torchstage.catalyst.runner import translate_train_kwargs
 from torchstage.launch.restarts import check_max_restarts
 from torchstage.launch.slurm.requeue import check_requeue_arg
@@ -92,6 +93,8 @@ class TrainSpec:
     resume_lr: str = "refuse"
     hang_timeout: Optional[float] = 300
     max_restarts: Optional[int] = None  # None: $TORCHSTAGE_MAX_RESTARTS, else 0
+    engine: Any = None  # an Engine (Catalyst 22's train(engine=dl.CPUEngine())); None: the runner's or the default
+    loggers: Optional[Mapping] = None  # name -> logger callback, added to the chain (Catalyst 22's train(loggers=))
     stage_specs: list = field(default_factory=list, init=False, repr=False)
     #: Each stage's callback chain (:func:`~torchstage.runner.defaults.stage_chains`), built by make_spec.
     stage_chains: list = field(default_factory=list, init=False, repr=False)
@@ -125,6 +128,7 @@ def make_spec(runner, kwargs: dict, config_text: str = None) -> TrainSpec:
         raise TypeError(f"distributed must be None (join a torchrun/SLURM world if started in one), True "
                         f"(also launch one process per device) or False (one process), got {spec.distributed!r}")
     spec.strategy = resolve_strategy(spec.strategy)
+    check_engine_and_loggers(spec.engine, spec.loggers, spec.distributed)
     spec.max_restarts = check_max_restarts(spec.max_restarts)
     check_switches(spec)
     if spec.check and spec.logdir is not None:  # a smoke run writes to a scratch folder, never the real run's
@@ -183,10 +187,12 @@ def _check_stage(runner, stage: StageSpec) -> None:
         names = dataset_loader_names(stage.datasets, prefix)
     if names is not None:  # None: a get_datasets_fn, checked once it has run (still before training)
         check_loader_names(stage, names)
-    if runner.requires:
+    trains = names is None or any(str(name).startswith("train") for name in names)
+    if runner.requires and trains:  # a stage of evaluation loaders only needs no optimizer (as in Catalyst 22)
         for name in runner.requires:
             if getattr(stage, name) is None:
-                raise ValueError(f"{prefix}{type(runner).__name__} needs {name}=...; got {name}=None")
+                raise ValueError(f"{prefix}{type(runner).__name__} needs {name}=...; got {name}=None (a stage "
+                                 f"whose loaders are all evaluation loaders, not 'train*', needs none)")
     if stage.callbacks is not None and not isinstance(stage.callbacks, (list, tuple, Mapping)):
         raise TypeError(f"{prefix}callbacks must be a list or a dict name -> Callback, "
                         f"got {type(stage.callbacks).__name__}")

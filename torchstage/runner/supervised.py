@@ -32,14 +32,19 @@ class SupervisedRunner(Runner):
             type(self).forward is SupervisedRunner.forward
 
     def step_callbacks(self, spec, optimizer_options: dict) -> dict:
-        """The loss (one term per name of a dict criterion), then backward and optimizer step."""
+        """The loss (one term per name of a dict criterion), then backward and optimizer step; a run without a
+        criterion or an optimizer (evaluation loaders only, as Catalyst 22 allowed) leaves that one out."""
         names = {}
         for stage in spec.stage_specs:
             if isinstance(stage.criterion, dict):
                 where = "criterion" if stage.name == "main" else f"stages[{stage.name!r}]['criterion']"
                 names.update(as_terms(stage.criterion, where))
-        return {"criterion": self.loss_callback(names=list(names)),
-                "optimizer": OptimizerCallback(metric_key=self.loss_key, **optimizer_options)}
+        chain = {}
+        if any(stage.criterion is not None for stage in spec.stage_specs):
+            chain["criterion"] = self.loss_callback(names=list(names))
+        if any(stage.optimizer is not None for stage in spec.stage_specs):
+            chain["optimizer"] = OptimizerCallback(metric_key=self.loss_key, **optimizer_options)
+        return chain
 
     def loss_callback(self, names=()) -> OutputLossesCallback:
         """The callback computing ``loss`` (one term per name for a dict criterion), for train and evaluate."""

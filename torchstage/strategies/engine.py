@@ -52,6 +52,11 @@ class Engine:
     def is_distributed(self) -> bool:
         return self.world_size > 1
 
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backpropagate ``loss`` through the strategy (scaled under float16): a custom ``handle_batch``'s backward,
+        as Catalyst 22's ``self.engine.backward(loss)``."""
+        self.strategy.backward(loss, None)
+
     # ---- placement -------------------------------------------------------------------------
     @property
     def moves_batches(self) -> bool:

@@ -1,9 +1,10 @@
 """Mixed precision for ``train(amp=...)``: the autocast dtype, checked against the device, and a grad scaler.
 
 ``amp="bf16"`` autocasts forward and loss to bfloat16 (CUDA and CPU); ``amp="fp16"`` autocasts to float16
-and scales the loss with a :class:`torch.amp.GradScaler` (CUDA only); ``amp="auto"`` (what Catalyst's
-``fp16=True`` maps to) picks fp16 on CUDA and bf16 elsewhere, and logs the choice. Backward and the optimizer
-step run outside autocast, as torch recommends. A strategy holds one :class:`Precision` and applies it.
+and scales the loss with a :class:`torch.amp.GradScaler` (CUDA only); ``amp="auto"`` picks fp16 on CUDA and bf16
+elsewhere, and logs the choice; ``amp="fp16-or-full"`` (what Catalyst's ``fp16=True`` maps to) is fp16 on CUDA
+and full precision elsewhere, as Catalyst trained, and logs it. Backward and the optimizer step run outside
+autocast, as torch recommends. A strategy holds one :class:`Precision` and applies it.
 """
 import contextlib
 import logging
@@ -12,6 +13,8 @@ import torch
 
 logger = logging.getLogger("torchstage")
 AUTO = "auto"
+#: Catalyst's ``fp16=True``: float16 on CUDA, full precision where float16 cannot run (Catalyst 20.12 and 22 alike)
+FP16_OR_FULL = "fp16-or-full"
 
 _NAMES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
 _NO_AUTOCAST = contextlib.nullcontext()
@@ -25,10 +28,11 @@ def amp_dtype(value):
         return value
     if isinstance(value, str) and value.lower() in _NAMES:
         return _NAMES[value.lower()]
-    if isinstance(value, str) and value.lower() == AUTO:
-        return AUTO
-    raise ValueError(f"amp must be None, 'bf16' or 'fp16' (or torch.bfloat16 / torch.float16), or 'auto' "
-                     f"(fp16 on CUDA, bf16 elsewhere), got {value!r}")
+    if isinstance(value, str) and value.lower() in (AUTO, FP16_OR_FULL):
+        return value.lower()
+    raise ValueError(f"amp must be None, 'bf16' or 'fp16' (or torch.bfloat16 / torch.float16), 'auto' "
+                     f"(fp16 on CUDA, bf16 elsewhere) or 'fp16-or-full' (fp16 on CUDA, full precision elsewhere), "
+                     f"got {value!r}")
 
 
 class Precision:
@@ -41,6 +45,12 @@ class Precision:
     def for_device(cls, amp, device: torch.device, is_main: bool = True) -> "Precision":
         """The precision ``amp`` asks for on ``device``; ValueError, before training, for what it cannot do."""
         dtype = amp_dtype(amp)
+        if dtype == FP16_OR_FULL:
+            dtype = torch.float16 if device.type == "cuda" else None
+            if is_main:
+                logger.info("fp16=True (amp=%r): %s", amp, "autocast to float16 on %s with a grad scaler" % device
+                            if dtype is not None else f"float16 needs CUDA; this run on {device} trains in full "
+                            f"precision (float32), as Catalyst did (amp='bf16' autocasts to bfloat16 instead)")
         if dtype == AUTO:
             dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
             if is_main:

@@ -9,6 +9,7 @@ import math
 import os
 
 from torchstage.catalyst.callback_args import renamed_argument
+from torchstage.catalyst.checkpoint_args import POSITIONAL_HINT, catalyst22_checkpoint_args
 from torchstage.arguments import ArgumentError
 from torchstage.callbacks.base import Callback, CallbackOrder
 from torchstage.callbacks.training.nonfinite import NonFiniteLossCallback, check_finite_state
@@ -28,17 +29,32 @@ class CheckpointCallback(Callback):
     default none, since the best epoch is ``best.pth`` already (one ``epoch-NNNN.pth`` would be its copy).
     ``load_best_on_end``: load ``best.pth`` weights into the model when the run ends (not after a stop).
     The best score and top-k list are tracked per stage (a new stage may optimise another loss).
+
+    Catalyst 22's arguments (``loader_key``, ``metric_key``, ``minimize``, ``mode``...) are accepted by name: the
+    best epoch is then judged by that loader's metric instead of the run's ``valid_metric``, and ``logdir`` is the
+    checkpoint folder itself (see :mod:`torchstage.catalyst.checkpoint_args` for the file names).
     """
 
     order = CallbackOrder.Checkpoint
     name = "checkpoint"
 
     def __init__(self, logdir: str = None, period=Epoch(1), topk: int = 0, load_best_on_end: bool = False, *,
-                 save_n_best: int = None):
+                 save_n_best: int = None, loader_key: str = None, metric_key: str = None, minimize: bool = None,
+                 mode: str = None, save_last: bool = None, save_best: bool = None, resume_model: str = None,
+                 resume_runner: str = None):
         topk = renamed_argument("CheckpointCallback", "save_n_best", save_n_best, "topk", topk, default=0)
+        #: Catalyst 22's arguments: logdir is the folder itself, the best judged by loader_key/metric_key/minimize
+        self.catalyst22 = catalyst22_checkpoint_args(logdir, loader_key, metric_key, minimize, mode,
+                                                     save_last, save_best, resume_model, resume_runner)
+        self.loader_key, self.metric_key, self.minimize = loader_key, metric_key, minimize
         if isinstance(topk, bool) or not isinstance(topk, int) or topk < 0:
             raise ArgumentError("topk", f"must be an integer >= 0 (how many epoch-NNNN.pth to keep), got {topk!r}")
-        self.logdir, self.periods = logdir, as_periods(period, "period")
+        try:
+            self.logdir, self.periods = logdir, as_periods(period, "period")
+        except ArgumentError as error:
+            if not isinstance(period, str):
+                raise
+            raise ArgumentError("period", error.problem + POSITIONAL_HINT) from None
         self.topk, self.load_best_on_end = topk, bool(load_best_on_end)
         self.best, self.kept = None, []
         #: each epoch's entry as a line of JSON, made once: the checkpoint and metrics.json of a long run join
@@ -48,7 +64,20 @@ class CheckpointCallback(Callback):
 
     def folder(self, runner) -> str:
         """This callback's checkpoint folder: ``<logdir>/checkpoints`` of its own logdir or the run's."""
-        return checkpoint_folder(self.logdir or runner.spec.logdir)
+        return self.folder_of(runner.spec.logdir)
+
+    def folder_of(self, run_logdir) -> str:
+        """The checkpoint folder for a run writing ``run_logdir`` (Catalyst 22's arguments: ``logdir`` itself)."""
+        return self.logdir if self.catalyst22 else checkpoint_folder(self.logdir or run_logdir)
+
+    def needs(self, stage) -> tuple:
+        return ((self.loader_key, self.metric_key),) if self.metric_key is not None else ()
+
+    def _judged_by(self, runner) -> tuple:
+        """``(loader, metric, minimize)`` that pick the best epoch: this callback's own, else the run's."""
+        if self.metric_key is not None:
+            return self.loader_key, self.metric_key, self.minimize
+        return runner.valid_loader, runner.valid_metric, runner.minimize_valid_metric
 
     def on_experiment_start(self, runner):
         if runner.engine.is_main:  # temporary files of a write that a crash interrupted
@@ -101,8 +130,9 @@ class CheckpointCallback(Callback):
     def _summary(self, runner, folder: str, entry: dict, dropped: list):
         """The job that removes the epoch files that left the top k and writes ``metrics.json`` (main rank): after
         this epoch's best and epoch files land, before ``last.pth`` (a failed write leaves every file in place)."""
-        summary = metrics_json({"valid_loader": runner.valid_loader, "valid_metric": runner.valid_metric,
-                                "minimize_valid_metric": runner.minimize_valid_metric, "best": self.best,
+        loader, metric, minimize = self._judged_by(runner)
+        summary = metrics_json({"valid_loader": loader, "valid_metric": metric,
+                                "minimize_valid_metric": minimize, "best": self.best,
                                 "last": entry, "topk": self.kept, "history": self.history})
 
         def write():
@@ -155,7 +185,7 @@ class CheckpointCallback(Callback):
             entry["file"] = os.path.basename(checkpoint_path("", entry["global_epoch"]))
             ranked.append({"file": entry["file"], "value": entry["value"], "stage": entry["stage"],
                            "global_epoch": entry["global_epoch"]})
-        ranked.sort(key=lambda e: e["value"], reverse=not runner.minimize_valid_metric)  # stable: earlier wins ties
+        ranked.sort(key=lambda e: e["value"], reverse=not self._judged_by(runner)[2])  # stable: earlier wins ties
         self.kept, dropped = ranked[: self.topk], ranked[self.topk:]
         return any(e["file"] == entry.get("file") for e in self.kept), dropped
 
@@ -163,20 +193,19 @@ class CheckpointCallback(Callback):
     def _position(runner) -> tuple:
         return runner.stage_key, runner.epoch, runner.global_batch_step, runner.epoch_done
 
-    @staticmethod
-    def _valid_value(runner):
-        metrics = runner.epoch_metrics.get(runner.valid_loader)
+    def _valid_value(self, runner):
+        loader, metric, _ = self._judged_by(runner)
+        metrics = runner.epoch_metrics.get(loader)
         if metrics is None:
             return None  # validation did not run this epoch
-        if runner.valid_metric not in metrics:
-            raise KeyError(f"valid_metric={runner.valid_metric!r} was not produced on loader "
-                           f"{runner.valid_loader!r}; it produced {sorted(metrics)}")
-        value = metrics[runner.valid_metric]
+        if metric not in metrics:
+            raise KeyError(f"valid_metric={metric!r} was not produced on loader {loader!r}; it produced "
+                           f"{sorted(metrics)}")
+        value = metrics[metric]
         return None if math.isnan(value) else value
 
-    @staticmethod
-    def _better(runner, value, best) -> bool:
-        return value < best if runner.minimize_valid_metric else value > best
+    def _better(self, runner, value, best) -> bool:
+        return value < best if self._judged_by(runner)[2] else value > best
 
     def state_dict(self):
         return {"best": self.best, "history_jsonl": "\n".join(self.history), "kept": self.kept}
@@ -206,6 +235,6 @@ def metrics_json(summary: dict) -> bytes:
 
 def checkpoint_folders(chain: dict, logdir) -> list:
     """The folders the checkpoint callbacks of ``chain`` write to (``logdir``'s own folder if none names one)."""
-    folders = [checkpoint_folder(cb.logdir or logdir) for cb in chain.values()
+    folders = [cb.folder_of(logdir) for cb in chain.values()
                if isinstance(cb, CheckpointCallback) and (cb.logdir or logdir) is not None]
     return list(dict.fromkeys(folders))

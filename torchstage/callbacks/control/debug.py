@@ -38,6 +38,11 @@ class LimitBatchesCallback(Callback):
                                            f"got {overfit!r}")
         return cls(1 if overfit is True else overfit, same_batches=True)
 
+    def on_experiment_start(self, runner):
+        if self.same_batches and type(self) is LimitBatchesCallback and runner.engine.is_main \
+                and runner.spec is not None and runner.spec.overfit is not False:
+            logger.info(CATALYST_OVERFIT, runner.spec.overfit, self.num_batches)
+
     def on_loader_start(self, runner):
         if not self.same_batches:
             runner.loader = _Limited(runner.loader, self.num_batches)
@@ -49,11 +54,13 @@ class LimitBatchesCallback(Callback):
 
 
 class BatchOverfitCallback(LimitBatchesCallback):
-    """Per-loader overfitting, as Catalyst 20.12's: ``BatchOverfitCallback(train=10, valid=0.5)``.
+    """Catalyst's per-loader overfitting (20.12 and 22 alike): ``BatchOverfitCallback(train=10, valid=0.5)``.
 
-    An int is a number of batches, a float a share of the loader's batches; loaders not named take one.
-    Like ``train(overfit=n)``, each loader yields its first batches, the same ones every epoch (Catalyst
-    cycled them for the loader's full length).
+    An int is a number of batches, a float a share of the loader's batches; loaders not named take one. Each
+    epoch the loader takes its first batches from a fresh pass and repeats them for its whole length, so an
+    epoch has as many steps as without the callback, as in Catalyst 22.04, whose order this keeps exactly: with
+    ``n`` batches, steps 1..n-1 take batches 0..n-2, then from step n on they cycle from batch 0 (step ``i``
+    takes batch ``(i - n) % n``). ``train(overfit=n)`` is torchstage's spelling: the first batches once per epoch.
     """
 
     def __init__(self, **loader_batches):
@@ -67,8 +74,23 @@ class BatchOverfitCallback(LimitBatchesCallback):
 
     def on_loader_start(self, runner):
         n = self.loader_batches.get(runner.loader_key, 1)
-        self.num_batches = max(1, int(len(runner.loader) * n)) if isinstance(n, float) else n
-        super().on_loader_start(runner)
+        length = len(runner.loader)
+        n = max(1, int(length * n)) if isinstance(n, float) else n
+        runner.loader = _Repeated(list(itertools.islice(runner.loader, n)), length)
+
+
+class _Repeated:
+    """``length`` steps over ``batches`` in Catalyst 22's order (see :class:`BatchOverfitCallback`)."""
+
+    def __init__(self, batches: list, length: int):
+        self.batches, self.length = batches, length
+
+    def __iter__(self):
+        n = len(self.batches)
+        return (self.batches[i - 1] if i < n else self.batches[(i - n) % n] for i in range(1, self.length + 1))
+
+    def __len__(self):
+        return self.length
 
 
 class _Limited:
@@ -83,6 +105,16 @@ class _Limited:
 
     def __len__(self):
         return min(self.n, len(self.loader))
+
+
+#: What ``train(check=True)`` says about Catalyst's counts (a smoke run: its numbers are no result to keep).
+CATALYST_CHECK = ("check=True: %d epoch(s) x %d batch(es) per loader; Catalyst 22's check=True ran 3 epochs x 3 "
+                  "batches, 20.12's 2 x 3: for those counts pass callbacks=[CheckRunCallback(num_batch_steps=3, "
+                  "num_epoch_steps=3)] without check=True")
+#: What ``train(overfit=...)`` says about Catalyst's meaning of ``overfit=True``.
+CATALYST_OVERFIT = ("overfit=%r: the first %d batch(es) of each loader, the same ones once per epoch; Catalyst 22's "
+                    "overfit=True repeated the first batch for each loader's whole length: "
+                    "callbacks=[BatchOverfitCallback()] does that")
 
 
 class CheckRunCallback(Callback):
@@ -107,7 +139,7 @@ class CheckRunCallback(Callback):
         self.num_epochs, self.num_batch_steps = num_epochs, num_batch_steps
 
     def on_batch_end(self, runner):
-        if self.num_batch_steps is not None and runner.batch_step >= self.num_batch_steps:
+        if self.num_batch_steps is not None and runner.loop.batch_step >= self.num_batch_steps:
             raise CancelLoader()
 
     def on_experiment_start(self, runner):
@@ -116,6 +148,10 @@ class CheckRunCallback(Callback):
                      f"logdir stays untouched)" if runner.spec.logdir is not None else "")
             logger.info("check run: at most %d epoch(s) per stage, a few batches per loader%s", self.num_epochs,
                         where)
+            if runner.spec.check:
+                limits = [cb.num_batches for cb in runner.callbacks.values()
+                          if isinstance(cb, LimitBatchesCallback) and not cb.same_batches]
+                logger.info(CATALYST_CHECK, self.num_epochs, min(limits + [self.num_batch_steps]))
 
     def on_stage_start(self, runner):
         runner.num_epochs = min(runner.num_epochs, self.num_epochs)  # progress and logs show the real count

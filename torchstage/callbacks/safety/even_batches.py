@@ -50,7 +50,7 @@ class EvenBatchesCallback(Callback):
     def on_loader_end(self, runner):
         if self._group is None or not runner.is_train_loader or not self._unknown:
             return
-        counts = self._gather(runner.batch_step or 0)
+        counts = self._gather(runner.loop.batch_step or 0)
         if min(counts) != max(counts):
             raise UnevenBatchesError(f"loader {runner.loader_key!r} ended after a different number of batches on "
                                      f"each rank ({_per_rank(counts)}); {FIX}")

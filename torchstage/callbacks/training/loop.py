@@ -54,6 +54,8 @@ class LoopCallback(Callback):
         size = first.shape[0] if type(first) is torch.Tensor and first.dim() else batch_size_of(batch)
         loop.batch_size = size
         loop.loader_sample_step += size
+        loop.run_batch_step += 1
+        loop.run_sample_step += size
         if loop.is_train_loader:
             loop.train_batches_done += 1
             loop.global_batch_step += 1

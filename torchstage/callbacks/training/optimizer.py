@@ -1,6 +1,7 @@
 """The schedule of backward and optimizer steps on train loaders: gradient accumulation, clipping; the strategy acts."""
 from torchstage.arguments import check_int, check_positive
 from torchstage.callbacks.base import Callback, CallbackOrder
+from torchstage.callbacks.training.backward import BackwardCallback
 from torchstage.catalyst.callback_args import optimizer_args
 
 
@@ -18,6 +19,11 @@ class OptimizerCallback(Callback):
     all-reduce until the last micro-batch). Clipping is by value (``grad_clip_value``) and/or by total norm
     (``grad_clip_norm``). One scaler shared by several optimizer callbacks is updated after each of their steps;
     a multi-optimizer AMP run should step in handle_batch.
+
+    With a :class:`~torchstage.callbacks.training.backward.BackwardCallback` of the same ``metric_key`` in the
+    chain (Catalyst 22's split), that callback back-propagates and this one only steps and resets the gradients
+    every ``accumulation_steps`` train batches of the run, as Catalyst 22's did (the loss is not divided, a partial
+    group waits for the next loader, no ``no_sync``).
     """
 
     order = CallbackOrder.Optimizer
@@ -27,7 +33,14 @@ class OptimizerCallback(Callback):
     def __init__(self, metric_key: str = "loss", optimizer_key: str = None, accumulation_steps: int = 1,
                  grad_clip_norm: float = None, grad_clip_value: float = None, *, grad_clip_params: dict = None,
                  loss_key: str = None, decouple_weight_decay: bool = False, use_fast_zero_grad: bool = False,
-                 use_amp: bool = None, use_apex: bool = None):
+                 use_amp: bool = None, use_apex: bool = None, grad_clip_fn=None):
+        if grad_clip_fn is not None:  # Catalyst 22 kept it and never applied it
+            raise TypeError("OptimizerCallback(grad_clip_fn=...) is Catalyst 22's argument, which it never applied; "
+                            "clip with BackwardCallback(metric_key, grad_clip_fn=..., grad_clip_params=...) or "
+                            "OptimizerCallback(grad_clip_norm=... / grad_clip_value=...)")
+        if callable(grad_clip_norm) or isinstance(grad_clip_norm, str):  # 22's fourth positional argument
+            raise TypeError(f"OptimizerCallback: the fourth argument is grad_clip_norm (a number), got "
+                            f"{grad_clip_norm!r}; Catalyst 22's grad_clip_fn belongs to BackwardCallback")
         metric_key, grad_clip_norm, grad_clip_value = optimizer_args(  # Catalyst 20.12's arguments translated
             metric_key, loss_key, grad_clip_norm, grad_clip_value, grad_clip_params, decouple_weight_decay, use_amp,
             use_apex)
@@ -47,27 +60,31 @@ class OptimizerCallback(Callback):
 
     def on_stage_start(self, runner):
         self._optimizer_now = self._optimizer(runner)
-        if self._optimizer_now is None:
+        if self._optimizer_now is None and any(key.startswith("train") for key in runner.loaders):
             raise ValueError(f"stage {runner.stage_key!r} has no optimizer; pass optimizer=... to train()")
         self._strategy = strategy = runner.engine.strategy
         self._backward = strategy.backward  # bound once: it runs every train batch
+        #: a BackwardCallback of this loss does the backward: this callback only steps (Catalyst 22's split)
+        self._step_only = any(isinstance(cb, BackwardCallback) and cb.metric_key == self.metric_key
+                              for cb in runner.callbacks.values())
+        self._steps_counted = getattr(self, "_steps_counted", 0)
 
     def on_loader_start(self, runner):
         self._pending, self._group, self._no_sync = 0, self.accumulation_steps, None
-        if runner.is_train_loader:
+        if runner.is_train_loader and not self._step_only:
             self._length = _length(runner.loader)
             self._strategy.zero_grad(self._optimizer_now)
 
     def handles(self, event: str) -> bool:
         if event == "on_batch_start":  # only accumulation opens a no_sync context before the forward
-            return self.accumulation_steps > 1
+            return self.accumulation_steps > 1 and not getattr(self, "_step_only", False)
         return super().handles(event)
 
     def on_batch_start(self, runner):
-        if not runner.is_train_loader:
+        if not runner.is_train_loader or self._step_only:
             return
         if self._pending == 0 and self._length is not None:  # a group's first batch: how many it will hold
-            self._group = min(self.accumulation_steps, self._length - runner.batch_step + 1)
+            self._group = min(self.accumulation_steps, self._length - runner.loop.batch_step + 1)
         if self._pending + 1 < self._group:
             # DDP decides at forward time whether the backward syncs, so the context spans the batch.
             self._no_sync = self._strategy.no_sync(runner.model)
@@ -79,6 +96,11 @@ class OptimizerCallback(Callback):
             return
         if loop.batch_skipped:  # e.g. a non-finite loss under NonFiniteLossCallback(mode="skip")
             self._leave_no_sync()
+            return
+        if self._step_only:
+            self._steps_counted += 1
+            if self._steps_counted % self.accumulation_steps == 0:
+                self._step()
             return
         loss = loop.batch_metrics.get(self.metric_key)
         if loss is None:
@@ -110,7 +132,7 @@ class OptimizerCallback(Callback):
         self._leave_no_sync()
         if not runner.is_train_loader:
             return
-        if self._pending:  # a loader of unknown length (or cut short) left a partial group
+        if self._pending and not self._step_only:  # a loader of unknown length (or cut short) left a partial group
             # rescaled to the group's real size and, under DDP, averaged where no_sync skipped the all-reduce
             self._strategy.finish_partial_group(self._optimizer_now, runner.engine, self._group / self._pending)
             self._step()
