@@ -129,6 +129,19 @@ def test_exception_fires_on_exception_and_propagates():
     assert seen == ["RuntimeError('boom at epoch 2')"]
 
 
+def test_a_run_failing_in_an_evaluation_loader_leaves_grad_mode_as_it_found_it():
+    class Boom(Callback):
+        def on_batch_end(self, runner):
+            if runner.loader_key == "valid":
+                raise RuntimeError("boom in valid")
+
+    assert torch.is_grad_enabled()
+    with pytest.raises(RuntimeError, match="boom in valid"):
+        CountingRunner().train(model=torch.nn.Linear(1, 1), loaders={"train": [torch.zeros(1)], "valid": [torch.zeros(1)]},
+                               callbacks=[Boom()], num_epochs=1, valid_metric="seen")
+    assert torch.is_grad_enabled()  # the valid loader had turned it off; user code after train() needs it on
+
+
 def test_scope_decides_which_callbacks_a_single_process_calls():
     """Distributed-scope callbacks (the hang watchdog, the even-batches check) cost a single process nothing."""
     from torchstage import CallbackScope

@@ -54,6 +54,7 @@ def evaluate_loader(runner, loader, callbacks=None, criterion=None) -> dict:
             raise RunnerException(f"callbacks[{key!r}]: a CheckpointCallback has nothing to save in "
                                   f"evaluate_loader, which trains nothing; drop it")
     saved = runner.loop, runner.callbacks, runner._handlers, runner.criterion
+    grad = torch.is_grad_enabled()  # a loader failing midway must not leave it off
     try:
         runner.loop = LoopState(stage_key="evaluate", num_epochs=1, loaders={"valid": loader})
         if criterion is not None:
@@ -65,6 +66,7 @@ def evaluate_loader(runner, loader, callbacks=None, criterion=None) -> dict:
         return dict(runner.epoch_metrics.get("valid", {}))
     finally:
         runner.loop, runner.callbacks, runner._handlers, runner.criterion = saved
+        torch.set_grad_enabled(grad)
 
 
 def _to_cpu(obj):

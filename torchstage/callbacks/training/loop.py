@@ -26,6 +26,7 @@ class LoopCallback(Callback):
     """Sets train/eval mode and grad, resets per-level state, advances counters, calls ``set_epoch``."""
 
     order = CallbackOrder.Internal
+    _grad_was = None  # the grad mode a loader found, restored when it ends or the run fails inside it
 
     def on_epoch_start(self, runner):
         runner.global_epoch_step += 1
@@ -64,6 +65,11 @@ class LoopCallback(Callback):
 
     def on_loader_end(self, runner):
         torch.set_grad_enabled(self._grad_was)
+        self._grad_was = None
+
+    def on_exception(self, runner):
+        if self._grad_was is not None:  # a run that fails in an evaluation loader must not leave grad off
+            self.on_loader_end(runner)
 
     def on_epoch_end(self, runner):
         runner.epoch_done = True
