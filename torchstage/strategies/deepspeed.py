@@ -1,0 +1,362 @@
+"""DeepSpeed ZeRO (stages 1-3): each trained model in a ``DeepSpeedEngine`` that does backward and the step.
+
+torchstage owns the schedule: DeepSpeed runs with ``managed_gradient_accumulation=False`` (the optimizer
+callback decides when a group ends and calls the step) and is configured from ``train()``: the micro batch
+size, ``gradient_accumulation_steps``, ``gradient_clipping`` and bf16/fp16 are filled in, and a DeepSpeed
+config that says otherwise is refused before training, naming both values. The user's optimizer is
+DeepSpeed's client optimizer (same object, groups and hyperparameters, so the user's scheduler keeps
+stepping it). Checkpoints are directories of DeepSpeed's own files (see :mod:`torchstage.files.deepspeed_files`).
+"""
+import contextlib
+import copy
+import json
+import numbers
+import os
+
+import torch
+
+from torchstage.files.format import CheckpointError
+from torchstage.strategies.precision import Precision
+from torchstage.strategies.single import SingleDevice
+
+#: What ``DeepSpeed(config={"optimizer": {"type": ...}})`` builds, as DeepSpeed does with ``torch_adam: true``.
+CONFIG_OPTIMIZERS = {"adam": "Adam", "adamw": "AdamW", "sgd": "SGD"}
+
+
+class DeepSpeed(SingleDevice):
+    """``strategy="deepspeed"``, or ``DeepSpeed(stage=1|2|3, config=..., ...)``: ZeRO over all ranks.
+
+    ``config`` is a DeepSpeed config dict or a JSON/YAML file; ``overrides`` are top-level config keys laid
+    over it. ``stage`` (default: the config's, else 2) shards optimizer state (1), also gradients (2), also
+    parameters (3). ``offload_optimizer`` keeps optimizer state in CPU memory; ``offload_params`` (stage 3)
+    the parameters too. Needs several processes and ``pip install torchstage[deepspeed]``.
+    """
+
+    name = "deepspeed"
+
+    def __init__(self, stage: int = None, config=None, offload_optimizer: bool = False, offload_params: bool = False,
+                 **overrides):
+        config = _deep_merge(_read_config(config), overrides)
+        zero = config.setdefault("zero_optimization", {})
+        if not isinstance(zero, dict):
+            raise TypeError(f"DeepSpeed config zero_optimization must be a dict, got {zero!r}")
+        if stage is not None and (isinstance(stage, bool) or stage not in (1, 2, 3)):
+            raise ValueError(f"DeepSpeed(stage=...) must be 1, 2 or 3 (ZeRO stage), got {stage!r}")
+        if stage is not None and zero.get("stage", stage) != stage:
+            raise ValueError(f"DeepSpeed(stage={stage}) disagrees with the config's zero_optimization.stage="
+                             f"{zero['stage']!r}; set the stage in one place")
+        zero["stage"] = stage = zero.get("stage", 2 if stage is None else stage)
+        if stage not in (1, 2, 3):
+            raise ValueError(f"DeepSpeed config zero_optimization.stage must be 1, 2 or 3, got {stage!r} (stage 0 "
+                             f"is plain data parallelism: use strategy='ddp')")
+        for flag, value in (("offload_optimizer", offload_optimizer), ("offload_params", offload_params)):
+            if not isinstance(value, bool):
+                raise TypeError(f"DeepSpeed({flag}=...) must be True or False, got {value!r}")
+        if offload_params and stage != 3:
+            raise ValueError(f"DeepSpeed(offload_params=True) needs stage=3 (only ZeRO-3 partitions parameters), "
+                             f"got stage={stage}")
+        if offload_optimizer:
+            zero["offload_optimizer"] = {"device": "cpu", **zero.get("offload_optimizer", {})}
+        if offload_params:
+            zero["offload_param"] = {"device": "cpu", **zero.get("offload_param", {})}
+        if "scheduler" in config:
+            raise ValueError(f"DeepSpeed config scheduler {config['scheduler'].get('type')!r}: torchstage steps the "
+                             f"scheduler given to train(scheduler=...); build it there (e.g. torch.optim.lr_scheduler."
+                             f"LambdaLR for a warmup) and remove 'scheduler' from the config")
+        if config.get("managed_gradient_accumulation", False):
+            raise ValueError("DeepSpeed config managed_gradient_accumulation=True: torchstage decides when an "
+                             "accumulation group ends (train(accumulation_steps=...)); remove the key")
+        _config_optimizer(config)  # a type it cannot build fails now
+        self.config, self.stage = config, stage
+        self._engines, self._made, self._pending = {}, {}, {}
+        self._plans, self._batch_size = {}, None
+
+    def __repr__(self) -> str:
+        return f"DeepSpeed(stage={self.stage})"
+
+    # ---- before training ---------------------------------------------------------------------
+    def setup(self, engine, amp=None) -> None:
+        """Import DeepSpeed for ``engine``'s device; DeepSpeed scales float16 losses itself: no grad scaler here."""
+        if not engine.is_distributed:
+            raise ValueError("strategy='deepspeed' shards training state over several processes, and this run has "
+                             "one; use distributed=True with nprocs >= 2 (or torchrun), or strategy='ddp'")
+        if engine.device.type == "cpu":
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed reads it once, on import
+        accelerator = _import_deepspeed().accelerator.get_accelerator().device_name()
+        if accelerator != engine.device.type:
+            raise ValueError(f"strategy='deepspeed': DeepSpeed's accelerator is {accelerator!r} but this run trains "
+                             f"on {engine.device}; set DS_ACCELERATOR={engine.device.type} before starting")
+        precision = Precision.for_device(amp, engine.device, engine.is_main)
+        self.precision = Precision(precision.dtype, None, precision.device_type)
+        self._world_size = engine.world_size
+        self._snapshot_buffers = {}
+
+    def make_optimizer(self, model):
+        """The optimizer of the config's ``optimizer`` section for ``model`` (None without one)."""
+        kind = _config_optimizer(self.config)
+        if kind is None:
+            return None
+        if isinstance(model, dict):
+            raise ValueError(f"DeepSpeed config optimizer {kind!r} with several models {sorted(model)}: give each "
+                             f"model its optimizer in train(optimizer={{name: ...}}) instead")
+        key = id(model)
+        if key not in self._made:
+            params = dict(self.config["optimizer"].get("params", {}))
+            if kind == "Adam" and params.pop("adam_w_mode", True):
+                kind = "AdamW"  # DeepSpeed's "Adam" decouples weight decay unless adam_w_mode is false
+            params.pop("torch_adam", None)
+            self._made[key] = getattr(torch.optim, kind)(model.parameters(), **params)
+        return self._made[key]
+
+    def plan_steps(self, batch_size, steps) -> None:
+        """The train loaders' batch size and each optimizer's schedule (:class:`StepPlan`), before wrapping."""
+        for step in steps:
+            if step.grad_clip_value is not None:
+                raise ValueError(f"grad_clip_value={step.grad_clip_value} is not supported with strategy='deepspeed' "
+                                 f"(DeepSpeed clips the total norm only); use grad_clip_norm=...")
+            self._plans[id(step.optimizer)] = step
+        self._batch_size = batch_size
+
+    def engine_config(self, plan, world_size: int) -> dict:
+        """The DeepSpeed config of one engine: the strategy's, with what ``train()`` owns filled in or checked."""
+        config = copy.deepcopy(self.config)
+        config.pop("optimizer", None)  # built by make_optimizer: every engine gets a client optimizer
+        clip = plan.grad_clip_norm
+        _agree(config, "train_micro_batch_size_per_gpu", self._batch_size, "the train loader's batch_size")
+        _agree(config, "gradient_accumulation_steps", plan.accumulation_steps,
+               f"train(accumulation_steps={plan.accumulation_steps})")
+        _agree(config, "gradient_clipping", float(clip or 0.0), f"train(grad_clip_norm={clip})"
+               + ("" if clip else " (no clipping; DeepSpeed's own default is 1.0)"))
+        dtype = self.precision.dtype
+        for key, ours in (("bf16", dtype is torch.bfloat16), ("fp16", dtype is torch.float16)):
+            given = bool(config.get(key, {}).get("enabled", False))
+            if key in config and given != ours:
+                amp = {torch.bfloat16: "'bf16'", torch.float16: "'fp16'"}.get(dtype, "None")
+                raise ValueError(f"DeepSpeed config {key}.enabled={given} disagrees with train(amp={amp}); set the "
+                                 f"precision in one place")
+            if ours:
+                config[key] = {**config.get(key, {}), "enabled": True}
+        expected = config["train_micro_batch_size_per_gpu"] * plan.accumulation_steps * world_size
+        _agree(config, "train_batch_size", expected, f"batch_size x accumulation_steps x {world_size} processes")
+        config.update(managed_gradient_accumulation=False, zero_allow_untested_optimizer=True)
+        config.setdefault("steps_per_print", 2 ** 62)
+        return config
+
+    # ---- wrapping ----------------------------------------------------------------------------
+    def wrap_models(self, models, engine, optimizers=()):
+        """One DeepSpeedEngine per trained model, with its own optimizer; a pending checkpoint is loaded into it."""
+        deepspeed = _import_deepspeed()
+        given = [o for o in optimizers if id(o) not in {id(m) for m in self._made.values()}]
+        if given and _config_optimizer(self.config):
+            raise ValueError(f"an optimizer was given twice: train(optimizer={type(given[0]).__name__}) and DeepSpeed "
+                             f"config optimizer {self.config['optimizer'].get('type')!r}; keep one of them")
+        wrapped = dict(models)
+        for name, model in models.items():
+            if not any(p.requires_grad for p in model.parameters()):
+                continue
+            optimizer = _optimizer_of(name, model, optimizers)
+            plan = self._plans.get(id(optimizer))
+            if plan is None:
+                raise ValueError(f"strategy='deepspeed': no OptimizerCallback steps the optimizer of model {name!r}; "
+                                 f"DeepSpeed must do backward and the step (a custom handle_batch cannot)")
+            ds_engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer,
+                                                 config=self.engine_config(plan, engine.world_size),
+                                                 dist_init_required=False)
+            ds_engine.checkpoint_engine = _safe_checkpoint_engine(ds_engine._config)
+            self._engines[name] = ds_engine
+            if id(optimizer) in self._pending:
+                _load_into(ds_engine, optimizer, *self._pending.pop(id(optimizer)))
+            wrapped[name] = ds_engine
+        return wrapped
+
+    def _engine_of(self, optimizer):
+        for ds_engine in self._engines.values():
+            if ds_engine.optimizer is optimizer or getattr(ds_engine.optimizer, "optimizer", None) is optimizer:
+                return ds_engine
+        raise RuntimeError(f"strategy='deepspeed': the optimizer {type(optimizer).__name__} belongs to no DeepSpeed "
+                           f"engine of this run")
+
+    # ---- the step ----------------------------------------------------------------------------
+    def backward(self, loss, optimizer) -> None:
+        """DeepSpeed's backward (its loss scaling and ZeRO gradient partitioning); the callback divided the loss."""
+        self._engine_of(optimizer).backward(loss, scale_wrt_gas=False)
+
+    def no_sync(self, model):
+        """A no-op: with torchstage owning the accumulation boundary, DeepSpeed reduces when it steps."""
+        return contextlib.nullcontext()
+
+    def finish_partial_group(self, optimizer, engine, scale):
+        if scale != 1:
+            raise RuntimeError("strategy='deepspeed' with accumulation_steps > 1 needs loaders with a length: the last "
+                               "accumulation group of a loader ended early, and DeepSpeed has already reduced its "
+                               "gradients; give the loader a __len__ or use accumulation_steps=1")
+
+    def clip_gradients(self, optimizer, max_norm=None, max_value=None) -> None:
+        """Nothing here: DeepSpeed clips inside its step by the config's gradient_clipping (train's grad_clip_norm)."""
+
+    def optimizer_step(self, optimizer) -> None:
+        """DeepSpeed's step: reduce, clip, update the partitions, gather the parameters, reset the gradients."""
+        self._engine_of(optimizer).step()
+
+    def zero_grad(self, optimizer) -> None:
+        self._engine_of(optimizer).optimizer.zero_grad()
+
+    # ---- checkpoint state --------------------------------------------------------------------
+    def _tag_of(self, model):
+        return next((name for name, e in self._engines.items() if e.module is model), None)
+
+    def model_state_dict(self, model) -> dict:
+        """Empty for a model in a DeepSpeed engine (its weights are in DeepSpeed's files), else the plain state."""
+        return {} if self._tag_of(model) is not None else model.state_dict()
+
+    def load_model_state_dict(self, model, state) -> None:
+        """Full weights into a plain model, or into a trained engine's model and its fp32 master copy."""
+        name = self._tag_of(model)
+        if name is None:
+            return model.load_state_dict(state)
+        deepspeed = _import_deepspeed()
+        with deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=0, enabled=self.stage == 3):
+            model.load_state_dict(state)
+        optimizer = self._engines[name].optimizer
+        if hasattr(optimizer, "_restore_from_bit16_weights"):
+            optimizer._restore_from_bit16_weights()  # the fp32 partitions follow the loaded weights
+
+    def optimizer_state_dict(self, optimizer, models) -> dict:
+        """The hyperparameters of each group and where DeepSpeed's files hold the state (the model's name)."""
+        engine = self._engine_of(optimizer)
+        groups = [{**{k: v for k, v in group.items() if k != "params"}, "params": []}
+                  for group in optimizer.param_groups]
+        return {"state": {}, "param_groups": groups,
+                "deepspeed": {"tag": self._tag_of(engine.module), "world_size": self._world_size, "stage": self.stage}}
+
+    def load_optimizer_state_dict(self, optimizer, models, state) -> None:
+        """Keep where the checkpoint's DeepSpeed files are; they load into the engine once it exists."""
+        saved = state.get("deepspeed")
+        if saved is None or "path" not in saved:
+            raise CheckpointError("strategy='deepspeed' resumes only a checkpoint written under DeepSpeed; this one "
+                                  "holds a plain optimizer state. Start from its weights instead "
+                                  "(torchstage.load_model_weights) with a new logdir")
+        if saved["world_size"] != self._world_size:
+            raise CheckpointError(f"DeepSpeed checkpoint {saved['path']!r} was written by {saved['world_size']} "
+                                  f"process(es) and is resumed by {self._world_size}: ZeRO stage {saved['stage']} "
+                                  f"splits the optimizer state by process, and torchstage does not reshard it; resume "
+                                  f"with {saved['world_size']} processes, or start from its weights "
+                                  f"(torchstage.load_model_weights)")
+        for group, kept in zip(optimizer.param_groups, state["param_groups"]):
+            group.update({k: v for k, v in kept.items() if k != "params"})
+        self._pending[id(optimizer)] = (saved["path"], saved["tag"])
+
+    def save_checkpoint(self, checkpoint, paths, engine, writer=None, before_last=None) -> None:
+        """Every rank writes its DeepSpeed files into a new directory, the main rank the rest of the run's state;
+        then the names in ``paths`` are switched to it in order (collective). Waits for earlier file jobs."""
+        from torchstage.files.checkpoint import snapshot
+        from torchstage.files.deepspeed_files import save_deepspeed
+        if writer is not None:
+            writer.wait()
+        state = snapshot(checkpoint) if engine.is_main else None
+        save_deepspeed(state, self._engines, paths, engine, before_last)
+
+
+def _import_deepspeed():
+    try:
+        import deepspeed  # heavy, optional: DeepSpeed runs only
+    except ImportError as e:
+        raise ImportError(f"strategy='deepspeed' needs the deepspeed package ({e}); install it with "
+                          f"pip install torchstage[deepspeed]") from None
+    return deepspeed
+
+
+def _read_config(config) -> dict:
+    """A DeepSpeed config dict from a dict or a JSON/YAML file."""
+    if config is None:
+        return {}
+    if isinstance(config, dict):
+        return copy.deepcopy(config)
+    if not isinstance(config, (str, os.PathLike)):
+        raise TypeError(f"DeepSpeed(config=...) must be a dict or a JSON/YAML file path, got {type(config).__name__}")
+    path = os.fspath(config)
+    if not os.path.isfile(path):
+        raise ValueError(f"DeepSpeed(config={path!r}): no such file")
+    with open(path) as f:
+        text = f.read()
+    try:
+        if path.endswith((".yml", ".yaml")):
+            import yaml
+            loaded = yaml.safe_load(text)
+        else:
+            loaded = json.loads(text)
+    except ValueError as e:  # json's and yaml's errors both derive from it
+        raise ValueError(f"DeepSpeed(config={path!r}) cannot be read: {e}") from None
+    if not isinstance(loaded, dict):
+        raise ValueError(f"DeepSpeed(config={path!r}) must hold a mapping, got {type(loaded).__name__}")
+    return loaded
+
+
+def _deep_merge(base: dict, over: dict) -> dict:
+    for key, value in over.items():
+        base[key] = _deep_merge(base.get(key, {}), value) if isinstance(value, dict) and isinstance(
+            base.get(key), dict) else value
+    return base
+
+
+def _config_optimizer(config: dict):
+    """The torch optimizer class name the config's ``optimizer`` section asks for (None without one)."""
+    section = config.get("optimizer")
+    if section is None:
+        return None
+    kind = str(section.get("type", "")).lower()
+    if kind not in CONFIG_OPTIMIZERS:
+        raise ValueError(f"DeepSpeed config optimizer type {section.get('type')!r} cannot be built by torchstage (it "
+                         f"builds {sorted(CONFIG_OPTIMIZERS.values())}); pass your optimizer to train(optimizer=...)")
+    return CONFIG_OPTIMIZERS[kind]
+
+
+def _agree(config: dict, key: str, ours, what: str) -> None:
+    """Set ``config[key]`` to ``ours``; a different value already there is refused, naming both."""
+    if ours is None:
+        if key not in config:
+            raise ValueError(f"strategy='deepspeed' needs {key}, and {what} does not say it; set it in the config")
+        return
+    given = config.get(key, ours)
+    same = given == ours and not isinstance(given, bool) and isinstance(given, numbers.Number)
+    if not same:
+        raise ValueError(f"DeepSpeed config {key}={given!r} disagrees with {what} ({ours!r}); set it in one place "
+                         f"(torchstage fills it in from train())")
+    config[key] = ours
+
+
+def _optimizer_of(name: str, model, optimizers):
+    """The one optimizer holding ``model``'s trainable parameters, and only them."""
+    params = {id(p) for p in model.parameters()}
+    mine = [o for o in optimizers if any(id(p) in params for g in o.param_groups for p in g["params"])]
+    if len(mine) != 1:
+        raise ValueError(f"strategy='deepspeed' gives each trained model its own optimizer; model {name!r} is "
+                         f"trained by {len(mine)} optimizers")
+    stray = [p for g in mine[0].param_groups for p in g["params"] if id(p) not in params]
+    if stray:
+        raise ValueError(f"the optimizer of model {name!r} also holds a parameter of shape {tuple(stray[0].shape)} "
+                         f"that is not in it; under strategy='deepspeed' an optimizer steps one model")
+    return mine[0]
+
+
+def _safe_checkpoint_engine(config):
+    """DeepSpeed's torch checkpoint engine, loading its files with weights_only=True (see ``safe_load``)."""
+    from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
+    from torchstage.files.deepspeed_files import safe_load
+
+    class SafeCheckpointEngine(TorchCheckpointEngine):
+        def load(self, path, map_location=None):
+            return safe_load(path, map_location=map_location)
+
+    return SafeCheckpointEngine(config)
+
+
+def _load_into(ds_engine, optimizer, path: str, tag: str) -> None:
+    """DeepSpeed's files of ``tag`` into the engine (weights, fp32 partitions, optimizer state); the group
+    hyperparameters torchstage set (the checkpoint's, or the new ones of ``resume_lr='new'``) are kept."""
+    hyper = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
+    loaded, _ = ds_engine.load_checkpoint(path, tag=tag, load_optimizer_states=True, load_lr_scheduler_states=False)
+    if loaded is None:
+        raise CheckpointError(f"DeepSpeed could not load its checkpoint {os.path.join(path, tag)!r}")
+    for group, kept in zip(optimizer.param_groups, hyper):
+        group.update(kept)
