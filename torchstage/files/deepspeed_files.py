@@ -50,6 +50,7 @@ def save_deepspeed(state: dict, engines: dict, paths: list, engine, before_last=
             ds_engine.save_checkpoint(data, tag=name, client_state={}, save_latest=False)
             _fsync_own_files(os.path.join(data, name), engine.rank)
         if engine.is_main:
+            state = {**state, "meta": {**state.get("meta", {}), "sharded": True}}
             write_atomic_stream([os.path.join(data, STATE_FILE)], lambda f: dump(state, f))
     except OSError as e:
         raise CheckpointError(f"could not write DeepSpeed checkpoint {paths[0]!r}: {e}; the previous one, if any, "

@@ -44,6 +44,7 @@ def _train_here(runner, spec, world: World):
         return runner.run()
     finally:
         runner.model = model
+        runner.engine.strategy.teardown()  # before the world's process group is destroyed
 
 
 def prepare(runner, spec, world: World = None) -> None:

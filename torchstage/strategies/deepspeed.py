@@ -169,6 +169,12 @@ class DeepSpeed(SingleDevice):
             wrapped[name] = ds_engine
         return wrapped
 
+    def teardown(self) -> None:
+        """Destroy each engine (its ZeRO hooks and buffers) while the process group it uses still exists."""
+        for ds_engine in self._engines.values():
+            ds_engine.destroy()
+        self._engines.clear()
+
     def _engine_of(self, optimizer):
         for ds_engine in self._engines.values():
             if ds_engine.optimizer is optimizer or getattr(ds_engine.optimizer, "optimizer", None) is optimizer:
