@@ -17,7 +17,7 @@ import torch
 
 from torchstage.files.format import CheckpointError
 from torchstage.strategies.precision import Precision
-from torchstage.strategies.single import SingleDevice
+from torchstage.strategies.single import SingleDevice, StepPlan
 
 #: What ``DeepSpeed(config={"optimizer": {"type": ...}})`` builds, as DeepSpeed does with ``torch_adam: true``.
 CONFIG_OPTIMIZERS = {"adam": "Adam", "adamw": "AdamW", "sgd": "SGD"}
@@ -155,10 +155,8 @@ class DeepSpeed(SingleDevice):
             if not any(p.requires_grad for p in model.parameters()):
                 continue
             optimizer = _optimizer_of(name, model, optimizers)
-            plan = self._plans.get(id(optimizer))
-            if plan is None:
-                raise ValueError(f"strategy='deepspeed': no OptimizerCallback steps the optimizer of model {name!r}; "
-                                 f"DeepSpeed must do backward and the step (a custom handle_batch cannot)")
+            # no OptimizerCallback for it: a handle_batch calls backward and the step itself, one batch per step
+            plan = self._plans.get(id(optimizer)) or StepPlan(optimizer)
             ds_engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer,
                                                  config=self.engine_config(plan, engine.world_size),
                                                  dist_init_required=False)
@@ -170,9 +168,16 @@ class DeepSpeed(SingleDevice):
         return wrapped
 
     def teardown(self) -> None:
-        """Destroy each engine (its ZeRO hooks and buffers) while the process group it uses still exists."""
+        """Destroy each engine (its ZeRO hooks and buffers) while the process group it uses still exists; under
+        ZeRO-3 the models get their whole parameters back first, so they work on after ``train()``."""
+        deepspeed = _import_deepspeed()
         for ds_engine in self._engines.values():
+            params = list(ds_engine.module.parameters())
+            with deepspeed.zero.GatheredParameters(params, enabled=self.stage == 3):
+                whole = [p.data.clone() for p in params] if self.stage == 3 else None
             ds_engine.destroy()
+            for param, data in zip(params, whole or ()):
+                param.data = data
         self._engines.clear()
 
     def _engine_of(self, optimizer):
@@ -185,7 +190,10 @@ class DeepSpeed(SingleDevice):
     # ---- the step ----------------------------------------------------------------------------
     def backward(self, loss, optimizer) -> None:
         """DeepSpeed's backward (its loss scaling and ZeRO gradient partitioning); the callback divided the loss."""
-        self._engine_of(optimizer).backward(loss, scale_wrt_gas=False)
+        engine = self._engine_of(optimizer)
+        if self.stage > 1 and len(self._engines) > 1:
+            _check_reaches_only(loss, engine, self._engines)
+        engine.backward(loss, scale_wrt_gas=False)
 
     def no_sync(self, model):
         """A no-op: with torchstage owning the accumulation boundary, DeepSpeed reduces when it steps."""
@@ -343,6 +351,26 @@ def _optimizer_of(name: str, model, optimizers):
         raise ValueError(f"the optimizer of model {name!r} also holds a parameter of shape {tuple(stray[0].shape)} "
                          f"that is not in it; under strategy='deepspeed' an optimizer steps one model")
     return mine[0]
+
+
+def _check_reaches_only(loss, engine, engines: dict) -> None:
+    """Refuse a loss whose backward would give gradients to another engine's parameters (a GAN's discriminator in
+    the generator's loss): ZeRO 2 and 3 reduce gradients inside backward, and a parameter's second gradient before
+    its own step fails inside DeepSpeed."""
+    others = {id(p): name for name, e in engines.items() if e is not engine for p in e.module.parameters()}
+    seen, todo = set(), [loss.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        variable = getattr(node, "variable", None)
+        if variable is not None and id(variable) in others:
+            raise ValueError(f"strategy='deepspeed' stage {engine.zero_optimization_stage()}: this loss backpropagates "
+                             f"into model {others[id(variable)]!r}, which another optimizer steps; ZeRO 2 and 3 reduce "
+                             f"gradients inside backward and cannot discard them. Freeze that model during this loss's "
+                             f"forward ({others[id(variable)]}.requires_grad_(False)), or use DeepSpeed(stage=1)")
+        todo.extend(next_node for next_node, _ in node.next_functions)
 
 
 def _safe_checkpoint_engine(config):
