@@ -25,6 +25,7 @@ setup(
         "torchmetrics": ["torchmetrics>=1.0"],
         "torchdata": ["torchdata>=0.8"],
         "optuna": ["optuna>=3.4"],
+        "deepspeed": ["deepspeed>=0.19,<0.20"],  # strategy="deepspeed" (ZeRO 1-3)
     },
     entry_points={"console_scripts": ["torchstage=torchstage.cli:main"]},
     license="Apache-2.0",

@@ -102,7 +102,8 @@ def load_deepspeed(path: str) -> dict:
     for name, state in checkpoint["optimizers"].items():
         if "deepspeed" in state:
             state["deepspeed"] = {**state["deepspeed"], "path": data}
-    checkpoint["models"] = {name: consolidate(os.path.join(data, name)) for name in checkpoint["models"]}
+    checkpoint["models"] = {name: consolidate(os.path.join(data, name)) if os.path.isdir(os.path.join(data, name))
+                            else state for name, state in checkpoint["models"].items()}  # untrained ones: as saved
     return checkpoint
 
 

@@ -67,9 +67,6 @@ def prepare(runner, spec, world: World = None) -> None:
     runner.stage_callbacks = spec.stage_chains
     for stage, chain, loaders in zip(spec.stage_specs, runner.stage_callbacks, runner.stage_loaders):
         _check_valid_metric(runner, stage, chain, loaders)
-    for stage in spec.stage_specs:  # a strategy's config may name the optimizer (DeepSpeed's)
-        if stage.optimizer is None:
-            stage.optimizer = runner.engine.strategy.make_optimizer(runner.model)
     _plan_steps(runner)
     runner.loop = LoopState()
     runner.enter_stage(0)

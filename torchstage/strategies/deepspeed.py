@@ -19,6 +19,8 @@ from torchstage.files.format import CheckpointError
 from torchstage.strategies.precision import Precision
 from torchstage.strategies.single import SingleDevice, StepPlan
 
+#: The one key of a model state that DeepSpeed's files hold (see :meth:`DeepSpeed.model_state_dict`).
+HELD_BY = "deepspeed_engine"
 #: What ``DeepSpeed(config={"optimizer": {"type": ...}})`` builds, as DeepSpeed does with ``torch_adam: true``.
 CONFIG_OPTIMIZERS = {"adam": "Adam", "adamw": "AdamW", "sgd": "SGD"}
 
@@ -68,7 +70,7 @@ class DeepSpeed(SingleDevice):
                              "accumulation group ends (train(accumulation_steps=...)); remove the key")
         _config_optimizer(config)  # a type it cannot build fails now
         self.config, self.stage = config, stage
-        self._engines, self._made, self._pending = {}, {}, {}
+        self._engines, self._made, self._pending, self._dtypes = {}, {}, {}, {}
         self._plans, self._batch_size = {}, None
 
     def __repr__(self) -> str:
@@ -122,7 +124,7 @@ class DeepSpeed(SingleDevice):
         config = copy.deepcopy(self.config)
         config.pop("optimizer", None)  # built by make_optimizer: every engine gets a client optimizer
         clip = plan.grad_clip_norm
-        _agree(config, "train_micro_batch_size_per_gpu", self._batch_size, "the train loader's batch_size")
+        _agree(config, "train_micro_batch_size_per_gpu", self._batch_size, f"the train loader's batch_size ({self._batch_size})")
         _agree(config, "gradient_accumulation_steps", plan.accumulation_steps,
                f"train(accumulation_steps={plan.accumulation_steps})")
         _agree(config, "gradient_clipping", float(clip or 0.0), f"train(grad_clip_norm={clip})"
@@ -137,7 +139,7 @@ class DeepSpeed(SingleDevice):
             if ours:
                 config[key] = {**config.get(key, {}), "enabled": True}
         expected = config["train_micro_batch_size_per_gpu"] * plan.accumulation_steps * world_size
-        _agree(config, "train_batch_size", expected, f"batch_size x accumulation_steps x {world_size} processes")
+        _agree(config, "train_batch_size", expected, f"batch_size x accumulation_steps x {world_size} processes ({expected})")
         config.update(managed_gradient_accumulation=False, zero_allow_untested_optimizer=True)
         config.setdefault("steps_per_print", 2 ** 62)
         return config
@@ -157,6 +159,7 @@ class DeepSpeed(SingleDevice):
             optimizer = _optimizer_of(name, model, optimizers)
             # no OptimizerCallback for it: a handle_batch calls backward and the step itself, one batch per step
             plan = self._plans.get(id(optimizer)) or StepPlan(optimizer)
+            self._dtypes[name] = {key: t.dtype for key, t in [*model.named_parameters(), *model.named_buffers()]}
             ds_engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer,
                                                  config=self.engine_config(plan, engine.world_size),
                                                  dist_init_required=False)
@@ -168,16 +171,20 @@ class DeepSpeed(SingleDevice):
         return wrapped
 
     def teardown(self) -> None:
-        """Destroy each engine (its ZeRO hooks and buffers) while the process group it uses still exists; under
-        ZeRO-3 the models get their whole parameters back first, so they work on after ``train()``."""
+        """Destroy each engine (its ZeRO hooks and buffers) while the process group it uses still exists; the models
+        get their whole fp32 weights (the master copy) and original dtypes back first, so they work on after
+        ``train()`` as with any other strategy (collective)."""
         deepspeed = _import_deepspeed()
-        for ds_engine in self._engines.values():
-            params = list(ds_engine.module.parameters())
-            with deepspeed.zero.GatheredParameters(params, enabled=self.stage == 3):
-                whole = [p.data.clone() for p in params] if self.stage == 3 else None
+        for name, ds_engine in self._engines.items():
+            module, dtypes = ds_engine.module, self._dtypes.pop(name)
+            params = list(module.named_parameters())
+            whole = [_whole_fp32(deepspeed, p, self.stage) for _, p in params]
             ds_engine.destroy()
-            for param, data in zip(params, whole or ()):
-                param.data = data
+            for (key, param), data in zip(params, whole):
+                param.data = data.to(dtypes[key])
+            for key, buffer in list(module.named_buffers()):
+                owner, _, leaf = key.rpartition(".")
+                module.get_submodule(owner)._buffers[leaf] = buffer.to(dtypes[key])
         self._engines.clear()
 
     def _engine_of(self, optimizer):
@@ -220,12 +227,17 @@ class DeepSpeed(SingleDevice):
         return next((name for name, e in self._engines.items() if e.module is model), None)
 
     def model_state_dict(self, model) -> dict:
-        """Empty for a model in a DeepSpeed engine (its weights are in DeepSpeed's files), else the plain state."""
-        return {} if self._tag_of(model) is not None else model.state_dict()
+        """For a model in a DeepSpeed engine, a note naming it (its weights go into DeepSpeed's files, and a loaded
+        checkpoint holds them consolidated), else the plain state."""
+        name = self._tag_of(model)
+        return {HELD_BY: name} if name is not None else model.state_dict()
 
     def load_model_state_dict(self, model, state) -> None:
-        """Full weights into a plain model, or into a trained engine's model and its fp32 master copy."""
+        """Full weights into a plain model, or into a trained engine's model and its fp32 master copy; the note of
+        :meth:`model_state_dict` (an unsaved state of this run) leaves the engine's weights as they are."""
         name = self._tag_of(model)
+        if list(state) == [HELD_BY] and state[HELD_BY] == name:
+            return None
         if name is None:
             return model.load_state_dict(state)
         deepspeed = _import_deepspeed()
@@ -329,12 +341,13 @@ def _agree(config: dict, key: str, ours, what: str) -> None:
     """Set ``config[key]`` to ``ours``; a different value already there is refused, naming both."""
     if ours is None:
         if key not in config:
-            raise ValueError(f"strategy='deepspeed' needs {key}, and {what} does not say it; set it in the config")
+            raise ValueError(f"strategy='deepspeed' needs {key}, which {what} does not give; set it in the "
+                             f"DeepSpeed config")
         return
     given = config.get(key, ours)
     same = given == ours and not isinstance(given, bool) and isinstance(given, numbers.Number)
     if not same:
-        raise ValueError(f"DeepSpeed config {key}={given!r} disagrees with {what} ({ours!r}); set it in one place "
+        raise ValueError(f"DeepSpeed config {key}={given!r} disagrees with {what}; set it in one place "
                          f"(torchstage fills it in from train())")
     config[key] = ours
 
@@ -351,6 +364,15 @@ def _optimizer_of(name: str, model, optimizers):
         raise ValueError(f"the optimizer of model {name!r} also holds a parameter of shape {tuple(stray[0].shape)} "
                          f"that is not in it; under strategy='deepspeed' an optimizer steps one model")
     return mine[0]
+
+
+def _whole_fp32(deepspeed, param, stage: int) -> torch.Tensor:
+    """A parameter's whole value: its fp32 master copy, or for a frozen one the (gathered) parameter itself."""
+    data = deepspeed.utils.safe_get_full_fp32_param(param)
+    if data is None:
+        with deepspeed.zero.GatheredParameters([param], enabled=stage == 3):
+            data = param.data.clone()
+    return data.detach().clone()
 
 
 def _check_reaches_only(loss, engine, engines: dict) -> None:
