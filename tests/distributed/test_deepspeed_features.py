@@ -70,6 +70,16 @@ def test_the_gan_trains_each_model_in_its_own_engine_as_ddp_does(tmp_path):
             torch.testing.assert_close(runs["deepspeed"]["models"][name][key], tensor, atol=1e-5, rtol=0)
 
 
+@pytest.mark.timeout(900)
+def test_the_documented_example_trains_at_zero3_and_gives_the_whole_model_back(tmp_path):
+    result = run([ROOT / "scripts" / "deepspeed_example.py", tmp_path / "logs", "3"], nproc=2, timeout=400)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0 and "terminate called" not in out, out[-3000:]
+    for rank in (0, 1):  # the whole model and the scheduler's lr on every rank, after train()
+        assert f"[rank{rank}]: rank {rank}/2: 75,268 parameters, valid loss" in out and "lr 0.00025" in out
+    assert os.path.isdir(tmp_path / "logs" / "checkpoints" / "last.pth" / "model")
+
+
 def _train(**kwargs):
     model = torch.nn.Linear(2, 1)
     loader = [(torch.zeros(4, 2), torch.zeros(4, 1))]
