@@ -40,7 +40,7 @@ def test_bf16_monitor_early_stopping_and_model_summary_under_zero3(tmp_path):
 
 
 @pytest.mark.timeout(900)
-def test_check_run_with_the_optimizer_of_the_deepspeed_config(tmp_path):
+def test_check_run_with_the_optimizer_of_the_deepspeed_config_offloaded(tmp_path):
     code, out, report = _features(tmp_path, "check")
     assert code == 0, out[-3000:]
     assert "check run passed" in out and report["optimizer"] == "AdamW"

@@ -40,11 +40,14 @@ def _train_here(runner, spec, world: World):
     prepare(runner, spec, world)
     model = runner.model
     runner.model = _wrap_models(runner)
+    complete = False
     try:
-        return runner.run()
+        result = runner.run()
+        complete = True
+        return result
     finally:
         runner.model = model
-        runner.engine.strategy.teardown()  # before the world's process group is destroyed
+        runner.engine.strategy.teardown(complete)  # before the world's process group is destroyed
 
 
 def prepare(runner, spec, world: World = None) -> None:

@@ -59,6 +59,7 @@ class DeepSpeed(SingleDevice):
                              f"got stage={stage}")
         if offload_optimizer:
             zero["offload_optimizer"] = {"device": "cpu", **zero.get("offload_optimizer", {})}
+            config.setdefault("zero_force_ds_cpu_optimizer", False)  # the user's torch optimizer steps on the CPU
         if offload_params:
             zero["offload_param"] = {"device": "cpu", **zero.get("offload_param", {})}
         if "scheduler" in config:
@@ -170,16 +171,19 @@ class DeepSpeed(SingleDevice):
             wrapped[name] = ds_engine
         return wrapped
 
-    def teardown(self) -> None:
-        """Destroy each engine (its ZeRO hooks and buffers) while the process group it uses still exists; the models
-        get their whole fp32 weights (the master copy) and original dtypes back first, so they work on after
-        ``train()`` as with any other strategy (collective)."""
+    def teardown(self, complete: bool = True) -> None:
+        """Destroy each engine (its ZeRO hooks and buffers) while the process group it uses still exists. After a
+        complete run the models first get their whole fp32 weights (the master copy) and original dtypes back,
+        so they work on after ``train()`` as with any other strategy (collective); after a failure nothing waits
+        for the other ranks."""
         deepspeed = _import_deepspeed()
         for name, ds_engine in self._engines.items():
             module, dtypes = ds_engine.module, self._dtypes.pop(name)
             params = list(module.named_parameters())
-            whole = [_whole_fp32(deepspeed, p, self.stage) for _, p in params]
+            whole = [_whole_fp32(deepspeed, p, self.stage) for _, p in params] if complete else []
             ds_engine.destroy()
+            if not complete:
+                continue
             for (key, param), data in zip(params, whole):
                 param.data = data.to(dtypes[key])
             for key, buffer in list(module.named_buffers()):

@@ -73,8 +73,9 @@ class SingleDevice:
         """One model as it trains under this strategy; the model itself on one device."""
         return model
 
-    def teardown(self) -> None:
-        """Release what :meth:`wrap_models` built, once the run ends and before its process group goes; nothing here."""
+    def teardown(self, complete: bool = True) -> None:
+        """Release what :meth:`wrap_models` built, once the run ends and before its process group goes (collective
+        only when the run ``complete``-d on every rank: a failing rank must exit, not wait); nothing here."""
 
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
         """The plain module under DDP or ``torch.compile`` wrappers."""

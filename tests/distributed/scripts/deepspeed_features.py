@@ -1,7 +1,7 @@
 """The tiny resume run on 2 gloo ranks under DeepSpeed, with one set of features: python deepspeed_features.py LOGDIR
 CASE. CASE "amp": ZeRO-3, bf16, monitor=True, early stopping; "check": ZeRO-2, check=True, the optimizer built
-from the DeepSpeed config; "disagree": a config whose gradient_accumulation_steps train() contradicts. Rank 0
-writes LOGDIR/report.json (the epochs started, the optimizer's type, the weights' dtype in the run and after
+from the DeepSpeed config and offloaded; "disagree": a config whose gradient_accumulation_steps train()
+contradicts. Rank 0 writes LOGDIR/report.json (the epochs started, the optimizer's type, the weights' dtype in the run and after
 train(), their number and sum after train())."""
 import json
 import os
@@ -35,8 +35,8 @@ if __name__ == "__main__":
         kwargs.update(strategy=DeepSpeed(stage=3), amp="bf16", monitor=True,
                       callbacks=[report, EarlyStoppingCallback(patience=1, min_delta=0.05)])
     elif case == "check":
-        kwargs.update(strategy=DeepSpeed(stage=2, config={"optimizer": {"type": "AdamW", "params": {"lr": 0.01}}}),
-                      optimizer=None, check=True)
+        kwargs.update(strategy=DeepSpeed(stage=2, config={"optimizer": {"type": "AdamW", "params": {"lr": 0.01}}},
+                                         offload_optimizer=True), optimizer=None, check=True)
     else:
         kwargs.update(strategy=DeepSpeed(config={"gradient_accumulation_steps": 4}), accumulation_steps=2)
     runner = SupervisedRunner()
