@@ -127,6 +127,8 @@ def test_what_is_refused_before_training_names_the_argument_and_the_values(tmp_p
         strategy.engine_config(StepPlan(optimizer), 2)
     with pytest.raises(ValueError, match="grad_clip_value=0.5 is not supported with strategy='deepspeed'"):
         DeepSpeed().plan_steps(8, [StepPlan(optimizer, grad_clip_value=0.5)])
+    with pytest.raises(ValueError, match="compile=True is not supported with strategy='deepspeed'"):
+        DeepSpeed().wrap_models({"model": torch.compile(torch.nn.Linear(2, 1))}, None, [optimizer])
 
 
 def test_without_deepspeed_installed_the_error_says_how_to_install_it(monkeypatch):

@@ -148,6 +148,10 @@ class DeepSpeed(SingleDevice):
     # ---- wrapping ----------------------------------------------------------------------------
     def wrap_models(self, models, engine, optimizers=()):
         """One DeepSpeedEngine per trained model, with its own optimizer; a pending checkpoint is loaded into it."""
+        compiled = [key for key, model in models.items() if hasattr(model, "_orig_mod")]
+        if compiled:
+            raise ValueError(f"compile=True is not supported with strategy='deepspeed' (model {compiled[0]!r} is "
+                             f"compiled before DeepSpeed wraps it); train without compile, or use strategy='ddp'")
         deepspeed = _import_deepspeed()
         given = [o for o in optimizers if id(o) not in {id(m) for m in self._made.values()}]
         if given and _config_optimizer(self.config):
