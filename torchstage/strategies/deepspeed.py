@@ -241,8 +241,9 @@ class DeepSpeed(SingleDevice):
         return {HELD_BY: name} if name is not None else model.state_dict()
 
     def load_model_state_dict(self, model, state) -> None:
-        """Full weights into a plain model, or into a trained engine's model and its fp32 master copy; the note of
-        :meth:`model_state_dict` (an unsaved state of this run) leaves the engine's weights as they are."""
+        """Full weights into a plain model, or into a trained engine's model (its fp32 master partitions too, so
+        that nothing is rounded through bf16); the note of :meth:`model_state_dict` (an unsaved state of this
+        run) leaves the engine's weights as they are."""
         name = self._tag_of(model)
         if list(state) == [HELD_BY] and state[HELD_BY] == name:
             return None
@@ -251,9 +252,10 @@ class DeepSpeed(SingleDevice):
         deepspeed = _import_deepspeed()
         with deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=0, enabled=self.stage == 3):
             model.load_state_dict(state)
-        optimizer = self._engines[name].optimizer
-        if hasattr(optimizer, "_restore_from_bit16_weights"):
-            optimizer._restore_from_bit16_weights()  # the fp32 partitions follow the loaded weights
+        for key, param in model.named_parameters():
+            if param.requires_grad:
+                _set_fp32(deepspeed, param, state[key].float(), self.stage, self._world_size)
+        return None
 
     def optimizer_state_dict(self, optimizer, models) -> dict:
         """The hyperparameters of each group and where DeepSpeed's files hold the state (the model's name)."""
@@ -381,6 +383,19 @@ def _whole_fp32(deepspeed, param, stage: int) -> torch.Tensor:
         with deepspeed.zero.GatheredParameters([param], enabled=stage == 3):
             data = param.data.clone()
     return data.detach().clone()
+
+
+def _set_fp32(deepspeed, param, value: torch.Tensor, stage: int, world_size: int) -> None:
+    """Set a trained parameter's fp32 master copy to its whole ``value`` (this rank's partition of it)."""
+    if stage != 3:
+        return deepspeed.utils.safe_set_full_fp32_param(param, value)
+    # DeepSpeed 0.19's set_full_hp_param cuts the last rank's partition out of the unpadded value: pad it here
+    optimizer = param._z3_optimizer
+    partition, _ = optimizer._get_fp32_opt_state_partition(param, release_swap_buffers=False)
+    size, rank = partition.numel(), optimizer._get_param_partition_rank(param)
+    padded = torch.nn.functional.pad(value.flatten(), (0, size * world_size - value.numel()))
+    partition.data.copy_(padded.narrow(0, size * rank, size))
+    return None
 
 
 def _check_reaches_only(loss, engine, engines: dict) -> None:

@@ -1,5 +1,5 @@
 """The tiny resume run on 2 gloo ranks under DeepSpeed, with one set of features: python deepspeed_features.py LOGDIR
-CASE. CASE "amp": ZeRO-3, bf16, monitor=True, early stopping; "check": ZeRO-2, check=True, the optimizer built
+CASE. CASE "amp": ZeRO-3, bf16, monitor=True, early stopping, load_best_on_end; "check": ZeRO-2, check=True, the optimizer built
 from the DeepSpeed config and offloaded; "disagree": a config whose gradient_accumulation_steps train()
 contradicts. Rank 0 writes LOGDIR/report.json (the epochs started, the optimizer's type, the weights' dtype in the run and after
 train(), their number and sum after train())."""
@@ -32,7 +32,7 @@ if __name__ == "__main__":
     report = Report(logdir)
     kwargs = tiny_train_kwargs(logdir, num_epochs=4, distributed=True, nprocs=2, callbacks=[report])
     if case == "amp":  # the valid loss stops improving after epoch 2 of 4 with patience 1 at this learning rate
-        kwargs.update(strategy=DeepSpeed(stage=3), amp="bf16", monitor=True,
+        kwargs.update(strategy=DeepSpeed(stage=3), amp="bf16", monitor=True, load_best_on_end=True,
                       callbacks=[report, EarlyStoppingCallback(patience=1, min_delta=0.05)])
     elif case == "check":
         kwargs.update(strategy=DeepSpeed(stage=2, config={"optimizer": {"type": "AdamW", "params": {"lr": 0.01}}},
