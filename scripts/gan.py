@@ -83,8 +83,9 @@ def main(argv=None) -> GANRunner:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--nprocs", type=int, default=None, help="train on this many processes (distributed=True)")
     parser.add_argument("--strategy", default="ddp", choices=("ddp", "fsdp", "deepspeed"),
-                        help="with --nprocs: ddp, fsdp or deepspeed (ZeRO-1, each model its own engine: the "
-                             "generator's loss also reaches the discriminator, which ZeRO 2 and 3 refuse)")
+                        help="with --nprocs: ddp, fsdp or deepspeed (each model its own engine)")
+    parser.add_argument("--zero-stage", type=int, default=1, help="with --strategy deepspeed: the ZeRO stage (the "
+                        "generator's loss also reaches the discriminator, which stages 2 and 3 refuse)")
     args = parser.parse_args(argv)
 
     torch.manual_seed(args.seed)
@@ -103,7 +104,7 @@ def main(argv=None) -> GANRunner:
     runner.train(model=models, optimizer=optimizers, scheduler=schedulers, criterion={"bce": nn.BCEWithLogitsLoss()},
                  loaders=loaders, num_epochs=args.epochs, valid_metric="loss_g", logdir=args.logdir,
                  seed=args.seed, overwrite=True, distributed=True if args.nprocs else None, nprocs=args.nprocs,
-                 strategy=torchstage.DeepSpeed(stage=1) if args.strategy == "deepspeed" else args.strategy)
+                 strategy=torchstage.DeepSpeed(stage=args.zero_stage) if args.strategy == "deepspeed" else args.strategy)
     after = mode_distance(runner.sample(2000))
     print(f"mode distance: before {before:.3f} after {after:.3f}")
     return runner

@@ -82,6 +82,24 @@ def test_the_documented_example_trains_at_zero3_and_gives_the_whole_model_back(t
     assert os.path.isdir(tmp_path / "logs" / "checkpoints" / "last.pth" / "model")
 
 
+@pytest.mark.timeout(900)
+def test_a_non_finite_loss_stops_the_run_and_no_checkpoint_holds_its_weights(tmp_path):
+    code, out, _ = _features(tmp_path, "nan")
+    assert code != 0 and "NonFiniteLossError: non-finite loss: 'loss' was nan" in out
+    last = load_checkpoint(str(tmp_path / "checkpoints" / "last.pth"))
+    assert all(torch.isfinite(t).all() for t in last["models"]["model"].values())
+    assert not [name for name in os.listdir(tmp_path / "checkpoints") if name.endswith(".link")]
+
+
+@pytest.mark.timeout(900)
+def test_a_gan_under_zero2_is_refused_with_the_reason(tmp_path):
+    result = run([GAN, "--logdir", tmp_path, "--epochs", "1", "--nprocs", "2", "--strategy", "deepspeed",
+                  "--zero-stage", "2"], timeout=400)
+    assert result.returncode != 0
+    assert ("strategy='deepspeed' stage 2: this loss backpropagates into model 'discriminator', which another "
+            "optimizer steps") in result.stdout + result.stderr
+
+
 def _train(**kwargs):
     model = torch.nn.Linear(2, 1)
     loader = [(torch.zeros(4, 2), torch.zeros(4, 1))]

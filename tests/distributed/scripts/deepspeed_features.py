@@ -1,7 +1,7 @@
 """The tiny resume run on 2 gloo ranks under DeepSpeed, with one set of features: python deepspeed_features.py LOGDIR
 CASE. CASE "amp": ZeRO-3, bf16, monitor=True, early stopping, load_best_on_end; "check": ZeRO-2, check=True, the optimizer built
-from the DeepSpeed config and offloaded; "disagree": a config whose gradient_accumulation_steps train()
-contradicts. Rank 0 writes LOGDIR/report.json (the epochs started, the optimizer's type, the weights' dtype in the run and after
+from the DeepSpeed config and offloaded; "nan": ZeRO-2 with a NaN train sample and checkpoints every 2
+batches; "disagree": a config whose gradient_accumulation_steps train() contradicts. Rank 0 writes LOGDIR/report.json (the epochs started, the optimizer's type, the weights' dtype in the run and after
 train(), their number and sum after train())."""
 import json
 import os
@@ -10,7 +10,7 @@ import sys
 import torch
 
 from tests.resume_helpers import tiny_train_kwargs
-from torchstage import Callback, DeepSpeed, EarlyStoppingCallback, SupervisedRunner
+from torchstage import Batch, Callback, DeepSpeed, EarlyStoppingCallback, SupervisedRunner
 
 
 class Report(Callback):
@@ -37,6 +37,9 @@ if __name__ == "__main__":
     elif case == "check":
         kwargs.update(strategy=DeepSpeed(stage=2, config={"optimizer": {"type": "AdamW", "params": {"lr": 0.01}}},
                                          offload_optimizer=True), optimizer=None, check=True)
+    elif case == "nan":  # one train sample is NaN: its batch's loss too
+        kwargs["loaders"]["train"].dataset.tensors[0][13] = float("nan")
+        kwargs.update(strategy=DeepSpeed(stage=2), checkpoint_period=Batch(2))
     else:
         kwargs.update(strategy=DeepSpeed(config={"gradient_accumulation_steps": 4}), accumulation_steps=2)
     runner = SupervisedRunner()
