@@ -125,7 +125,8 @@ class DeepSpeed(SingleDevice):
         config = copy.deepcopy(self.config)
         config.pop("optimizer", None)  # built by make_optimizer: every engine gets a client optimizer
         clip = plan.grad_clip_norm
-        _agree(config, "train_micro_batch_size_per_gpu", self._batch_size, f"the train loader's batch_size ({self._batch_size})")
+        _agree(config, "train_micro_batch_size_per_gpu", self._batch_size,
+               f"the train loader's batch_size ({self._batch_size})")
         _agree(config, "gradient_accumulation_steps", plan.accumulation_steps,
                f"train(accumulation_steps={plan.accumulation_steps})")
         _agree(config, "gradient_clipping", float(clip or 0.0), f"train(grad_clip_norm={clip})"
@@ -140,7 +141,8 @@ class DeepSpeed(SingleDevice):
             if ours:
                 config[key] = {**config.get(key, {}), "enabled": True}
         expected = config["train_micro_batch_size_per_gpu"] * plan.accumulation_steps * world_size
-        _agree(config, "train_batch_size", expected, f"batch_size x accumulation_steps x {world_size} processes ({expected})")
+        _agree(config, "train_batch_size", expected,
+               f"batch_size x accumulation_steps x {world_size} processes ({expected})")
         config.update(managed_gradient_accumulation=False, zero_allow_untested_optimizer=True)
         config.setdefault("steps_per_print", 2 ** 62)
         return config

@@ -1,8 +1,9 @@
 """The tiny resume run on 2 gloo ranks under DeepSpeed, with one set of features: python deepspeed_features.py LOGDIR
-CASE. CASE "amp": ZeRO-3, bf16, monitor=True, early stopping, load_best_on_end; "check": ZeRO-2, check=True, the optimizer built
-from the DeepSpeed config and offloaded; "nan": ZeRO-2 with a NaN train sample and checkpoints every 2
-batches; "disagree": a config whose gradient_accumulation_steps train() contradicts. Rank 0 writes LOGDIR/report.json (the epochs started, the optimizer's type, the weights' dtype in the run and after
-train(), their number and sum after train())."""
+CASE. CASE "amp": ZeRO-3, bf16, monitor=True, early stopping, load_best_on_end; "check": ZeRO-2, check=True,
+the optimizer built from the DeepSpeed config and offloaded; "nan": ZeRO-2 with a NaN train sample and
+checkpoints every 2 batches; "disagree": a config whose gradient_accumulation_steps train() contradicts.
+Rank 0 writes LOGDIR/report.json (the epochs started, the optimizer's type, the weights' dtype in the run and
+after train(), their number and sum after train())."""
 import json
 import os
 import sys
