@@ -107,8 +107,10 @@ def load_deepspeed(path: str) -> dict:
     return checkpoint
 
 
-def consolidate(folder: str) -> dict:
-    """The full fp32 state dict of one model from DeepSpeed's checkpoint folder of any ZeRO stage, read safely."""
+def consolidate(folder: str, optimizer_state: str = None) -> dict:
+    """The full fp32 state dict of one model from DeepSpeed's checkpoint folder of any ZeRO stage, read safely; with
+    ``optimizer_state`` (ZeRO 1 and 2: ``"exp_avg"``...) that state of each parameter instead of its weights, and
+    under ``"step"`` the per-group values of the other states (Adam's step count)."""
     from deepspeed.checkpoint import constants as keys  # heavy: DeepSpeed checkpoints only
     from deepspeed.utils import zero_to_fp32 as merge
     model_files = sorted(glob.glob(os.path.join(folder, "*_model_states.pt")), key=_rank_of)
@@ -123,9 +125,16 @@ def consolidate(folder: str) -> dict:
     if world != len(optims):
         raise CheckpointError(f"DeepSpeed checkpoint {folder!r} is incomplete: written by {world} processes but "
                               f"{len(optims)} optimizer state files are there")
+    steps = None
+    if optimizer_state is not None:  # the moments partitioned as the fp32 weights are: merged the same way
+        base = [o["base_optimizer_state"]["state"] for o in optims]
+        for o, state in zip(optims, base):
+            o[keys.SINGLE_PARTITION_OF_FP32_GROUPS] = [state[i][optimizer_state] for i in sorted(state)]
+        steps = [{k: v for k, v in base[0][i].items() if v.dim() == 0} for i in sorted(base[0])]
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):  # its prints, bars
         state = _merge(merge, keys, stage, world, optims, models)
-    return {key: tensor.detach().clone() for key, tensor in merge.to_torch_tensor(state).items()}
+    merged = {key: tensor.detach().clone() for key, tensor in merge.to_torch_tensor(state).items()}
+    return merged if steps is None else {**merged, "step": steps}
 
 
 def _merge(merge, keys, stage: int, world: int, optims: list, models: list) -> dict:

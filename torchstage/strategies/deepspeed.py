@@ -274,15 +274,19 @@ class DeepSpeed(SingleDevice):
             raise CheckpointError("strategy='deepspeed' resumes only a checkpoint written under DeepSpeed; this one "
                                   "holds a plain optimizer state. Start from its weights instead "
                                   "(torchstage.load_model_weights) with a new logdir")
-        if saved["world_size"] != self._world_size:
+        resharded = saved["world_size"] != self._world_size
+        if resharded and (saved["stage"] == 3 or self.stage == 3):
             raise CheckpointError(f"DeepSpeed checkpoint {saved['path']!r} was written by {saved['world_size']} "
-                                  f"process(es) and is resumed by {self._world_size}: ZeRO stage {saved['stage']} "
-                                  f"splits the optimizer state by process, and torchstage does not reshard it; resume "
-                                  f"with {saved['world_size']} processes, or start from its weights "
-                                  f"(torchstage.load_model_weights)")
+                                  f"process(es) and is resumed by {self._world_size}: torchstage reshards ZeRO 1 and 2 "
+                                  f"optimizer state, not ZeRO-3's (stage {saved['stage']} wrote it, stage "
+                                  f"{self.stage} resumes it); resume with {saved['world_size']} processes, or start "
+                                  f"from its weights (torchstage.load_model_weights)")
+        if saved["stage"] != self.stage:
+            raise CheckpointError(f"DeepSpeed checkpoint {saved['path']!r} was written at ZeRO stage {saved['stage']} "
+                                  f"and is resumed at stage {self.stage}; resume it at stage {saved['stage']}")
         for group, kept in zip(optimizer.param_groups, state["param_groups"]):
             group.update({k: v for k, v in kept.items() if k != "params"})
-        self._pending[id(optimizer)] = (saved["path"], saved["tag"])
+        self._pending[id(optimizer)] = (saved["path"], saved["tag"], resharded)
 
     def save_checkpoint(self, checkpoint, paths, engine, writer=None, before_last=None) -> None:
         """Every rank writes its DeepSpeed files into a new directory, the main rank the rest of the run's state;
@@ -432,12 +436,40 @@ def _safe_checkpoint_engine(config):
     return SafeCheckpointEngine(config)
 
 
-def _load_into(ds_engine, optimizer, path: str, tag: str) -> None:
-    """DeepSpeed's files of ``tag`` into the engine (weights, fp32 partitions, optimizer state); the group
-    hyperparameters torchstage set (the checkpoint's, or the new ones of ``resume_lr='new'``) are kept."""
+def _load_into(ds_engine, optimizer, path: str, tag: str, resharded: bool) -> None:
+    """DeepSpeed's files of ``tag`` into the engine (weights, fp32 partitions, optimizer state), or ``resharded``
+    from another world size; the group hyperparameters torchstage set (the checkpoint's, or the new ones of
+    ``resume_lr='new'``) are kept."""
     hyper = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
-    loaded, _ = ds_engine.load_checkpoint(path, tag=tag, load_optimizer_states=True, load_lr_scheduler_states=False)
-    if loaded is None:
-        raise CheckpointError(f"DeepSpeed could not load its checkpoint {os.path.join(path, tag)!r}")
+    if resharded:
+        _reshard_into(ds_engine, optimizer, os.path.join(path, tag))
+    else:
+        loaded, _ = ds_engine.load_checkpoint(path, tag=tag, load_optimizer_states=True,
+                                              load_lr_scheduler_states=False)
+        if loaded is None:
+            raise CheckpointError(f"DeepSpeed could not load its checkpoint {os.path.join(path, tag)!r}")
     for group, kept in zip(optimizer.param_groups, hyper):
         group.update(kept)
+
+
+def _reshard_into(ds_engine, optimizer, folder: str) -> None:
+    """ZeRO 1/2 optimizer state of another world size into this rank's partitions: each state consolidated per
+    parameter (as the weights, which the model already holds), then flattened and cut as DeepSpeed cuts its fp32
+    partitions; the weights cut the same way must give DeepSpeed's own partition, else the layout is not
+    understood and the resume is refused."""
+    from torchstage.files.deepspeed_files import consolidate
+    zero, rank = ds_engine.optimizer, ds_engine.global_rank
+    names = {id(p): n for n, p in ds_engine.module.named_parameters()}
+    states = {key: consolidate(folder, key) for key in ("exp_avg", "exp_avg_sq")}
+    for index, (params, master) in enumerate(zip(zero.bit16_groups, zero.single_partition_of_fp32_groups)):
+        size, world = master.numel(), ds_engine.dp_world_size
+
+        def mine(tensors):
+            flat = torch.cat([t.detach().float().flatten() for t in tensors])
+            return torch.nn.functional.pad(flat, (0, size * world - flat.numel())).narrow(0, size * rank, size)
+
+        if not torch.equal(mine(params), master.detach()):
+            raise CheckpointError(f"cannot reshard DeepSpeed checkpoint {folder!r}: its partition layout is not the "
+                                  f"one torchstage expects; resume with the world size that wrote it")
+        state = {key: mine([full[names[id(p)]] for p in params]).clone() for key, full in states.items()}
+        optimizer.state[master] = {**{k: v.clone() for k, v in states["exp_avg"]["step"][index].items()}, **state}
