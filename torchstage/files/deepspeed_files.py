@@ -109,8 +109,8 @@ def load_deepspeed(path: str) -> dict:
 
 def consolidate(folder: str, optimizer_state: str = None) -> dict:
     """The full fp32 state dict of one model from DeepSpeed's checkpoint folder of any ZeRO stage, read safely; with
-    ``optimizer_state`` (ZeRO 1 and 2: ``"exp_avg"``...) that state of each parameter instead of its weights, and
-    under ``"step"`` the per-group values of the other states (Adam's step count)."""
+    ``optimizer_state`` (``"exp_avg"``...) that state of each parameter instead of its weights, and under
+    ``"step"`` the per-(sub)group values of the other states (Adam's step count)."""
     from deepspeed.checkpoint import constants as keys  # heavy: DeepSpeed checkpoints only
     from deepspeed.utils import zero_to_fp32 as merge
     model_files = sorted(glob.glob(os.path.join(folder, "*_model_states.pt")), key=_rank_of)
@@ -127,9 +127,10 @@ def consolidate(folder: str, optimizer_state: str = None) -> dict:
                               f"{len(optims)} optimizer state files are there")
     steps = None
     if optimizer_state is not None:  # the moments partitioned as the fp32 weights are: merged the same way
-        base = [o["base_optimizer_state"]["state"] for o in optims]
+        base = [o["base_optimizer_state" if stage <= 2 else "optimizer_state_dict"]["state"] for o in optims]
         for o, state in zip(optims, base):
-            o[keys.SINGLE_PARTITION_OF_FP32_GROUPS] = [state[i][optimizer_state] for i in sorted(state)]
+            flat = keys.SINGLE_PARTITION_OF_FP32_GROUPS if stage <= 2 else keys.FP32_FLAT_GROUPS
+            o[flat] = [state[i][optimizer_state] for i in sorted(state)]
         steps = [{k: v for k, v in base[0][i].items() if v.dim() == 0} for i in sorted(base[0])]
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):  # its prints, bars
         state = _merge(merge, keys, stage, world, optims, models)

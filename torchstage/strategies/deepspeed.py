@@ -275,12 +275,6 @@ class DeepSpeed(SingleDevice):
                                   "holds a plain optimizer state. Start from its weights instead "
                                   "(torchstage.load_model_weights) with a new logdir")
         resharded = saved["world_size"] != self._world_size
-        if resharded and (saved["stage"] == 3 or self.stage == 3):
-            raise CheckpointError(f"DeepSpeed checkpoint {saved['path']!r} was written by {saved['world_size']} "
-                                  f"process(es) and is resumed by {self._world_size}: torchstage reshards ZeRO 1 and 2 "
-                                  f"optimizer state, not ZeRO-3's (stage {saved['stage']} wrote it, stage "
-                                  f"{self.stage} resumes it); resume with {saved['world_size']} processes, or start "
-                                  f"from its weights (torchstage.load_model_weights)")
         if saved["stage"] != self.stage:
             raise CheckpointError(f"DeepSpeed checkpoint {saved['path']!r} was written at ZeRO stage {saved['stage']} "
                                   f"and is resumed at stage {self.stage}; resume it at stage {saved['stage']}")
@@ -453,23 +447,34 @@ def _load_into(ds_engine, optimizer, path: str, tag: str, resharded: bool) -> No
 
 
 def _reshard_into(ds_engine, optimizer, folder: str) -> None:
-    """ZeRO 1/2 optimizer state of another world size into this rank's partitions: each state consolidated per
-    parameter (as the weights, which the model already holds), then flattened and cut as DeepSpeed cuts its fp32
-    partitions; the weights cut the same way must give DeepSpeed's own partition, else the layout is not
+    """Optimizer state of another world size into this rank's partitions: each state consolidated per parameter,
+    then cut as DeepSpeed cuts its fp32 partitions (ZeRO 1/2: each flat group; ZeRO-3: each parameter, padded);
+    the checkpoint's weights cut the same way must give DeepSpeed's own partitions, else the layout is not
     understood and the resume is refused."""
     from torchstage.files.deepspeed_files import consolidate
-    zero, rank = ds_engine.optimizer, ds_engine.global_rank
+    zero, rank, world = ds_engine.optimizer, ds_engine.global_rank, ds_engine.dp_world_size
     names = {id(p): n for n, p in ds_engine.module.named_parameters()}
     states = {key: consolidate(folder, key) for key in ("exp_avg", "exp_avg_sq")}
-    for index, (params, master) in enumerate(zip(zero.bit16_groups, zero.single_partition_of_fp32_groups)):
-        size, world = master.numel(), ds_engine.dp_world_size
+    states["weights"] = consolidate(folder)
+    stage3 = hasattr(zero, "fp32_partitioned_groups_flat")  # ZeRO-3's optimizer
+    groups = zip(zero.fp16_groups, zero.fp32_partitioned_groups_flat) if stage3 else \
+        zip(zero.bit16_groups, zero.single_partition_of_fp32_groups)
+    for index, (params, master) in enumerate(groups):
+        def mine(full):
+            """This rank's cut of the whole tensors ``full`` (name -> tensor) of the group's parameters."""
+            if stage3:  # each parameter padded to the world and cut on its own
+                return torch.cat([_cut(full[names[id(p)]], p.ds_tensor.ds_numel, rank, world) for p in params])
+            return _cut(torch.cat([full[names[id(p)]].flatten() for p in params]), master.numel(), rank, world)
 
-        def mine(tensors):
-            flat = torch.cat([t.detach().float().flatten() for t in tensors])
-            return torch.nn.functional.pad(flat, (0, size * world - flat.numel())).narrow(0, size * rank, size)
-
-        if not torch.equal(mine(params), master.detach()):
+        held = mine({names[id(p)]: torch.ones(p.ds_shape if stage3 else p.shape) for p in params}).bool()
+        if not torch.equal(mine(states["weights"])[held], master.detach()[held]):  # padding: uninitialized
             raise CheckpointError(f"cannot reshard DeepSpeed checkpoint {folder!r}: its partition layout is not the "
                                   f"one torchstage expects; resume with the world size that wrote it")
-        state = {key: mine([full[names[id(p)]] for p in params]).clone() for key, full in states.items()}
-        optimizer.state[master] = {**{k: v.clone() for k, v in states["exp_avg"]["step"][index].items()}, **state}
+        step = {k: v.clone() for k, v in states["exp_avg"]["step"][index].items()}
+        optimizer.state[master] = {**step, "exp_avg": mine(states["exp_avg"]), "exp_avg_sq": mine(states["exp_avg_sq"])}
+
+
+def _cut(tensor: torch.Tensor, size: int, rank: int, world: int) -> torch.Tensor:
+    """Rank ``rank``'s ``size`` values of ``tensor`` flattened and zero-padded to ``size x world``."""
+    flat = tensor.detach().float().flatten()
+    return torch.nn.functional.pad(flat, (0, size * world - flat.numel())).narrow(0, size * rank, size).clone()
