@@ -16,9 +16,7 @@ pytest.importorskip("deepspeed")
 
 #: Two epochs of the FSDP tests' run (10 train batches each), mid-epoch checkpoints, clipping and accumulation.
 RUNS = {**{f"zero{stage}": {"STRATEGY": f"deepspeed{stage}", "EPOCHS": 2, **COMMON} for stage in (1, 2, 3)},
-        "ddp": {"STRATEGY": "ddp", "EPOCHS": 2, **COMMON},
-        "zero3x4": {"STRATEGY": "deepspeed3", "NPROC": 4, "EPOCHS": 1, **COMMON},
-        "ddpx4": {"STRATEGY": "ddp", "NPROC": 4, "EPOCHS": 1, **COMMON}}
+        "ddp": {"STRATEGY": "ddp", "EPOCHS": 2, **COMMON}}
 
 
 @pytest.fixture(scope="module")
@@ -52,19 +50,18 @@ def _plain(node):
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("name,reference", [("zero1", "ddp"), ("zero2", "ddp"), ("zero3", "ddp"),
-                                            ("zero3x4", "ddpx4")])
-def test_zero_stages_train_ddp_weights_and_exit_cleanly(runs, name, reference):
+@pytest.mark.parametrize("name", ["zero1", "zero2", "zero3"])
+def test_zero_stages_train_ddp_weights_and_exit_cleanly(runs, name):
+    """On 2 processes; the 4-process case is the resharded resume below (ZeRO 2 and 3 against DDP on 4)."""
     run = runs[name]
     _clean_exit(run)
-    a, b = final(run), final(runs[reference])
+    a, b = final(run), final(runs["ddp"])
     assert a["models"]["model"].keys() == b["models"]["model"].keys()
     for key, tensor in b["models"]["model"].items():
         torch.testing.assert_close(a["models"]["model"][key], tensor, atol=1e-4, rtol=0)
     # the user's AdamW: both groups stepped by StepLR(gamma=0.5), epoch after epoch, on every rank
-    procs = RUNS[name].get("NPROC", 2)
-    lrs = [[0.01, 0.0025], [0.005, 0.00125]][:RUNS[name]["EPOCHS"]]
-    assert sorted(run["reports"]) == list(range(procs))
+    lrs = [[0.01, 0.0025], [0.005, 0.00125]]
+    assert sorted(run["reports"]) == [0, 1]
     assert all(r["same_optimizer"] and [e["lrs"] for e in r["history"]] == lrs for r in run["reports"].values())
     assert a["metrics"]["valid"]["loss"] == pytest.approx(b["metrics"]["valid"]["loss"], abs=1e-5)
     assert os.path.islink(os.path.join(run["logdir"], "checkpoints", "last.pth"))
@@ -102,7 +99,8 @@ def test_killed_run_resumes_bitwise_equal(runs, tmp_path, stage, kill):
 @pytest.mark.timeout(900)
 def test_resume_on_another_world_size_reshards_as_ddp_reloads(runs, tmp_path):
     """ZeRO-2 and ZeRO-3 state of 2 processes resharded over 4: the next epoch trains as DDP's from its own
-    checkpoint of the same run does (Adam's moments restored, else the first steps would differ by ~lr)."""
+    checkpoint of the same run does (Adam's moments restored, else the first steps would differ by ~lr), and all
+    4 processes exit cleanly."""
     resumed = {}
     for name in ("ddp", "zero2", "zero3"):
         checkpoint = os.path.join(runs[name]["logdir"], "checkpoints", "last.pth")
