@@ -26,6 +26,7 @@ setup(
         "torchdata": ["torchdata>=0.8"],
         "optuna": ["optuna>=3.4"],
         "onnx": ["onnx>=1.14"],  # utils.onnx_export (Catalyst 22's): torch.onnx.export writes the file with it
+        "deepspeed": ["deepspeed>=0.19,<0.20"],  # strategy="deepspeed" (ZeRO 1-3)
     },
     entry_points={"console_scripts": ["torchstage=torchstage.cli:main"]},
     license="Apache-2.0",

@@ -3,6 +3,7 @@ two schedulers and a criterion, all dicts keyed by name and checkpointed by name
 
     python scripts/gan.py --logdir /tmp/gan --epochs 30
     python scripts/gan.py --logdir /tmp/gan --epochs 30 --nprocs 2 --strategy fsdp   # each model sharded
+    python scripts/gan.py --logdir /tmp/gan --epochs 30 --nprocs 2 --strategy deepspeed   # each its ZeRO engine
 
 Logs ``loss_d`` and ``loss_g`` per epoch (``logdir/logs/train.csv``) and prints the mean distance of
 generated points to the nearest mixture mode, before and after training.
@@ -81,7 +82,10 @@ def main(argv=None) -> GANRunner:
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--nprocs", type=int, default=None, help="train on this many processes (distributed=True)")
-    parser.add_argument("--strategy", default="ddp", choices=("ddp", "fsdp"), help="with --nprocs: ddp or fsdp")
+    parser.add_argument("--strategy", default="ddp", choices=("ddp", "fsdp", "deepspeed"),
+                        help="with --nprocs: ddp, fsdp or deepspeed (each model its own engine)")
+    parser.add_argument("--zero-stage", type=int, default=1, help="with --strategy deepspeed: the ZeRO stage (the "
+                        "generator's loss also reaches the discriminator, which stages 2 and 3 refuse)")
     args = parser.parse_args(argv)
 
     torch.manual_seed(args.seed)
@@ -100,7 +104,7 @@ def main(argv=None) -> GANRunner:
     runner.train(model=models, optimizer=optimizers, scheduler=schedulers, criterion={"bce": nn.BCEWithLogitsLoss()},
                  loaders=loaders, num_epochs=args.epochs, valid_metric="loss_g", logdir=args.logdir,
                  seed=args.seed, overwrite=True, distributed=True if args.nprocs else None, nprocs=args.nprocs,
-                 strategy=args.strategy)
+                 strategy=torchstage.DeepSpeed(stage=args.zero_stage) if args.strategy == "deepspeed" else args.strategy)
     after = mode_distance(runner.sample(2000))
     print(f"mode distance: before {before:.3f} after {after:.3f}")
     return runner

@@ -55,6 +55,7 @@ from torchstage.runner.spec import train_signature
 from torchstage.runner.supervised import SupervisedRunner
 from torchstage.stop_request import RunStopped, StopRequest, request_stop
 from torchstage.strategies.ddp import DDP
+from torchstage.strategies.deepspeed import DeepSpeed
 from torchstage.strategies.engine import Engine
 from torchstage.strategies.fsdp import FSDP
 from torchstage.strategies.single import SingleDevice

@@ -1,7 +1,7 @@
-"""A shuffled run with two parameter groups and a scheduler, under FSDP or DDP, for the FSDP tests.
+"""A shuffled run with two parameter groups and a scheduler, under FSDP, DeepSpeed or DDP, for their tests.
 
 Usage: python fsdp_run.py LOGDIR [RESUME]; the world comes from train(distributed=True, nprocs=NPROC).
-Environment: STRATEGY (fsdp | ddp | fsdp-units), NPROC (2), EPOCHS (3), PERIOD (batches between
+Environment: STRATEGY (fsdp | ddp | fsdp-units | deepspeed1 | deepspeed2 | deepspeed3), NPROC (2), EPOCHS (3), PERIOD (batches between
 checkpoints, 0: epochs only), CLIP (grad_clip_norm), ACC (accumulation_steps), AMP, KILL_AT_BATCH=n and
 KILL_RANK=r (SIGKILL rank r after global train batch n, once every rank's saves landed), KILL_IN_SAVE=n
 (SIGKILL the main rank when it switches the n-th checkpoint name, after every shard was written),
@@ -17,11 +17,12 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from torchstage import FSDP, Batch, Callback, Epoch, SupervisedRunner
+from torchstage import FSDP, Batch, Callback, DeepSpeed, Epoch, SupervisedRunner
 
 env = os.environ
 logdir, resume = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else None)
-strategy = {"fsdp": "fsdp", "ddp": "ddp", "fsdp-units": FSDP(min_params=50)}[env.get("STRATEGY", "fsdp")]
+strategy = {"fsdp": "fsdp", "ddp": "ddp", "fsdp-units": FSDP(min_params=50), "deepspeed1": DeepSpeed(stage=1),
+            "deepspeed2": DeepSpeed(stage=2), "deepspeed3": DeepSpeed(stage=3)}[env.get("STRATEGY", "fsdp")]
 period = int(env.get("PERIOD", 0))
 
 

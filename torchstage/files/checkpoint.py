@@ -16,6 +16,7 @@ import torch
 from torch.utils.serialization import config as serialization_config
 
 from torchstage.files.format import FORMAT, CheckpointError, checkpoint_path, clean_state_dict
+from torchstage.files.deepspeed_files import is_deepspeed, load_deepspeed
 from torchstage.files.sharded import load_sharded
 
 
@@ -132,10 +133,10 @@ def damaged_record(path: str):
 def load_checkpoint(path: str, map_location="cpu") -> dict:
     """Load a checkpoint with ``weights_only=True``; refuse files that would need to run pickled code.
 
-    A sharded checkpoint (a directory written under FSDP) is read whole, as plain tensors.
+    A sharded checkpoint (a directory written under FSDP or DeepSpeed) is read whole, as plain tensors.
     """
     if os.path.isdir(path):
-        return load_sharded(path)
+        return load_deepspeed(path) if is_deepspeed(path) else load_sharded(path)
     if not os.path.isfile(path):
         raise CheckpointError(f"checkpoint {path!r} does not exist")
     damage = damaged_record(path)

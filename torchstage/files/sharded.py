@@ -62,7 +62,7 @@ def save_sharded(checkpoint: dict, paths: list, engine, before_last=None, writer
                               f"if any, is unchanged") from e
     engine.barrier()  # every rank's shards and the metadata are on disk
     if engine.is_main:
-        _switch(paths, data, before_last)
+        switch(paths, data, before_last)
 
 
 def _finish(future, paths: list, data: str, before_last, main: bool) -> None:
@@ -74,10 +74,10 @@ def _finish(future, paths: list, data: str, before_last, main: bool) -> None:
         raise CheckpointError(f"could not write sharded checkpoint {paths[0]!r}: {e}; the previous one, if any, is "
                               f"unchanged") from e
     if main:
-        _switch(paths, data, before_last)
+        switch(paths, data, before_last)
 
 
-def _switch(paths: list, data: str, before_last) -> None:
+def switch(paths: list, data: str, before_last) -> None:
     """Point each of ``paths`` at the complete checkpoint ``data`` in order (``before_last()`` before the last),
     then delete the data directories no name points to."""
     folder = os.path.dirname(os.path.abspath(paths[0]))

@@ -6,6 +6,7 @@ from dataclasses import replace
 import torch
 
 from torchstage.callbacks.safety.watchdog import process_group_timeout
+from torchstage.callbacks.training.optimizer import OptimizerCallback
 from torchstage.data.datasets import build_loaders
 from torchstage.data.loaders import distribute_loaders
 from torchstage.data.fork_check import warn_forked_workers
@@ -24,6 +25,7 @@ from torchstage.runner.loop_state import LoopState
 from torchstage.runner.resume import checkpoint_to_resume, restore
 from torchstage.runner.spec import check_loader_names
 from torchstage.strategies.engine import Engine
+from torchstage.strategies.single import StepPlan
 
 logger = logging.getLogger("torchstage")
 
@@ -41,10 +43,14 @@ def _train_here(runner, spec, world: World):
     prepare(runner, spec, world)
     model = runner.model
     runner.model = _wrap_models(runner)
+    complete = False
     try:
-        return runner.run()
+        result = runner.run()
+        complete = True
+        return result
     finally:
         runner.model = model
+        runner.engine.strategy.teardown(complete)  # before the world's process group is destroyed
 
 
 def prepare(runner, spec, world: World = None) -> None:
@@ -71,6 +77,7 @@ def prepare(runner, spec, world: World = None) -> None:
     runner.stage_callbacks = spec.stage_chains
     for stage, chain, loaders in zip(spec.stage_specs, runner.stage_callbacks, runner.stage_loaders):
         _check_valid_metric(runner, stage, chain, loaders)
+    _plan_steps(runner)
     runner.loop = LoopState()
     runner.enter_stage(0)
     if spec.logdir is not None:  # another run writing there is named first; run() takes the lock
@@ -114,6 +121,21 @@ def stage_loaders(spec, engine) -> list:
 def _place_models(runner) -> None:
     engine = runner.engine
     runner.model = map_named(lambda m: engine.strategy.place(m, engine), runner.model)
+
+
+def _plan_steps(runner) -> None:
+    """Tell the strategy, before it wraps, the train batch size and what each optimizer callback will ask of it."""
+    steps = []
+    for stage, chain in zip(runner.spec.stage_specs, runner.stage_callbacks):
+        for callback in chain.values():
+            if isinstance(callback, OptimizerCallback):
+                optimizer = stage.optimizer if callback.optimizer_key is None else \
+                    named(stage.optimizer, "optimizer").get(callback.optimizer_key)
+                steps.append(StepPlan(optimizer, callback.accumulation_steps, callback.grad_clip_norm,
+                                      callback.grad_clip_value))
+    sizes = [getattr(loader, "batch_size", None) for loaders in runner.stage_loaders
+             for key, loader in loaders.items() if key.startswith("train")]
+    runner.engine.strategy.plan_steps(sizes[0] if sizes else None, steps)
 
 
 def _wrap_models(runner):

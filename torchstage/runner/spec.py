@@ -141,6 +141,8 @@ def make_spec(runner, kwargs: dict, config_text: str = None) -> TrainSpec:
     check_resume(spec.resume, spec.logdir)
     spec.stage_specs = _resolve_stages(spec)
     for stage in spec.stage_specs:
+        if stage.optimizer is None:  # a strategy's config may name the optimizer (DeepSpeed's)
+            stage.optimizer = spec.strategy.make_optimizer(spec.model)
         _check_stage(runner, stage)
         check_components(stage, spec.model, spec.scheduler_step)
     spec.config_text = config_text

@@ -1,10 +1,11 @@
 """The one place where ``train(strategy=...)`` (a name or an instance) becomes a strategy object."""
 from torchstage.strategies.ddp import DDP
+from torchstage.strategies.deepspeed import DeepSpeed
 from torchstage.strategies.fsdp import FSDP
 from torchstage.strategies.single import SingleDevice
 
 #: Names ``train(strategy=...)`` accepts, each with the class it makes.
-NAMED = (DDP, FSDP)
+NAMED = (DDP, FSDP, DeepSpeed)
 
 
 def resolve_strategy(strategy):

@@ -8,6 +8,8 @@ engine (device, rank, world size) as an argument and knows nothing of runners or
 """
 import contextlib
 import functools
+from dataclasses import dataclass
+from typing import Any, Optional
 
 import torch
 
@@ -15,6 +17,16 @@ from torchstage.files.atomic import write_atomic_stream
 from torchstage.files.checkpoint import dump, snapshot
 from torchstage.files.writer import hand_over
 from torchstage.strategies.precision import FULL, Precision
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What one optimizer callback will ask of the strategy, told before wrapping (:meth:`SingleDevice.plan_steps`)."""
+
+    optimizer: Any
+    accumulation_steps: int = 1
+    grad_clip_norm: Optional[float] = None
+    grad_clip_value: Optional[float] = None
 
 
 class SingleDevice:
@@ -34,6 +46,15 @@ class SingleDevice:
         self.precision = Precision.for_device(amp, engine.device, engine.is_main)
         self._snapshot_buffers = {}  # the last checkpoint's host copy, reused by the next (save_checkpoint)
 
+    def make_optimizer(self, model):
+        """An optimizer the strategy's own configuration names, for a stage given none (None: there is none)."""
+        return None
+
+    def plan_steps(self, batch_size, steps: list) -> None:
+        """Told before wrapping: the train loaders' batch size (None if unknown) and a :class:`StepPlan` per optimizer
+        callback, for strategies that configure their engine from them (refusing, before training, what they
+        cannot do); nothing here."""
+
     # ---- placement and wrapping --------------------------------------------------------------
     def place(self, model: torch.nn.Module, engine) -> torch.nn.Module:
         """The model on the engine's device (in channels-last memory format when the engine asks for it)."""
@@ -51,6 +72,10 @@ class SingleDevice:
     def wrap(self, model: torch.nn.Module, engine) -> torch.nn.Module:
         """One model as it trains under this strategy; the model itself on one device."""
         return model
+
+    def teardown(self, complete: bool = True) -> None:
+        """Release what :meth:`wrap_models` built, once the run ends and before its process group goes (collective
+        only when the run ``complete``-d on every rank: a failing rank must exit, not wait); nothing here."""
 
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
         """The plain module under DDP or ``torch.compile`` wrappers."""

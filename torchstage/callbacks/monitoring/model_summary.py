@@ -18,8 +18,8 @@ def summarize(model: torch.nn.Module) -> list:
     rows = [_row(name, child) for name, child in model.named_children()]
     own = [p for p in model.parameters(recurse=False)]
     if own:
-        rows.append(("(own parameters)", "", sum(p.numel() for p in own),
-                     sum(p.numel() for p in own if p.requires_grad), sum(_bytes(p) for p in own) / 2**20))
+        rows.append(("(own parameters)", "", sum(_numel(p) for p in own),
+                     sum(_numel(p) for p in own if p.requires_grad), sum(_bytes(p) for p in own) / 2**20))
     rows.append(_row("total", model))
     return rows
 
@@ -27,12 +27,17 @@ def summarize(model: torch.nn.Module) -> list:
 def _row(name, module):
     params = list(module.parameters())
     tensors = params + list(module.buffers())
-    return (name, type(module).__name__, sum(p.numel() for p in params),
-            sum(p.numel() for p in params if p.requires_grad), sum(_bytes(t) for t in tensors) / 2**20)
+    return (name, type(module).__name__, sum(_numel(p) for p in params),
+            sum(_numel(p) for p in params if p.requires_grad), sum(_bytes(t) for t in tensors) / 2**20)
+
+
+def _numel(tensor) -> int:
+    """Its number of values; a ZeRO-3 parameter holds a shard of them, and says the whole in ``ds_numel``."""
+    return getattr(tensor, "ds_numel", None) or tensor.numel()
 
 
 def _bytes(tensor) -> int:
-    return tensor.numel() * tensor.element_size()
+    return _numel(tensor) * tensor.element_size()
 
 
 def format_summary(rows: list, title: str = "model") -> str:
