@@ -104,7 +104,7 @@ def _write_the_older_way(path, checkpoint):
     with torch's CRCs off too, so only that key can tell a changed weight."""
     from torch.utils.serialization import config
 
-    from torchstage.files.checkpoint import content_checksum
+    from torchstage.files.checkpoint_file import content_checksum
     with config.patch({"save.compute_crc32": False}):
         torch.save({**checkpoint, "checksum": {"crc32": content_checksum(checkpoint)}}, path)
 

@@ -6,7 +6,7 @@ import zipfile
 import numpy as np
 import torch
 
-from torchstage.files.checkpoint import serialize
+from torchstage.files.checkpoint_file import serialize
 from torchstage.rng import get_rng_state, set_rng_state
 
 

@@ -26,7 +26,7 @@ import workload  # noqa: E402
 import torch  # noqa: E402
 
 from torchstage.files.atomic import write_atomic_copies  # noqa: E402
-from torchstage.files.checkpoint import serialize  # noqa: E402
+from torchstage.files.checkpoint_file import serialize  # noqa: E402
 from torchstage.files.writer import FileWriter  # noqa: E402
 from torchstage.strategies.engine import Engine  # noqa: E402
 from torchstage.strategies.single import SingleDevice  # noqa: E402

@@ -10,7 +10,7 @@ from tests.resume_helpers import tiny_train_kwargs
 from torchstage import (Batch, CheckpointCallback, CheckpointError, Epoch, SupervisedRunner, load_checkpoint,
                         load_model_weights)
 from torchstage.files.atomic import write_atomic
-from torchstage.files.checkpoint import serialize
+from torchstage.files.checkpoint_file import serialize
 from torchstage.files.format import FORMAT
 
 

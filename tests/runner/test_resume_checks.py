@@ -150,7 +150,7 @@ def test_another_optimizer_class_is_refused_naming_both(tmp_path):
 
 def test_a_checkpoint_without_the_optimizer_class_is_told_apart_by_its_hyperparameters(tmp_path):
     from torchstage.files.atomic import write_atomic
-    from torchstage.files.checkpoint import serialize
+    from torchstage.files.checkpoint_file import serialize
     _train(tmp_path, num_epochs=1)  # Adam
     checkpoint = load_checkpoint(_last(tmp_path))
     del checkpoint["meta"]["optimizers"]  # as torchstage wrote it before it kept the class

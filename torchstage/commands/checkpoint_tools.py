@@ -10,7 +10,8 @@ import sys
 import torch
 
 from torchstage.files.atomic import write_atomic
-from torchstage.files.checkpoint import load_checkpoint, serialize
+from torchstage.files.checkpoint import load_checkpoint
+from torchstage.files.checkpoint_file import serialize
 from torchstage.files.format import CheckpointError
 
 def add_parser(subparsers) -> None:

@@ -19,6 +19,7 @@ import uuid
 import torch
 
 from torchstage.files.atomic import fsync_folder, write_atomic_stream
+from torchstage.files.checkpoint_file import damaged_record, dump, load_file
 from torchstage.files.format import CheckpointError
 
 #: The torchstage part of a DeepSpeed checkpoint directory.
@@ -38,7 +39,6 @@ def save_deepspeed(state: dict, engines: dict, paths: list, engine, before_last=
     """Write one checkpoint from every rank (collective): DeepSpeed's files of each of ``engines`` (model name ->
     DeepSpeedEngine) and, from the main rank, ``state`` (the torchstage dict); then point ``paths`` at it in order,
     ``before_last()`` run before the last name. Until the switch the names keep the previous checkpoint."""
-    from torchstage.files.checkpoint import dump  # checkpoint.py imports this module
     from torchstage.files.sharded import DATA_PREFIX, switch
     folder = os.path.dirname(os.path.abspath(paths[0]))
     data = os.path.join(folder, DATA_PREFIX + engine.broadcast_object(uuid.uuid4().hex[:12]))
@@ -74,7 +74,6 @@ def _fsync_own_files(folder: str, rank: int) -> None:
 def safe_load(path: str, map_location="cpu"):
     """One of DeepSpeed's checkpoint files, its CRC-32s verified, unpickled with ``weights_only=True`` and only
     :data:`DEEPSPEED_GLOBALS` allowed; a damaged or refused file is a :class:`CheckpointError`."""
-    from torchstage.files.checkpoint import damaged_record  # checkpoint.py imports this module
     damage = damaged_record(path)
     if damage is not None:
         raise CheckpointError(f"DeepSpeed checkpoint file {path!r} is damaged: its content does not match the "
@@ -96,8 +95,7 @@ def safe_load(path: str, map_location="cpu"):
 def load_deepspeed(path: str) -> dict:
     """The whole checkpoint in directory ``path``: the torchstage dict, each model's consolidated fp32 weights
     under ``models``, and under each optimizer's ``deepspeed`` entry the data directory its engine resumes from."""
-    from torchstage.files.checkpoint import load_checkpoint  # checkpoint.py imports this module
-    checkpoint = load_checkpoint(os.path.join(path, STATE_FILE))
+    checkpoint = load_file(os.path.join(path, STATE_FILE))
     data = os.path.realpath(path)  # the names may be switched later by this very run: keep what was read
     for name, state in checkpoint["optimizers"].items():
         if "deepspeed" in state:

@@ -2,7 +2,7 @@
 
 torch records every collective of every process group (gloo and NCCL: kind, shapes, dtypes, sequence number and
 the Python stack) in a ring of 2000 entries, on by default (``TORCH_FR_BUFFER_SIZE``; 0 turns it off). torchstage
-reads that ring only when something failed: the hang watchdog and a failing rank write it to
+reads that ring only when something failed: the hang watchdog and a failing rank write its last entries to
 ``LOGDIR/flight-recorder/rank-N.json`` and hand its tail to the launcher's summary; NCCL's own dump on a timeout is
 pointed at the same folder. :func:`first_difference` compares the ranks' records. Reading a dump never unpickles
 code: NCCL's pickled dumps are read with an unpickler that refuses every global.
@@ -13,8 +13,9 @@ import os
 import pickle
 
 FOLDER = "flight-recorder"
-#: Collectives per rank that failure records and the hang watchdog carry (files keep the whole ring).
-TAIL = 12
+#: Collectives per rank that failure records and the hang watchdog carry, and that a rank's file keeps (where
+#: ranks part is near the end; 8,192 ranks' files stay at about 60 KB each).
+TAIL, DUMPED = 12, 256
 #: Where NCCL writes its dump on a timeout (``<prefix><rank>``), under the logdir; the legacy name too.
 _DUMP_FILE_ENV = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 _TORCH = f"{os.sep}torch{os.sep}"
@@ -72,7 +73,7 @@ def write_dump(logdir, rank: int, entries: list = None) -> str:
     there is no logdir or nothing was recorded (never raises: the run is failing already)."""
     if logdir is None:
         return None
-    entries = recent() if entries is None else entries
+    entries = (recent() if entries is None else entries)[-DUMPED:]
     if not entries:
         return None
     folder = os.path.join(os.fspath(logdir), FOLDER)

@@ -14,7 +14,8 @@ from typing import Any, Optional
 import torch
 
 from torchstage.files.atomic import write_atomic_stream
-from torchstage.files.checkpoint import dump, snapshot
+from torchstage.files.checkpoint import snapshot
+from torchstage.files.checkpoint_file import dump
 from torchstage.files.writer import hand_over
 from torchstage.strategies.precision import FULL, Precision
 

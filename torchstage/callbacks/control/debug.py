@@ -8,7 +8,8 @@ from torchstage.catalyst.callback_args import renamed_argument
 from torchstage.arguments import ArgumentError, check_int
 from torchstage.callbacks.base import Callback, CallbackOrder, CancelLoader, CancelStage
 from torchstage.callbacks.checkpoints.checkpoint_saver import checkpoint_folders
-from torchstage.files.checkpoint import load_checkpoint, serialize
+from torchstage.files.checkpoint import load_checkpoint
+from torchstage.files.checkpoint_file import serialize
 from torchstage.files.format import CheckpointError, checkpoint_path
 from torchstage.named import named
 
