@@ -23,7 +23,7 @@ def weights_after(callbacks, seed_fn=None):
                                       ("TensorboardLogger", "TensorBoardLogger"), ("VerboseLogger", "ProgressBar"),
                                       ("BatchMetricCallback", "MetricCallback")])
 def test_module_aliases_are_torchstage_objects_noted_once(old, new, caplog, monkeypatch):
-    monkeypatch.setattr("torchstage.catalyst.names._noted", set())
+    monkeypatch.setattr("torchstage.logging_setup._noted", set())
     with caplog.at_level(logging.INFO, logger="torchstage"):
         assert getattr(dl, old) is getattr(torchstage, new)
         assert getattr(utils, old) is getattr(torchstage, new)

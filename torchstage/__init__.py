@@ -38,7 +38,7 @@ from torchstage.callbacks.training.scheduler import SchedulerCallback
 from torchstage.callbacks.training.swa import SWACallback
 from torchstage.callbacks.training.weight_averaging import EMACallback, WeightAveragingCallback
 from torchstage.catalyst import names as _catalyst_names
-from torchstage.catalyst.module22 import catalyst22_attribute
+from torchstage.catalyst import engines as _catalyst_engines
 from torchstage.config.instantiate import ConfigError
 from torchstage.config.train_call import train_from_config
 from torchstage.config.tuning import tune
@@ -65,6 +65,23 @@ Runner.train.__signature__ = train_signature()
 del train_signature
 
 
+def _catalyst22_attribute(name: str):
+    """The object Catalyst 22's ``dl.<name>`` means; AttributeError (with the reason) for a refused one, KeyError
+    for a name that is not Catalyst 22's."""
+    if name in ("CPUEngine", "GPUEngine"):
+        return getattr(_catalyst_engines, name)
+    if name in _catalyst_engines.DISTRIBUTED:
+        _catalyst_engines.refused_engine(name)
+    if name == "IRunner":
+        from torchstage.runner.irunner import IRunner  # Catalyst 22's runner API: loaded when asked for
+        return IRunner
+    if name == "IRunnerError":
+        _catalyst_names.note_alias("dl.IRunnerError", "torchstage.RunnerException (a ValueError raised before "
+                                   "training)", version="22")
+        return RunnerException
+    raise KeyError(name)
+
+
 def __getattr__(name):
     """Catalyst 20.12 names (``dl.CallbackNode``, ``utils.set_global_seed``...): torchstage's object, noted once;
     Catalyst 22 names (``dl.PrecisionRecallF1SupportCallback``, ``utils.trace_model``...) from the compat layer."""
@@ -74,7 +91,7 @@ def __getattr__(name):
         _catalyst_names.note_alias(f"torchstage.{name}", f"torchstage.{_catalyst_names.MODULE_ALIASES[name]}")
         return globals()[_catalyst_names.MODULE_ALIASES[name]]
     try:
-        return catalyst22_attribute(name)  # dl.CPUEngine, dl.IRunner... (Catalyst 22)
+        return _catalyst22_attribute(name)  # dl.CPUEngine, dl.IRunner... (Catalyst 22)
     except KeyError:
         pass
     raise AttributeError(f"module 'torchstage' has no attribute {name!r}")

@@ -25,7 +25,7 @@ def evaluate(callbacks, outputs, targets, split=3):
 
 @pytest.fixture
 def notes(caplog, monkeypatch):
-    monkeypatch.setattr("torchstage.catalyst.names._noted", set())
+    monkeypatch.setattr("torchstage.logging_setup._noted", set())
     with caplog.at_level(logging.INFO, logger="torchstage"):
         yield caplog
 

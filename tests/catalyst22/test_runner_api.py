@@ -22,7 +22,7 @@ def fit(runner=None, callbacks=None, num_epochs=2, model=None, **kwargs):
 
 
 def test_cpu_engine_and_loggers_are_noted_once_and_used(tmp_path, caplog, monkeypatch):
-    monkeypatch.setattr("torchstage.catalyst.names._noted", set())
+    monkeypatch.setattr("torchstage.logging_setup._noted", set())
     with caplog.at_level(logging.INFO, logger="torchstage"):
         engine = dl.CPUEngine()
         runner = dl.SupervisedRunner()

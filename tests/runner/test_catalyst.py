@@ -69,7 +69,7 @@ class Dtypes(dl.Callback):
 
 def test_fp16_true_on_cpu_trains_in_full_precision_as_catalyst_did_and_says_so(caplog, monkeypatch):
     """Catalyst (20.12 and 22) trained in float32 where float16 cannot run: the same weights as amp=None."""
-    monkeypatch.setattr("torchstage.catalyst.names._noted", set())  # notes are once per process
+    monkeypatch.setattr("torchstage.logging_setup._noted", set())  # notes are once per process
     dtypes = Dtypes()
     with caplog.at_level(logging.INFO, logger="torchstage"):
         runner, weights = trained_weights(fp16=True, callbacks=[dtypes])

@@ -8,7 +8,7 @@ output. Giving ``output_key`` selects 20.12's meaning; ``input_key`` alone keeps
 ``input_key`` that names the target itself (20.12's ``input_key="targets"``) is refused with both spellings.
 """
 from torchstage.catalyst.callback_args22 import accuracy22, default_topk
-from torchstage.catalyst.names import note_alias
+from torchstage.logging_setup import note_alias
 from torchstage.metrics import AccuracyMetric, FunctionalMetric, RenamedMetric
 
 _BOTH = ("use input_key=<model output>, target_key=<target> (torchstage) or input_key=<target>, "

@@ -4,7 +4,7 @@ Catalyst 22 spells the keys as torchstage does (``input_key`` = the model output
 what differs is the metric names (``accuracy01`` for torchstage's ``accuracy``) and a few arguments that exist only
 in 22 (``num_classes`` with ``target_key``, ``suffix``, ``log_on_batch``, ``metric_fn``/``metric_key``).
 """
-from torchstage.catalyst.names import note_alias
+from torchstage.logging_setup import note_alias
 from torchstage.metrics import AccuracyMetric, FunctionalMetric, RenamedMetric
 
 

@@ -1,7 +1,7 @@
 """Catalyst 22's ``CheckpointCallback(logdir, loader_key, metric_key, minimize, topk, mode, save_last, save_best,
 resume_model, resume_runner, load_best_on_end)`` translated for torchstage's CheckpointCallback, noted once;
 what torchstage does another way is refused with where it went."""
-from torchstage.catalyst.names import note_alias
+from torchstage.logging_setup import note_alias
 
 _LAYOUT = ("torchstage writes last.pth, best.pth, epoch-NNNN.pth (top-k) and metrics.json into that folder, where "
            "Catalyst 22 wrote model.last.pth, model.best.pth, model.000N.pth and model.storage.json")

@@ -2,7 +2,7 @@
 its distributed engines are refused with torchstage's spelling (``train(distributed=True)``)."""
 from collections.abc import Mapping
 
-from torchstage.catalyst.names import note_alias
+from torchstage.logging_setup import note_alias
 from torchstage.strategies.engine import Engine
 
 DISTRIBUTED = ("DataParallelEngine", "DistributedDataParallelEngine", "DistributedXLAEngine", "XLAEngine")

@@ -6,7 +6,7 @@ They act on the plain module under a DDP or ``torch.compile`` wrapper, as Cataly
 import torch
 from torch.nn.utils import prune
 
-from torchstage.catalyst.names import note_alias
+from torchstage.logging_setup import note_alias
 from torchstage.strategies.single import SingleDevice
 
 _QUANTIZED = {"qint8": torch.qint8, "quint8": torch.quint8}

@@ -4,13 +4,8 @@ note naming torchstage's spelling.
 Names that mean something else in torchstage are refused here with the reason, never guessed.
 See docs/migrating-from-catalyst.md for the whole table.
 """
-import logging
-import os
+from torchstage.logging_setup import note_alias
 
-from torchstage.logging_setup import ensure_console_handler
-
-logger = logging.getLogger("torchstage")
-_noted = set()
 
 #: ``torchstage.<old>`` -> the torchstage name it resolves to (``import torchstage as dl``/``as utils``).
 MODULE_ALIASES = {
@@ -25,7 +20,7 @@ MODULE_ALIASES = {
 #: use; each notes torchstage's spelling once when built or called).
 CATALYST22_NAMES = {
     **dict.fromkeys(("PrecisionRecallF1SupportCallback", "MultilabelAccuracyCallback",
-                     "MultilabelPrecisionRecallF1SupportCallback"), "torchstage.catalyst.metric_callbacks22"),
+                     "MultilabelPrecisionRecallF1SupportCallback"), "torchstage.callbacks.metrics.catalyst22"),
     **dict.fromkeys(("trace_model", "quantize_model", "prune_model", "onnx_export"),
                     "torchstage.catalyst.model_utils"),
 }
@@ -48,24 +43,6 @@ _REFUSED = {
                                      "scheduler) is not a torchstage phase; use CallbackOrder.Optimizer + 10",
 }
 _REFUSED[("CallbackScope", "experiment")] = _REFUSED[("CallbackScope", "stage")]
-
-
-def is_main_process() -> bool:
-    """Rank 0 of an initialised process group, else what the launcher's ``RANK`` says (0 if unset)."""
-    import torch.distributed as dist  # imported here: torch is heavy and rarely needed for a note
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank() == 0
-    return os.environ.get("RANK", "0") == "0"
-
-
-def note_alias(old: str, preferred: str, version: str = "20.12") -> None:
-    """Log once per process (main rank only) that ``old`` is Catalyst ``version``'s spelling of ``preferred``."""
-    if old in _noted:
-        return
-    _noted.add(old)
-    if is_main_process():
-        ensure_console_handler()
-        logger.info("note: %s is Catalyst %s's spelling; torchstage's is %s", old, version, preferred)
 
 
 def enum_alias(enum, name: str):

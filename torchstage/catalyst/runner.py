@@ -2,7 +2,7 @@
 metric keys and its ``train()`` argument names (``fp16``, ``main_metric``...), each mapped to torchstage's with a
 one-time note; also Catalyst 22's attribute names (``epoch_step``, ``sample_step``, ``loader_batch_len``).
 """
-from torchstage.catalyst.names import note_alias
+from torchstage.logging_setup import note_alias
 from torchstage.strategies.engine import Engine
 from torchstage.strategies.precision import FP16_OR_FULL
 
@@ -158,7 +158,7 @@ class CatalystAttributes:
     is_check_run = _Alias("runner.spec.check", lambda r: r.spec.check)
     state = _Alias("runner", lambda r: r)
     # Catalyst 22's names (runner.batch_step keeps torchstage's meaning, the batch within the loader, except on
-    # dl.IRunner: see torchstage.catalyst.irunner)
+    # dl.IRunner: see runner/irunner.py)
     epoch_step = _Alias("runner.global_epoch_step", lambda r: r.global_epoch_step, version="22")
     sample_step = _Alias("runner.loop.run_sample_step (every loader's samples so far)",
                          lambda r: r.loop.run_sample_step, version="22")

@@ -17,6 +17,6 @@ def __getattr__(name):
     """Catalyst 22's ``metrics.AdditiveMetric`` (``AdditiveValueMetric``), a host-side mean/std meter from the
     Catalyst compat layer (noted once when built); torchstage's own spelling is :class:`AverageMetric`."""
     if name in ("AdditiveMetric", "AdditiveValueMetric"):
-        from torchstage.catalyst.meters import AdditiveMetric  # the compat edge, reached through this one hook
+        from torchstage.metrics.meters import AdditiveMetric  # Catalyst 22's meter: built only when asked for
         return AdditiveMetric
     raise AttributeError(f"module 'torchstage.metrics' has no attribute {name!r}")

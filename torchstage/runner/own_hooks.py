@@ -7,7 +7,7 @@ methods did before a subclass's code; its end method runs after every callback b
 what it writes (``runner.loader_metrics[...] = ...``) reaches the loggers, as it reached Catalyst's own logging.
 """
 from torchstage.callbacks.base import CallbackOrder
-from torchstage.catalyst.names import note_alias
+from torchstage.logging_setup import note_alias
 
 #: Events whose runner method runs before the callbacks (after the bookkeeping ones).
 STARTS = frozenset({"on_experiment_start", "on_stage_start", "on_epoch_start", "on_loader_start", "on_batch_start"})

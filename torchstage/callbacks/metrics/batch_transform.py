@@ -1,4 +1,6 @@
 """New batch entries from existing ones, e.g. ``scores = sigmoid(logits)`` for metrics that read probabilities."""
+import difflib
+import pkgutil
 from functools import partial
 
 from torchstage.callbacks.base import Callback, CallbackOrder
@@ -16,17 +18,28 @@ def _keys(value, what: str):
 
 
 def resolve_transform(transform):
-    """``transform`` itself, or the function an import path such as ``"torch.sigmoid"`` names."""
+    """``transform`` itself, or the function an import path such as ``"torch.sigmoid"`` names (a typo gets the
+    closest names of its module)."""
     if not isinstance(transform, str):
         if not callable(transform):
             raise TypeError(f"BatchTransformCallback: transform must be callable or an import path such as "
                             f"'torch.sigmoid', got {transform!r}")
         return transform
-    from torchstage.config.instantiate import ConfigError, import_target  # import paths, resolved as configs do
     try:
-        return import_target(transform, "")
-    except ConfigError as exc:
-        raise ValueError(f"BatchTransformCallback(transform={transform!r}): {str(exc).split(': ', 1)[1]}") from None
+        found = pkgutil.resolve_name(transform)
+    except (ImportError, AttributeError, ValueError) as exc:
+        module, _, name = transform.rpartition(".")
+        try:
+            close = difflib.get_close_matches(name, dir(pkgutil.resolve_name(module)), n=3) if module else []
+        except (ImportError, AttributeError, ValueError):
+            close = []
+        hint = f"; did you mean {', '.join(repr(f'{module}.{c}') for c in close)}?" if close else ""
+        raise ValueError(f"BatchTransformCallback(transform={transform!r}): cannot import {transform!r} "
+                         f"({exc}){hint}") from None
+    if not callable(found):
+        raise TypeError(f"BatchTransformCallback(transform={transform!r}): that is a {type(found).__name__}, not a "
+                        f"function")
+    return found
 
 
 class BatchTransformCallback(Callback):

@@ -1,6 +1,6 @@
 """Catalyst 22's low-level runner API, ``dl.IRunner``: a subclass gives its parts through ``get_*`` methods and
 starts with ``run()``, which becomes one ``train(...)`` call (its arguments checked before training, as always)."""
-from torchstage.catalyst.names import note_alias
+from torchstage.logging_setup import note_alias
 from torchstage.rng import set_seed
 from torchstage.runner.runner import Runner
 

@@ -6,7 +6,7 @@ The multilabel ones read outputs that are already activated (scores or 0/1 predi
 """
 from torchstage.callbacks.metrics.metric import MetricCallback
 from torchstage.catalyst.classification22 import PrecisionRecallF1SupportMetric
-from torchstage.catalyst.names import note_alias
+from torchstage.logging_setup import note_alias
 from torchstage.metrics import MultiLabelAccuracyMetric
 
 _PRF = ("PrecisionRecallF1Callback(input_key, target_key, num_classes=..., average='macro'|'micro') (keys precision, "

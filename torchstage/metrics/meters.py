@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from torchstage.catalyst.names import note_alias
+from torchstage.logging_setup import note_alias
 
 _MODES = ("numpy", "torch")
 
