@@ -154,7 +154,7 @@ class _Payload:
 def test_a_malicious_pickle_inside_a_deepspeed_checkpoint_is_refused(runs, tmp_path, capsys):
     import shutil
     from torchstage import CheckpointError, load_checkpoint
-    from torchstage.strategies.deepspeed import _safe_checkpoint_engine
+    from torchstage.strategies.deepspeed_state import safe_checkpoint_engine
     checkpoint = tmp_path / "evil"
     shutil.copytree(os.path.join(runs["zero2"]["logdir"], "checkpoints", "last.pth"), checkpoint)
     target = checkpoint / "model" / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
@@ -167,7 +167,7 @@ def test_a_malicious_pickle_inside_a_deepspeed_checkpoint_is_refused(runs, tmp_p
                                               "weights_only=True"):
         load_checkpoint(str(checkpoint))
     with pytest.raises(CheckpointError, match="refused to load"):  # what a resuming engine reads its files with
-        _safe_checkpoint_engine(None).load(str(target))
+        safe_checkpoint_engine(None).load(str(target))
     assert main(["checkpoint", "inspect", str(checkpoint)]) == 2
     assert main(["checkpoint", "consolidate", str(checkpoint), str(tmp_path / "out.pth")]) == 2
     assert "refused to load" in capsys.readouterr().err

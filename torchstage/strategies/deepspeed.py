@@ -8,21 +8,18 @@ DeepSpeed's client optimizer (same object, groups and hyperparameters, so the us
 stepping it). Checkpoints are directories of DeepSpeed's own files (see :mod:`torchstage.files.deepspeed_files`).
 """
 import contextlib
-import copy
-import json
-import numbers
 import os
 
 import torch
 
 from torchstage.files.format import CheckpointError
+from torchstage.strategies.deepspeed_config import config_optimizer, deep_merge, engine_config, read_config
+from torchstage.strategies.deepspeed_state import load_into, safe_checkpoint_engine, set_fp32, whole_fp32
 from torchstage.strategies.precision import Precision
 from torchstage.strategies.single import SingleDevice, StepPlan
 
 #: The one key of a model state that DeepSpeed's files hold (see :meth:`DeepSpeed.model_state_dict`).
 HELD_BY = "deepspeed_engine"
-#: What ``DeepSpeed(config={"optimizer": {"type": ...}})`` builds, as DeepSpeed does with ``torch_adam: true``.
-CONFIG_OPTIMIZERS = {"adam": "Adam", "adamw": "AdamW", "sgd": "SGD"}
 
 
 class DeepSpeed(SingleDevice):
@@ -38,7 +35,7 @@ class DeepSpeed(SingleDevice):
 
     def __init__(self, stage: int = None, config=None, offload_optimizer: bool = False, offload_params: bool = False,
                  **overrides):
-        config = _deep_merge(_read_config(config), overrides)
+        config = deep_merge(read_config(config), overrides)
         zero = config.setdefault("zero_optimization", {})
         if not isinstance(zero, dict):
             raise TypeError(f"DeepSpeed config zero_optimization must be a dict, got {zero!r}")
@@ -69,7 +66,7 @@ class DeepSpeed(SingleDevice):
         if config.get("managed_gradient_accumulation", False):
             raise ValueError("DeepSpeed config managed_gradient_accumulation=True: torchstage decides when an "
                              "accumulation group ends (train(accumulation_steps=...)); remove the key")
-        _config_optimizer(config)  # a type it cannot build fails now
+        config_optimizer(config)  # a type it cannot build fails now
         self.config, self.stage = config, stage
         self._engines, self._made, self._pending, self._dtypes = {}, {}, {}, {}
         self._plans, self._batch_size = {}, None
@@ -96,7 +93,7 @@ class DeepSpeed(SingleDevice):
 
     def make_optimizer(self, model):
         """The optimizer of the config's ``optimizer`` section for ``model`` (None without one)."""
-        kind = _config_optimizer(self.config)
+        kind = config_optimizer(self.config)
         if kind is None:
             return None
         if isinstance(model, dict):
@@ -122,30 +119,7 @@ class DeepSpeed(SingleDevice):
 
     def engine_config(self, plan, world_size: int) -> dict:
         """The DeepSpeed config of one engine: the strategy's, with what ``train()`` owns filled in or checked."""
-        config = copy.deepcopy(self.config)
-        config.pop("optimizer", None)  # built by make_optimizer: every engine gets a client optimizer
-        clip = plan.grad_clip_norm
-        _agree(config, "train_micro_batch_size_per_gpu", self._batch_size,
-               f"the train loader's batch_size ({self._batch_size})")
-        _agree(config, "gradient_accumulation_steps", plan.accumulation_steps,
-               f"train(accumulation_steps={plan.accumulation_steps})")
-        _agree(config, "gradient_clipping", float(clip or 0.0), f"train(grad_clip_norm={clip})"
-               + ("" if clip else " (no clipping; DeepSpeed's own default is 1.0)"))
-        dtype = self.precision.dtype
-        for key, ours in (("bf16", dtype is torch.bfloat16), ("fp16", dtype is torch.float16)):
-            given = bool(config.get(key, {}).get("enabled", False))
-            if key in config and given != ours:
-                amp = {torch.bfloat16: "'bf16'", torch.float16: "'fp16'"}.get(dtype, "None")
-                raise ValueError(f"DeepSpeed config {key}.enabled={given} disagrees with train(amp={amp}); set the "
-                                 f"precision in one place")
-            if ours:
-                config[key] = {**config.get(key, {}), "enabled": True}
-        expected = config["train_micro_batch_size_per_gpu"] * plan.accumulation_steps * world_size
-        _agree(config, "train_batch_size", expected,
-               f"batch_size x accumulation_steps x {world_size} processes ({expected})")
-        config.update(managed_gradient_accumulation=False, zero_allow_untested_optimizer=True)
-        config.setdefault("steps_per_print", 2 ** 62)
-        return config
+        return engine_config(self.config, self.precision.dtype, self._batch_size, plan, world_size)
 
     # ---- wrapping ----------------------------------------------------------------------------
     def wrap_models(self, models, engine, optimizers=()):
@@ -156,7 +130,7 @@ class DeepSpeed(SingleDevice):
                              f"compiled before DeepSpeed wraps it); train without compile, or use strategy='ddp'")
         deepspeed = _import_deepspeed()
         given = [o for o in optimizers if id(o) not in {id(m) for m in self._made.values()}]
-        if given and _config_optimizer(self.config):
+        if given and config_optimizer(self.config):
             raise ValueError(f"an optimizer was given twice: train(optimizer={type(given[0]).__name__}) and DeepSpeed "
                              f"config optimizer {self.config['optimizer'].get('type')!r}; keep one of them")
         wrapped = dict(models)
@@ -170,10 +144,10 @@ class DeepSpeed(SingleDevice):
             ds_engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer,
                                                  config=self.engine_config(plan, engine.world_size),
                                                  dist_init_required=False)
-            ds_engine.checkpoint_engine = _safe_checkpoint_engine(ds_engine._config)
+            ds_engine.checkpoint_engine = safe_checkpoint_engine(ds_engine._config)
             self._engines[name] = ds_engine
             if id(optimizer) in self._pending:
-                _load_into(ds_engine, optimizer, *self._pending.pop(id(optimizer)))
+                load_into(ds_engine, optimizer, *self._pending.pop(id(optimizer)))
             wrapped[name] = ds_engine
         return wrapped
 
@@ -186,7 +160,7 @@ class DeepSpeed(SingleDevice):
         for name, ds_engine in self._engines.items():
             module, dtypes = ds_engine.module, self._dtypes.pop(name)
             params = list(module.named_parameters())
-            whole = [_whole_fp32(deepspeed, p, self.stage) for _, p in params] if complete else []
+            whole = [whole_fp32(deepspeed, p, self.stage) for _, p in params] if complete else []
             ds_engine.destroy()
             if not complete:
                 continue
@@ -256,7 +230,7 @@ class DeepSpeed(SingleDevice):
             model.load_state_dict(state)
         for key, param in model.named_parameters():
             if param.requires_grad:
-                _set_fp32(deepspeed, param, state[key].float(), self.stage, self._world_size)
+                set_fp32(deepspeed, param, state[key].float(), self.stage, self._world_size)
         return None
 
     def optimizer_state_dict(self, optimizer, models) -> dict:
@@ -302,66 +276,6 @@ def _import_deepspeed():
     return deepspeed
 
 
-def _read_config(config) -> dict:
-    """A DeepSpeed config dict from a dict or a JSON/YAML file."""
-    if config is None:
-        return {}
-    if isinstance(config, dict):
-        return copy.deepcopy(config)
-    if not isinstance(config, (str, os.PathLike)):
-        raise TypeError(f"DeepSpeed(config=...) must be a dict or a JSON/YAML file path, got {type(config).__name__}")
-    path = os.fspath(config)
-    if not os.path.isfile(path):
-        raise ValueError(f"DeepSpeed(config={path!r}): no such file")
-    with open(path) as f:
-        text = f.read()
-    try:
-        if path.endswith((".yml", ".yaml")):
-            import yaml
-            loaded = yaml.safe_load(text)
-        else:
-            loaded = json.loads(text)
-    except ValueError as e:  # json's and yaml's errors both derive from it
-        raise ValueError(f"DeepSpeed(config={path!r}) cannot be read: {e}") from None
-    if not isinstance(loaded, dict):
-        raise ValueError(f"DeepSpeed(config={path!r}) must hold a mapping, got {type(loaded).__name__}")
-    return loaded
-
-
-def _deep_merge(base: dict, over: dict) -> dict:
-    for key, value in over.items():
-        base[key] = _deep_merge(base.get(key, {}), value) if isinstance(value, dict) and isinstance(
-            base.get(key), dict) else value
-    return base
-
-
-def _config_optimizer(config: dict):
-    """The torch optimizer class name the config's ``optimizer`` section asks for (None without one)."""
-    section = config.get("optimizer")
-    if section is None:
-        return None
-    kind = str(section.get("type", "")).lower()
-    if kind not in CONFIG_OPTIMIZERS:
-        raise ValueError(f"DeepSpeed config optimizer type {section.get('type')!r} cannot be built by torchstage (it "
-                         f"builds {sorted(CONFIG_OPTIMIZERS.values())}); pass your optimizer to train(optimizer=...)")
-    return CONFIG_OPTIMIZERS[kind]
-
-
-def _agree(config: dict, key: str, ours, what: str) -> None:
-    """Set ``config[key]`` to ``ours``; a different value already there is refused, naming both."""
-    if ours is None:
-        if key not in config:
-            raise ValueError(f"strategy='deepspeed' needs {key}, which {what} does not give; set it in the "
-                             f"DeepSpeed config")
-        return
-    given = config.get(key, ours)
-    same = given == ours and not isinstance(given, bool) and isinstance(given, numbers.Number)
-    if not same:
-        raise ValueError(f"DeepSpeed config {key}={given!r} disagrees with {what}; set it in one place "
-                         f"(torchstage fills it in from train())")
-    config[key] = ours
-
-
 def _optimizer_of(name: str, model, optimizers):
     """The one optimizer holding ``model``'s trainable parameters, and only them."""
     params = {id(p) for p in model.parameters()}
@@ -374,28 +288,6 @@ def _optimizer_of(name: str, model, optimizers):
         raise ValueError(f"the optimizer of model {name!r} also holds a parameter of shape {tuple(stray[0].shape)} "
                          f"that is not in it; under strategy='deepspeed' an optimizer steps one model")
     return mine[0]
-
-
-def _whole_fp32(deepspeed, param, stage: int) -> torch.Tensor:
-    """A parameter's whole value: its fp32 master copy, or for a frozen one the (gathered) parameter itself."""
-    data = deepspeed.utils.safe_get_full_fp32_param(param)
-    if data is None:
-        with deepspeed.zero.GatheredParameters([param], enabled=stage == 3):
-            data = param.data.clone()
-    return data.detach().clone()
-
-
-def _set_fp32(deepspeed, param, value: torch.Tensor, stage: int, world_size: int) -> None:
-    """Set a trained parameter's fp32 master copy to its whole ``value`` (this rank's partition of it)."""
-    if stage != 3:
-        return deepspeed.utils.safe_set_full_fp32_param(param, value)
-    # DeepSpeed 0.19's set_full_hp_param cuts the last rank's partition out of the unpadded value: pad it here
-    optimizer = param._z3_optimizer
-    partition, _ = optimizer._get_fp32_opt_state_partition(param, release_swap_buffers=False)
-    size, rank = partition.numel(), optimizer._get_param_partition_rank(param)
-    padded = torch.nn.functional.pad(value.flatten(), (0, size * world_size - value.numel()))
-    partition.data.copy_(padded.narrow(0, size * rank, size))
-    return None
 
 
 def _check_reaches_only(loss, engine, engines: dict) -> None:
@@ -418,63 +310,3 @@ def _check_reaches_only(loss, engine, engines: dict) -> None:
         todo.extend(next_node for next_node, _ in node.next_functions)
 
 
-def _safe_checkpoint_engine(config):
-    """DeepSpeed's torch checkpoint engine, loading its files with weights_only=True (see ``safe_load``)."""
-    from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
-    from torchstage.files.deepspeed_files import safe_load
-
-    class SafeCheckpointEngine(TorchCheckpointEngine):
-        def load(self, path, map_location=None):
-            return safe_load(path, map_location=map_location)
-
-    return SafeCheckpointEngine(config)
-
-
-def _load_into(ds_engine, optimizer, path: str, tag: str, resharded: bool) -> None:
-    """DeepSpeed's files of ``tag`` into the engine (weights, fp32 partitions, optimizer state), or ``resharded``
-    from another world size; the group hyperparameters torchstage set (the checkpoint's, or the new ones of
-    ``resume_lr='new'``) are kept."""
-    hyper = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
-    if resharded:
-        _reshard_into(ds_engine, optimizer, os.path.join(path, tag))
-    else:
-        loaded, _ = ds_engine.load_checkpoint(path, tag=tag, load_optimizer_states=True,
-                                              load_lr_scheduler_states=False)
-        if loaded is None:
-            raise CheckpointError(f"DeepSpeed could not load its checkpoint {os.path.join(path, tag)!r}")
-    for group, kept in zip(optimizer.param_groups, hyper):
-        group.update(kept)
-
-
-def _reshard_into(ds_engine, optimizer, folder: str) -> None:
-    """Optimizer state of another world size into this rank's partitions: each state consolidated per parameter,
-    then cut as DeepSpeed cuts its fp32 partitions (ZeRO 1/2: each flat group; ZeRO-3: each parameter, padded);
-    the checkpoint's weights cut the same way must give DeepSpeed's own partitions, else the layout is not
-    understood and the resume is refused."""
-    from torchstage.files.deepspeed_files import consolidate
-    zero, rank, world = ds_engine.optimizer, ds_engine.global_rank, ds_engine.dp_world_size
-    names = {id(p): n for n, p in ds_engine.module.named_parameters()}
-    states = {key: consolidate(folder, key) for key in ("exp_avg", "exp_avg_sq")}
-    states["weights"] = consolidate(folder)
-    stage3 = hasattr(zero, "fp32_partitioned_groups_flat")  # ZeRO-3's optimizer
-    groups = zip(zero.fp16_groups, zero.fp32_partitioned_groups_flat) if stage3 else \
-        zip(zero.bit16_groups, zero.single_partition_of_fp32_groups)
-    for index, (params, master) in enumerate(groups):
-        def mine(full):
-            """This rank's cut of the whole tensors ``full`` (name -> tensor) of the group's parameters."""
-            if stage3:  # each parameter padded to the world and cut on its own
-                return torch.cat([_cut(full[names[id(p)]], p.ds_tensor.ds_numel, rank, world) for p in params])
-            return _cut(torch.cat([full[names[id(p)]].flatten() for p in params]), master.numel(), rank, world)
-
-        held = mine({names[id(p)]: torch.ones(p.ds_shape if stage3 else p.shape) for p in params}).bool()
-        if not torch.equal(mine(states["weights"])[held], master.detach()[held]):  # padding: uninitialized
-            raise CheckpointError(f"cannot reshard DeepSpeed checkpoint {folder!r}: its partition layout is not the "
-                                  f"one torchstage expects; resume with the world size that wrote it")
-        step = {k: v.clone() for k, v in states["exp_avg"]["step"][index].items()}
-        optimizer.state[master] = {**step, "exp_avg": mine(states["exp_avg"]), "exp_avg_sq": mine(states["exp_avg_sq"])}
-
-
-def _cut(tensor: torch.Tensor, size: int, rank: int, world: int) -> torch.Tensor:
-    """Rank ``rank``'s ``size`` values of ``tensor`` flattened and zero-padded to ``size x world``."""
-    flat = tensor.detach().float().flatten()
-    return torch.nn.functional.pad(flat, (0, size * world - flat.numel())).narrow(0, size * rank, size).clone()
