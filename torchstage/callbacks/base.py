@@ -53,7 +53,24 @@ class CallbackScope(IntEnum, metaclass=_Phases):
         return self is CallbackScope.All or engine.is_distributed
 
 
-class Callback:
+class EventMethods:
+    """The event methods, each a no-op called with the runner: overridden by callbacks, and by a runner written in
+    Catalyst 22's style (its own ``on_loader_end(self, runner)``)."""
+
+    def on_experiment_start(self, runner): pass
+    def on_stage_start(self, runner): pass
+    def on_epoch_start(self, runner): pass
+    def on_loader_start(self, runner): pass
+    def on_batch_start(self, runner): pass
+    def on_batch_end(self, runner): pass
+    def on_loader_end(self, runner): pass
+    def on_epoch_end(self, runner): pass
+    def on_stage_end(self, runner): pass
+    def on_experiment_end(self, runner): pass
+    def on_exception(self, runner): pass
+
+
+class Callback(EventMethods):
     """Base class: override any ``on_*`` method; each receives the runner and reads/writes its state."""
 
     order: int = CallbackOrder.External
@@ -77,18 +94,6 @@ class Callback:
         scope = callback_scope(owner, node, catalyst_scope, scope, CallbackScope)  # Catalyst 20.12's node=...
         if scope is not None:
             self.scope = scope
-
-    def on_experiment_start(self, runner): pass
-    def on_stage_start(self, runner): pass
-    def on_epoch_start(self, runner): pass
-    def on_loader_start(self, runner): pass
-    def on_batch_start(self, runner): pass
-    def on_batch_end(self, runner): pass
-    def on_loader_end(self, runner): pass
-    def on_epoch_end(self, runner): pass
-    def on_stage_end(self, runner): pass
-    def on_experiment_end(self, runner): pass
-    def on_exception(self, runner): pass
 
     def state_dict(self) -> dict:
         """State worth resuming (best score, patience...); empty for stateless callbacks."""

@@ -6,31 +6,19 @@ callbacks (order ``Internal``: counters, train/eval mode, fresh ``batch_metrics`
 methods did before a subclass's code; its end method runs after every callback below the ``Logging`` phase, so that
 what it writes (``runner.loader_metrics[...] = ...``) reaches the loggers, as it reached Catalyst's own logging.
 """
-from torchstage.callbacks.base import CallbackOrder
+from torchstage.callbacks.base import CallbackOrder, EventMethods
 from torchstage.logging_setup import note_alias
 
 #: Events whose runner method runs before the callbacks (after the bookkeeping ones).
 STARTS = frozenset({"on_experiment_start", "on_stage_start", "on_epoch_start", "on_loader_start", "on_batch_start"})
 
 
-class RunnerHooks:
+class RunnerHooks(EventMethods):
     """The no-op event methods of a runner, each an override point called with the runner itself (Catalyst 22's
     signature ``on_loader_end(self, runner)``); ``super().on_loader_end(runner)`` works in an override."""
 
     #: True where ``runner.batch_step`` has Catalyst 22's meaning (``dl.IRunner``), not torchstage's
     catalyst22_batch_step = False
-
-    def on_experiment_start(self, runner): pass
-    def on_stage_start(self, runner): pass
-    def on_epoch_start(self, runner): pass
-    def on_loader_start(self, runner): pass
-    def on_batch_start(self, runner): pass
-    def on_batch_end(self, runner): pass
-    def on_loader_end(self, runner): pass
-    def on_epoch_end(self, runner): pass
-    def on_stage_end(self, runner): pass
-    def on_experiment_end(self, runner): pass
-    def on_exception(self, runner): pass
 
 
 def overridden_hooks(runner) -> dict:
@@ -63,4 +51,4 @@ def with_runner_hooks(event: str, active: list, hooks: dict) -> list:
     return handlers[:at] + [own] + handlers[at:]
 
 
-_EVENTS = tuple(name for name in vars(RunnerHooks) if name.startswith("on_"))
+_EVENTS = tuple(name for name in vars(EventMethods) if name.startswith("on_"))
