@@ -2,7 +2,7 @@
 
 Catalyst 22: ``from catalyst import dl``. ``handle_batch`` backpropagates with ``self.engine.backward(loss)`` and
 steps the optimizer itself; the runner's own ``on_loader_start``/``on_loader_end`` keep sample-weighted means and
-write them to ``self.loader_metrics``. Synthetic 8x8 digits stand in for MNIST, unshuffled, so the run is the same
+write them to ``self.loader_metrics``. Then the notebook's ``predict_loader`` and ``utils.trace_model`` steps. Synthetic 8x8 digits stand in for MNIST, unshuffled, so the run is the same
 computation on Catalyst 22.04 and on torchstage (tests/catalyst22/test_runner_parity.py compares them).
 
 Run: python scripts/catalyst22/custom_runner.py [LOGDIR]
@@ -14,6 +14,7 @@ from torch.nn import functional as F
 
 from common import digit_loaders, fingerprint
 import torchstage as dl  # was: from catalyst import dl
+import torchstage as utils  # was: from catalyst import utils
 
 logdir = sys.argv[1] if len(sys.argv) > 1 else "./logs-custom-runner-22"
 torch.manual_seed(0)
@@ -41,6 +42,9 @@ class CustomRunner(dl.Runner):
             self.optimizer.step()
             self.optimizer.zero_grad()
 
+    def predict_batch(self, batch):
+        return self.model(batch[0].to(self.engine.device))
+
     def on_loader_end(self, runner):
         for key, total in self.sums.items():
             self.loader_metrics[key] = total / self.samples
@@ -61,5 +65,11 @@ runner.train(
     minimize_valid_metric=True,
     verbose=False,
 )
+# the notebook's inference and post-processing steps
+loaders = digit_loaders()
+predictions = [logits.detach() for logits in runner.predict_loader(loader=loaders["valid"])]
+batch = next(iter(loaders["valid"]))[0]
+traced = utils.trace_model(model=runner.model.cpu(), batch=batch)
+print(f"predictions={len(predictions)}x{tuple(predictions[0].shape)} traced_equal={torch.equal(traced(batch), model(batch))}")
 print("valid_losses=" + ",".join(f"{v:.12f}" for v in valid_losses))
 print(f"valid_accuracy={runner.epoch_metrics['valid']['accuracy']:.12f} {fingerprint(model)}")

@@ -12,7 +12,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 #: The last lines each script printed on Catalyst 22.04. ``sha`` is a digest of every weight's bytes.
 CATALYST_22_04 = {
-    "custom_runner": ["valid_losses=1.724142074585,1.110015660524,0.675058200955",
+    "custom_runner": ["predictions=4x(32, 10) traced_equal=True",  # the notebook's predict_loader and trace steps
+                      "valid_losses=1.724142074585,1.110015660524,0.675058200955",
                       "valid_accuracy=0.820312500000 sha=e2fbfc8b42a3f50c sum=2.8508461313"],
     "gan": ["generated_mean=1.8083,-0.7325 loss_generator=0.296220155433 loss_discriminator=0.853792626411",
             "sha=8eb97485bbfd4761 sum=3.6360005387"],
@@ -35,9 +36,10 @@ def run_script(name, logdir):
 
 def test_custom_runner_with_its_own_loader_hooks_matches_catalyst_bitwise(tmp_path):
     """handle_batch with self.engine.backward(loss); on_loader_start/on_loader_end of the runner compute the
-    loader metrics (they were silently never called): the valid losses they wrote and the weights match."""
+    loader metrics (they were silently never called): the valid losses they wrote and the weights match; then
+    predict_loader and utils.trace_model give the same predictions and trace as Catalyst's."""
     lines = run_script("custom_runner.py", tmp_path)
-    assert lines[-2:] == CATALYST_22_04["custom_runner"]
+    assert lines[-3:] == CATALYST_22_04["custom_runner"]
     assert (tmp_path / "checkpoints" / "best.pth").exists()
 
 
