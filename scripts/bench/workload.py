@@ -105,4 +105,5 @@ def hand_written_ddp(dataset, num_epochs: int, num_workers: int, checkpoint_path
         if dist.get_rank() == 0:
             torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
                         "scheduler": scheduler.state_dict()}, checkpoint_path)
+    del model  # DDP's reducer freed after the group would join gloo's threads under the GIL (see scale.py)
     dist.destroy_process_group()

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from tests.distributed.multiproc import ROOT
-from torchstage.launch.collectives import first_difference, point_dumps_to, read_dumps, write_dump
+from torchstage.launch.collectives import agreement, first_difference, point_dumps_to, read_dumps, write_dump
 
 
 def entry(seq, op="all_reduce", size=(10,), dtype="Float", site="train.py:5 in step", group="default_pg"):
@@ -16,25 +16,27 @@ def entry(seq, op="all_reduce", size=(10,), dtype="Float", site="train.py:5 in s
 
 def test_ranks_that_agree_are_said_to():
     ranks = {r: [entry(1), entry(2)] for r in range(3)}
-    assert first_difference(ranks) == ["Collectives: the ranks' recorded collectives agree (ranks 0, 1, 2; the last: "
-                                       "all_reduce(Float[10]) #2 called from train.py:5 in step)."]
+    assert first_difference(ranks) is None
+    assert agreement(ranks) == ("Collectives: the ranks' recorded collectives agree (ranks 0, 1, 2; the last: "
+                                "all_reduce(Float[10]) #2 called from train.py:5 in step).")
 
 
 def test_the_first_collective_of_another_shape_names_each_side():
     ranks = {0: [entry(1), entry(2, size=(1,), site="a.py:3 in f")], 1: [entry(1), entry(2, size=(3,), site="b.py:9 in g")],
              2: [entry(1), entry(2, size=(1,), site="a.py:3 in f")]}
-    assert first_difference(ranks) == [
+    assert first_difference(ranks) == (
         "First collective where the ranks differ (group 'default_pg', #2): ranks 0, 2 in all_reduce(Float[1]) #2 "
-        "called from a.py:3 in f; rank 1 in all_reduce(Float[3]) #2 called from b.py:9 in g."]
+        "called from a.py:3 in f; rank 1 in all_reduce(Float[3]) #2 called from b.py:9 in g.")
 
 
 def test_a_rank_behind_is_named_with_its_last_collective():
     ranks = {0: [entry(7), entry(8, op="broadcast")], 1: [entry(6), entry(7)]}  # rings that start at other points
-    assert first_difference(ranks) == [
+    assert first_difference(ranks) == (
         "First collective where the ranks differ (group 'default_pg', #8): rank 0 entered broadcast(Float[10]) #8 "
         "called from train.py:5 in step, which rank 1 never reached; rank 1 last ran all_reduce(Float[10]) #7 called "
-        "from train.py:5 in step."]
-    assert first_difference({0: [entry(1)]}) == [] and first_difference({0: [entry(1)], 1: []}) == []
+        "from train.py:5 in step.")
+    assert first_difference({0: [entry(1)]}) is None and first_difference({0: [entry(1)], 1: []}) is None
+    assert agreement({0: [entry(1)], 1: []}) is None
 
 
 def test_dumps_round_trip_and_a_crafted_nccl_dump_runs_no_code(tmp_path):

@@ -3,7 +3,7 @@ import argparse
 import os
 import sys
 
-from torchstage.launch.collectives import FOLDER, describe, first_difference, read_dumps
+from torchstage.launch.collectives import FOLDER, agreement, describe, first_difference, read_dumps
 
 EPILOG = f"""\
 examples:
@@ -36,7 +36,7 @@ def diagnose_command(args) -> int:
     for rank in sorted(ranks):
         out.append(f"rank {rank}: {len(ranks[rank])} collectives recorded; the last {min(args.last, len(ranks[rank]))}:")
         out.extend(f"  {describe(entry)}" for entry in ranks[rank][-args.last:])
-    compared = first_difference(ranks)
-    out.extend(compared)
+    difference = first_difference(ranks)
+    out.append(difference or agreement(ranks) or "(one rank's records: nothing to compare)")
     sys.stdout.write("\n".join(out) + "\n")
-    return 1 if any(line.startswith("First collective") for line in compared) else 0
+    return 1 if difference else 0

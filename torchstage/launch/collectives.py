@@ -18,7 +18,8 @@ FOLDER = "flight-recorder"
 TAIL, DUMPED = 12, 256
 #: Where NCCL writes its dump on a timeout (``<prefix><rank>``), under the logdir; the legacy name too.
 _DUMP_FILE_ENV = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
-_TORCH = f"{os.sep}torch{os.sep}"
+#: A file of torch itself: not a call site worth naming.
+TORCH_FILES = f"{os.sep}torch{os.sep}"
 
 
 def point_dumps_to(logdir) -> None:
@@ -57,7 +58,7 @@ def compact(entry: dict) -> dict:
 def call_site(frames: list) -> str:
     """``file:line in function`` of the innermost frame outside torch (who called the collective); '?' if none."""
     for frame in frames:  # innermost first
-        if _TORCH not in frame.get("filename", _TORCH):
+        if TORCH_FILES not in frame.get("filename", TORCH_FILES):
             return f"{frame['filename']}:{frame.get('line')} in {frame.get('name')}"
     return "?"
 
@@ -109,28 +110,42 @@ def read_dumps(logdir) -> dict:
     return ranks
 
 
-def first_difference(ranks: dict) -> list:
-    """Report lines comparing the ranks' collectives (rank -> entries, oldest first): the first collective where
-    they differ (which rank was in which, from where), or the ranks that are behind; [] with fewer than 2 ranks."""
+def first_difference(ranks: dict):
+    """The report line naming the first collective where the ranks' records (rank -> entries, oldest first)
+    differ: which rank was in which, from where, or which ranks never reached it; None when they agree or fewer
+    than 2 ranks recorded any."""
     ranks = {rank: entries for rank, entries in ranks.items() if entries}
     if len(ranks) < 2:
-        return []
-    groups = sorted({(e["group"], e["p2p"]) for entries in ranks.values() for e in entries})
-    for group, p2p in groups:
+        return None
+    for group, p2p in sorted({(e["group"], e["p2p"]) for entries in ranks.values() for e in entries}):
         seen = {rank: {e["seq"]: e for e in entries if (e["group"], e["p2p"]) == (group, p2p)}
                 for rank, entries in ranks.items()}
         seen = {rank: by_seq for rank, by_seq in seen.items() if by_seq}
-        lines = _compare_group(group, seen) if len(seen) > 1 else []
-        if lines:
-            return lines
-    last = {rank: entries[-1] for rank, entries in ranks.items()}
-    sample = next(iter(last.values()))
-    return [f"Collectives: the ranks' recorded collectives agree (ranks {_ranks(last)}; the last: {describe(sample)})."]
+        line = _compare_group(group, seen) if len(seen) > 1 else None
+        if line:
+            return line
+    return None
 
 
-def _compare_group(group: str, seen: dict) -> list:
+def agreement(ranks: dict):
+    """The report line saying that the ranks' records agree, with the last collective; None under 2 ranks."""
+    last = {rank: entries[-1] for rank, entries in ranks.items() if entries}
+    if len(last) < 2:
+        return None
+    return (f"Collectives: the ranks' recorded collectives agree (ranks {_ranks(last)}; the last: "
+            f"{describe(next(iter(last.values())))}).")
+
+
+def compare(ranks: dict) -> list:
+    """The line a report gives about the ranks' collectives: the first difference, else their agreement."""
+    line = first_difference(ranks) or agreement(ranks)
+    return [line] if line else []
+
+
+def _compare_group(group: str, seen: dict):
     start = max(min(by_seq) for by_seq in seen.values())  # the oldest sequence number every rank still holds
     end = max(max(by_seq) for by_seq in seen.values())
+    where = f"First collective where the ranks differ (group {group!r}, #{{}}): "
     for seq in range(start, end + 1):
         present = {rank: by_seq[seq] for rank, by_seq in seen.items() if seq in by_seq}
         kinds = {}
@@ -140,14 +155,14 @@ def _compare_group(group: str, seen: dict) -> list:
         if len(kinds) > 1:
             parts = [f"rank{'s' * (len(rs) > 1)} {_ranks(rs)} in {describe(present[rs[0]])}"
                      for rs in sorted(kinds.values(), key=len, reverse=True)]
-            return [f"First collective where the ranks differ (group {group!r}, #{seq}): " + "; ".join(parts) + "."]
+            return where.format(seq) + "; ".join(parts) + "."
         if missing:
             ahead = sorted(present)
             behind = [f"rank {rank} last ran {describe(seen[rank][max(seen[rank])])}" for rank in missing]
-            return [f"First collective where the ranks differ (group {group!r}, #{seq}): rank{'s' * (len(ahead) > 1)} "
-                    f"{_ranks(ahead)} entered {describe(present[ahead[0]])}, which "
-                    f"rank{'s' * (len(missing) > 1)} {_ranks(missing)} never reached; " + "; ".join(behind) + "."]
-    return []
+            return (where.format(seq) + f"rank{'s' * (len(ahead) > 1)} {_ranks(ahead)} entered "
+                    f"{describe(present[ahead[0]])}, which rank{'s' * (len(missing) > 1)} {_ranks(missing)} never "
+                    f"reached; " + "; ".join(behind) + ".")
+    return None
 
 
 def _ranks(ranks) -> str:

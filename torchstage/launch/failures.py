@@ -12,10 +12,9 @@ import re
 import time
 from typing import Optional
 
-from torchstage.launch.collectives import first_difference
+from torchstage.launch.collectives import agreement, call_site, first_difference
 
 FAILURE_DIR_ENV = "TORCHSTAGE_FAILURE_DIR"
-_TORCH = f"{os.sep}torch{os.sep}"
 #: Words of gloo's and NCCL's own errors when the ranks ran different collectives (or different sizes in one).
 _MISMATCH = ("collective mismatch", "op.preamble.length", "Received data size", "desync", "mismatch between collectives")
 
@@ -99,12 +98,14 @@ def explain(records: dict, silent=(), output: str = "") -> list:
     the collectives each recorded), or, when ``silent`` ranks died without a record, where the others were; and
     what a gloo or NCCL abort about mismatched collectives (in a record or in the failing rank's ``output``)
     means."""
-    compared = first_difference({r: rec.get("collectives") for r, rec in records.items()})
-    lines = [line for line in compared if line.startswith("First collective")]
-    lines = lines or [line for line in output.splitlines() if line.startswith("First collective")][:1]  # a hang report
+    recorded = {r: rec.get("collectives") for r, rec in records.items()}
+    difference = first_difference(recorded) or next(  # else the one a hang report in the output gave
+        (line for line in output.splitlines() if line.startswith("First collective where")), None)
+    lines = [difference] if difference else []
     silent = sorted(set(silent) - set(records))
-    if not lines and silent and compared:
-        lines = [f"{compared[0]} Rank{'s' * (len(silent) > 1)} {', '.join(map(str, silent))} died without "
+    agreed = agreement(recorded)
+    if not difference and silent and agreed:
+        lines = [f"{agreed} Rank{'s' * (len(silent) > 1)} {', '.join(map(str, silent))} died without "
                  f"recording {'their' if len(silent) > 1 else 'its'} collectives."]
     crash = died_in(output)
     if silent and crash:
@@ -120,11 +121,11 @@ def explain(records: dict, silent=(), output: str = "") -> list:
 def died_in(output: str) -> Optional[str]:
     """``torch.distributed.all_reduce called from train.py:12 in step``: the collective a crashed rank's Python
     fault handler (its stack dump on SIGABRT/SIGSEGV, in ``output``) shows it in, else None."""
-    frames = re.findall(r'File "([^"]+)", line (\d+) in (\S+)', output[output.rfind("Fatal Python error"):]
-                        if "Fatal Python error" in output else "")
-    for index, (filename, _, name) in enumerate(frames):
-        if filename.endswith("distributed_c10d.py"):
-            caller = next((f for f in frames[index + 1:] if _TORCH not in f[0]), None)
-            return f"torch.distributed.{name}" + (f" called from {caller[0]}:{caller[1]} in {caller[2]}" if caller
-                                                  else "")
+    found = re.findall(r'File "([^"]+)", line (\d+) in (\S+)', output[output.rfind("Fatal Python error"):]
+                       if "Fatal Python error" in output else "")
+    frames = [{"filename": filename, "line": line, "name": name} for filename, line, name in found]  # innermost first
+    for index, frame in enumerate(frames):
+        if frame["filename"].endswith("distributed_c10d.py"):
+            caller = call_site(frames[index + 1:])
+            return f"torch.distributed.{frame['name']}" + (f" called from {caller}" if caller != "?" else "")
     return None

@@ -19,16 +19,15 @@ def record_run_failure(runner, exc: BaseException) -> None:
     collectives = recent() if engine.is_distributed else []
     if collectives:
         write_dump(getattr(runner.spec, "logdir", None), engine.rank, collectives)
+    error = exc
     if isinstance(exc, SystemExit):
         if not engine.is_distributed:
-            return
+            return  # one process that exits: nobody waits for it
         error = f"left the run: SystemExit({exc.code!r}) raised at {left_from(exc)}, while the other ranks train"
-        sys.stderr.write(f"torchstage: rank {engine.rank} {error} (at {where({'position': position})}); they will fail or wait "
-                         f"for it\n")
+        sys.stderr.write(f"torchstage: rank {engine.rank} {error} (at {where({'position': position})}); they will "
+                         f"fail or wait for it\n")
         sys.stderr.flush()
-        record_failure(engine.rank, error, position, collectives[-TAIL:])
-        return
-    record_failure(engine.rank, exc, position, collectives[-TAIL:])
+    record_failure(engine.rank, error, position, collectives[-TAIL:])
 
 
 def left_from(exc: BaseException) -> str:

@@ -48,9 +48,10 @@ class Precision:
         if dtype == FP16_OR_FULL:
             dtype = torch.float16 if device.type == "cuda" else None
             if is_main:
-                logger.info("fp16=True (amp=%r): %s", amp, "autocast to float16 on %s with a grad scaler" % device
-                            if dtype is not None else f"float16 needs CUDA; this run on {device} trains in full "
-                            f"precision (float32), as Catalyst did (amp='bf16' autocasts to bfloat16 instead)")
+                what = (f"autocast to float16 on {device} with a grad scaler" if dtype is not None else
+                        f"float16 needs CUDA; this run on {device} trains in full precision (float32), as Catalyst "
+                        f"did (amp='bf16' autocasts to bfloat16 instead)")
+                logger.info("fp16=True (amp=%r): %s", amp, what)
         if dtype == AUTO:
             dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
             if is_main:

@@ -6,10 +6,11 @@ stopped anywhere else (user code, a data loader, a lock) is what the others wait
 import os
 import time
 
+from torchstage.launch.collectives import TORCH_FILES
+
 #: Rows of the per-rank table in a report; the rest are counted.
 REPORT_ROWS = 16
 _WAITING_IN = (f"{os.sep}torch{os.sep}distributed{os.sep}", f"{os.sep}torch{os.sep}autograd{os.sep}")
-_TORCH = f"{os.sep}torch{os.sep}"
 
 
 def position(runner, beat) -> dict:
@@ -28,7 +29,7 @@ def where(frame) -> dict:
     waiting = None
     for index, entry in enumerate(frames):
         if any(part in entry.filename for part in _WAITING_IN):
-            callers = [f for f in frames[:index] if _TORCH not in f.filename]
+            callers = [f for f in frames[:index] if TORCH_FILES not in f.filename]
             caller = f" called from {_short(callers[-1])}" if callers else ""
             if f"{os.sep}autograd{os.sep}" in entry.filename:
                 waiting = f"a backward pass (DDP all-reduces gradients there){caller}"

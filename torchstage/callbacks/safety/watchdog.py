@@ -21,7 +21,7 @@ from numbers import Real
 from torchstage.arguments import ArgumentError
 from torchstage.callbacks.base import Callback, CallbackOrder, CallbackScope
 from torchstage.callbacks.safety.hang_report import describe, hang_report, position, where
-from torchstage.launch.collectives import TAIL, first_difference, recent, write_dump
+from torchstage.launch.collectives import TAIL, compare, recent, write_dump
 from torchstage.launch.failures import record_failure
 
 
@@ -139,7 +139,7 @@ class HangWatchdog(Callback):
         full = rank == 0 or (not mine["waiting"] and _report_slot(store))
         ranks = _read_all(store, world_size) if full else {}
         ranks[rank] = mine
-        compared = (first_difference(_read_collectives(store, world_size, deadline=time.monotonic() + 2 * interval))
+        compared = (compare(_read_collectives(store, world_size, deadline=time.monotonic() + 2 * interval))
                     if full else [f"(rank {rank} waits for a peer and reports only itself; rank 0's report and that of "
                                   f"a rank stopped outside any collective list every rank)"])
         report = hang_report(rank, self.timeout, ranks, traceback.format_stack(frame) if frame else [], HANG_EXIT_CODE,

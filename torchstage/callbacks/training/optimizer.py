@@ -50,6 +50,7 @@ class OptimizerCallback(Callback):
         self.metric_key, self.optimizer_key = metric_key, optimizer_key
         self.accumulation_steps = accumulation_steps
         self.grad_clip_norm, self.grad_clip_value = grad_clip_norm, grad_clip_value
+        self._step_only, self._steps_counted = False, 0  # set per stage: a BackwardCallback of this loss backprops
 
     @property
     def produces(self):
@@ -67,7 +68,6 @@ class OptimizerCallback(Callback):
         #: a BackwardCallback of this loss does the backward: this callback only steps (Catalyst 22's split)
         self._step_only = any(isinstance(cb, BackwardCallback) and cb.metric_key == self.metric_key
                               for cb in runner.callbacks.values())
-        self._steps_counted = getattr(self, "_steps_counted", 0)
 
     def on_loader_start(self, runner):
         self._pending, self._group, self._no_sync = 0, self.accumulation_steps, None
@@ -77,7 +77,7 @@ class OptimizerCallback(Callback):
 
     def handles(self, event: str) -> bool:
         if event == "on_batch_start":  # only accumulation opens a no_sync context before the forward
-            return self.accumulation_steps > 1 and not getattr(self, "_step_only", False)
+            return self.accumulation_steps > 1 and not self._step_only
         return super().handles(event)
 
     def on_batch_start(self, runner):
