@@ -74,7 +74,6 @@ def hand_written(loaders, num_epochs, model, criterion, optimizer, scheduler, ch
 def hand_written_ddp(dataset, num_epochs: int, num_workers: int, checkpoint_path: str) -> None:
     """The DDP loop a careful user writes, in a torchrun world: DistributedSampler, DDP, Adam, loss sums
     all-reduced per loader, the scheduler and a rank-0 checkpoint per epoch."""
-    import os
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
     from torch.utils.data import DistributedSampler
