@@ -100,18 +100,23 @@ def control_group():
 
 class Agreement:
     """An all-reduce of every rank's stop request, started now (in the background) and read later with
-    :meth:`result`; every rank reads the same result, so every rank acts on it at the same point."""
+    :meth:`result`; every rank reads the same result, so every rank acts on it at the same point. It also
+    carries each rank's proposed ``interval`` to the next agreement and gives every rank the smallest."""
 
-    def __init__(self, request: Optional[StopRequest], group=None):
+    def __init__(self, request: Optional[StopRequest], group=None, interval: int = 0):
         self.request = request
         local = (request.exit_code, request.signum) if request is not None else (0, 0)
-        self.flags = torch.tensor(local, dtype=torch.int64)
+        # the max of -interval is the smallest interval any rank proposed (see callbacks/safety/stop_schedule.py)
+        self.flags = torch.tensor((*local, -interval), dtype=torch.int64)
         self.work = dist.all_reduce(self.flags, op=dist.ReduceOp.MAX, group=group, async_op=True)
+        #: The smallest interval the ranks proposed, once :meth:`result` has been read (0: none proposed).
+        self.interval = 0
 
     def result(self) -> Optional[StopRequest]:
         """The stop request every rank acts on (waits for the all-reduce): any rank's request stops all."""
         self.work.wait()
-        exit_code, signum = self.flags.tolist()
+        exit_code, signum, smallest = self.flags.tolist()
+        self.interval = -smallest
         if exit_code == 0:
             return None
         if self.request is not None:

@@ -75,11 +75,19 @@ def hand_written_ddp(dataset, num_epochs: int, num_workers: int, checkpoint_path
     """The DDP loop a careful user writes, in a torchrun world: DistributedSampler, DDP, Adam, loss sums
     all-reduced per loader, the scheduler and a rank-0 checkpoint per epoch."""
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
-    from torch.utils.data import DistributedSampler
 
     dist.init_process_group("gloo")
     quiet()
+    hand_written_ddp_in_group(dataset, num_epochs, num_workers, checkpoint_path)
+    dist.destroy_process_group()
+
+
+def hand_written_ddp_in_group(dataset, num_epochs: int, num_workers: int, checkpoint_path: str) -> None:
+    """The body of :func:`hand_written_ddp`, in a process group that is already initialised."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.utils.data import DistributedSampler
+
     sampler = DistributedSampler(dataset, shuffle=False)
     loader = DataLoader(dataset, batch_size=BATCH_SIZE, sampler=sampler, num_workers=num_workers)
     model, criterion, optimizer, scheduler = make_parts()
@@ -105,4 +113,3 @@ def hand_written_ddp(dataset, num_epochs: int, num_workers: int, checkpoint_path
             torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
                         "scheduler": scheduler.state_dict()}, checkpoint_path)
     del model  # DDP's reducer freed after the group would join gloo's threads under the GIL (see scale.py)
-    dist.destroy_process_group()

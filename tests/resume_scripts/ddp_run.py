@@ -3,6 +3,7 @@
 Usage: python -m torch.distributed.run --nproc-per-node=2 ddp_run.py LOGDIR [resume]
 Environment: SIGNAL_AT_BATCH=n and SIGNAL_RANK=r send SIGTERM to rank r after global train batch n;
 KILL_AT_BATCH=n and KILL_RANK=r SIGKILL rank r there, in the first attempt of an elastic run only.
+STOP_CHECK_EVERY=k: the ranks agree on a stop every k train batches (default: about every 0.5 s, see StopCallback).
 """
 import importlib.util
 import os
@@ -14,7 +15,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from torchstage import Batch, Callback, Engine, SupervisedRunner
+from torchstage import Batch, Callback, Engine, StopCallback, SupervisedRunner
 
 HAS_LAUNCHER = importlib.util.find_spec("torchstage.launch.enter") is not None
 
@@ -62,11 +63,14 @@ def main(logdir, resume=None):
         model = nn.parallel.DistributedDataParallel(model)
         runner = SupervisedRunner(engine=Engine(device="cpu", rank=rank, world_size=world))
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    callbacks = {"chaos": Chaos(rank)}
+    if os.environ.get("STOP_CHECK_EVERY"):
+        callbacks["stop"] = StopCallback(check_every=int(os.environ["STOP_CHECK_EVERY"]))
     try:
         runner.train(model=model, criterion=nn.MSELoss(), optimizer=optimizer,
                      datasets={"batch_size": 4, "train": TensorDataset(x[:40], y[:40]),
                                "valid": TensorDataset(x[40:], y[40:])},
-                     callbacks=[Chaos(rank)], logdir=logdir, resume=resume, num_epochs=3, seed=5,
+                     callbacks=callbacks, logdir=logdir, resume=resume, num_epochs=3, seed=5,
                      checkpoint_period=(Batch(2), 1))
     finally:
         if not HAS_LAUNCHER and dist.is_initialized():

@@ -1,9 +1,11 @@
 """The graceful-stop callback: at a batch boundary after a stop request, checkpoint on every rank and end the run."""
 import logging
 import signal
+from typing import Optional
 
 from torchstage.callbacks.base import Callback, CancelRun
 from torchstage.callbacks.checkpoints.checkpoint_saver import CheckpointCallback
+from torchstage.callbacks.safety.stop_schedule import CheckSchedule
 from torchstage.stop_request import (DEFAULT_SIGNALS, Agreement, SignalStop, agree, clear_stop_request, control_group,
                                      stop_requested)
 
@@ -14,11 +16,14 @@ class StopCallback(Callback):
     """Stops after the current train batch (or at epoch end) once ``signals`` or ``request_stop()`` asked.
 
     Every checkpoint callback writes ``last.pth`` at that point, then ``train()`` raises
-    :class:`~torchstage.RunStopped`. Under several processes the ranks agree every ``check_every`` train
-    batches and at each epoch end (one all-reduce of two integers on a CPU group: no GPU sync), so all
-    stop after the same batch. The batch-end agreement runs in the background during the next batch and is
-    read at the next check (waiting for it cost 6-10 % of a small model's step), so a request made during
-    batch N stops the ranks after batch N + ``check_every``; at an epoch end they agree at once.
+    :class:`~torchstage.RunStopped`. Under several processes the ranks agree (one all-reduce of three
+    integers on a CPU group: no GPU sync) at each epoch end and, within an epoch, about every
+    ``check_period`` seconds of training (an interval in batches the ranks agree on; see
+    :mod:`~torchstage.callbacks.safety.stop_schedule`), or every ``check_every`` train batches when given, so
+    all stop after the same batch. The agreement runs in the background during the next batches and is read
+    at the next check (waiting for it, or running it every batch, cost 5-10 % of a small model's step under 2
+    processes), so a request stops the ranks within about ``check_period`` seconds (with ``check_every=k``:
+    a request made during batch N stops them after batch N + k); at an epoch end they agree at once.
     It runs after every other callback, so each one sees the last batch complete.
     """
 
@@ -26,12 +31,17 @@ class StopCallback(Callback):
     name = "stop"
     train_batches_only = True
 
-    def __init__(self, signals=DEFAULT_SIGNALS, check_every: int = 1):
-        if isinstance(check_every, bool) or not isinstance(check_every, int) or check_every < 1:
-            raise ValueError(f"check_every must be an integer >= 1, got {check_every!r}")
+    def __init__(self, signals=DEFAULT_SIGNALS, check_every: Optional[int] = None, check_period: float = 0.5):
+        if check_every is not None and (isinstance(check_every, bool) or not isinstance(check_every, int)
+                                        or check_every < 1):
+            raise ValueError(f"check_every must be None (about every check_period seconds) or an integer >= 1, "
+                             f"got {check_every!r}")
+        if isinstance(check_period, bool) or not isinstance(check_period, (int, float)) or not check_period > 0:
+            raise ValueError(f"check_period must be a number of seconds > 0, got {check_period!r}")
         self.signals = tuple(signal.Signals(s) for s in signals)
-        self.check_every = check_every
+        self.check_every, self.check_period = check_every, check_period
         self._handlers, self._group, self._distributed, self._pending = None, None, False, None
+        self._schedule = None
 
     def on_experiment_start(self, runner):
         clear_stop_request()
@@ -40,15 +50,23 @@ class StopCallback(Callback):
         self._handlers.install()
         self._distributed = runner.engine.is_distributed
         self._group = control_group() if self._distributed else None
+        self._schedule = CheckSchedule(self.check_every, self.check_period)
+
+    def on_loader_start(self, runner):
+        if runner.is_train_loader:
+            self._schedule.start_loader(runner.global_batch_step)
 
     def on_batch_end(self, runner):
         if not self._distributed:  # one process: a look at the flag that a signal handler sets
             if stop_requested() is not None and runner.is_train_loader:
                 self._stop(runner, stop_requested())
-        elif runner.is_train_loader and runner.global_batch_step % self.check_every == 0:
-            agreed = self._agreed()  # started at the previous check; every rank reads the same result
-            if agreed is None:
-                self._pending = Agreement(stop_requested(), self._group)  # runs during the next batch
+        elif runner.is_train_loader and self._schedule.due(runner.global_batch_step):
+            step = runner.global_batch_step
+            pending, self._pending = self._pending, None  # started at the previous check
+            agreed = None if pending is None else pending.result()  # every rank reads the same result
+            self._schedule.agreed(step, 0 if pending is None else pending.interval)
+            if agreed is None:  # runs during the next batches
+                self._pending = Agreement(stop_requested(), self._group, self._schedule.proposal(step))
             self._stop(runner, agreed)
 
     def on_epoch_end(self, runner):
