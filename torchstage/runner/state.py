@@ -19,6 +19,7 @@ def runner_state_dict(runner) -> dict:
     """Every part of the run needed to resume it exactly; collective under several processes."""
     spec, strategy = runner.spec, runner.engine.strategy
     models = named(runner.unwrapped_model, "model")
+    per_rank = _gather_per_rank(runner)
     return {
         "format": FORMAT,
         "models": {k: strategy.model_state_dict(m) for k, m in models.items()},
@@ -26,9 +27,9 @@ def runner_state_dict(runner) -> dict:
                        for k, o in named(runner.optimizer, "optimizer").items()},
         "schedulers": {k: s.state_dict() for k, s in named(runner.scheduler, "scheduler").items()},
         "scaler": strategy.precision.state_dict(),
-        "callbacks": _callback_states(runner),
+        "callbacks": _callback_states(runner, [rank["callbacks"] for rank in per_rank]),
         "loop": runner.loop_position(),
-        "rng": runner.engine.all_gather_object({**get_rng_state(), **_loader_start(runner)}),
+        "rng": [rank["rng"] for rank in per_rank],
         "metrics": {loader: dict(values) for loader, values in runner.epoch_metrics.items()},
         "meta": {"torchstage": __version__, "torch": str(torch.__version__), "world_size": runner.engine.world_size,
                  "job": job_identity(), "restart_attempt": restart_attempt(),
@@ -103,14 +104,25 @@ def _load_named(kind: str, targets: dict, states: dict, load) -> None:
         load(target, states[name])
 
 
-def _callback_states(runner) -> dict:
-    """Callback name -> state; a callback with ``state_per_rank = True`` keeps one state per rank (collective)."""
+def _gather_per_rank(runner) -> list:
+    """Per rank, in rank order: its random state and the states of its ``state_per_rank`` callbacks (one
+    all-gather under several processes, one sync point per checkpoint)."""
+    mine = {"rng": {**get_rng_state(), **_loader_start(runner)},
+            "callbacks": {name: callback.state_dict() for name, callback in runner.callbacks.items()
+                          if callback.state_per_rank}}
+    return runner.engine.all_gather_object(mine)
+
+
+def _callback_states(runner, per_rank: list) -> dict:
+    """Callback name -> state; a callback with ``state_per_rank = True`` keeps one state per rank (``per_rank``:
+    each rank's states, gathered)."""
     states = {}
     for name, callback in runner.callbacks.items():
-        state = callback.state_dict()
         if callback.state_per_rank:
-            gathered = runner.engine.all_gather_object(state)
+            gathered = [rank[name] for rank in per_rank]
             state = {"per_rank": gathered} if any(gathered) else {}
+        else:
+            state = callback.state_dict()
         if state:
             states[name] = state
     return states

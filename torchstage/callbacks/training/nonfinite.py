@@ -17,6 +17,8 @@ from torchstage.callbacks.base import Callback, CallbackOrder
 from torchstage.named import named
 
 logger = logging.getLogger("torchstage")
+#: The all-reduced first step of a non-finite loss when no rank has seen one.
+NONE_SEEN = 2 ** 62
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -47,6 +49,7 @@ class NonFiniteLossCallback(Callback):
             raise ValueError(f"check_every must be an integer >= 1, got {check_every!r}")
         self.mode, self.check_every, self.keys = mode, check_every, None if keys is None else tuple(keys)
         self._first, self._skipped, self._loader_start_step = {}, 0, 0
+        self._values, self._pending, self._agreed_clean = {}, 0, False
 
     @property
     def produces(self):
@@ -79,6 +82,7 @@ class NonFiniteLossCallback(Callback):
             if seen is not False and isinstance(loss, torch.Tensor):
                 seen.append((step, loss.detach()))
         self._pending += 1
+        self._agreed_clean = False
         if self._pending == self.check_every:
             self.check(runner)
 
@@ -89,15 +93,24 @@ class NonFiniteLossCallback(Callback):
             runner.loader_metrics["nonfinite_skipped"] = float(self._skipped)
 
     def check(self, runner) -> None:
-        """Read the losses since the last check (one host read; collective under several processes); raise at
-        the first non-finite one."""
+        """Read the losses since the last check (one host read; under several processes one all-reduce of an
+        integer, skipped when no rank has had a train batch since the last clean one); raise at the first
+        non-finite one."""
         if self.mode != "stop":
             return
+        engine = runner.engine
+        if engine.is_distributed and self._agreed_clean:  # the ranks run their train batches in step
+            return
         self._scan()
-        rank = runner.engine.rank
+        rank = engine.rank
         first = min(((step, key, rank) for key, (step, _) in self._first.items()), default=(float("inf"), "", rank))
-        if runner.engine.is_distributed:  # every rank must agree, so every rank raises at the same point
-            first = min(runner.engine.all_gather_object(first))
+        if engine.is_distributed:  # every rank must agree, so every rank raises at the same point
+            earliest = first[0] if first[0] != float("inf") else NONE_SEEN
+            earliest = int(engine.all_reduce_(torch.tensor([earliest], device=engine.device), op="min").item())
+            if earliest == NONE_SEEN:
+                self._agreed_clean = True
+                return
+            first = min(engine.all_gather_object(first))  # which loss, and on which rank: only after one was seen
         step, key, origin = first
         if step == float("inf"):
             return
@@ -164,11 +177,15 @@ def first_nonfinite_state(runner):
 
 def check_finite_state(runner, last_good: str) -> None:
     """Raise :class:`NonFiniteStateError` on every rank when any rank's weights or optimizer state hold NaN/inf
-    (collective: one small all-gather under several processes); ``last_good`` names the checkpoint kept."""
-    where = first_nonfinite_state(runner)
-    if runner.engine.is_distributed:
-        found = [(rank, w) for rank, w in enumerate(runner.engine.all_gather_object(where)) if w is not None]
-        where = f"{found[0][1]} on rank {found[0][0]}" if found else None
+    (collective: one all-reduce of a flag under several processes, then an all-gather of where, when one was
+    seen); ``last_good`` names the checkpoint kept."""
+    where, engine = first_nonfinite_state(runner), runner.engine
+    if engine.is_distributed:
+        seen = engine.all_reduce_(torch.tensor([where is not None], dtype=torch.int32, device=engine.device), op="max")
+        if not seen.item():
+            return
+        found = [(rank, w) for rank, w in enumerate(engine.all_gather_object(where)) if w is not None]
+        where = f"{found[0][1]} on rank {found[0][0]}"
     if where is None:
         return
     raise NonFiniteStateError(
