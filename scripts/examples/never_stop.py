@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from torchstage import Batch, Callback, Epoch, SupervisedRunner, request_stop
+from torchstage import Batch, Callback, Epoch, StopCallback, SupervisedRunner, request_stop
 
 
 class Trouble(Callback):
@@ -63,7 +63,9 @@ def main():
         max_restarts=2,                           # a dead rank: end the world, start it again, at most twice
         resume="last",                            # a new command on this logdir continues its run
         checkpoint_period=(Batch(4), Epoch(1)),   # last.pth every 4 train batches: little is lost
-        callbacks=[Trouble(args.kill_at_batch, args.stop_at_batch)])
+        # the ranks agree on a stop after every batch, so the demo's stop lands one batch after it is asked
+        # (by default they agree about every 0.5 s, within the epoch or at its end)
+        callbacks=[Trouble(args.kill_at_batch, args.stop_at_batch), StopCallback(check_every=1)])
 
 
 if __name__ == "__main__":

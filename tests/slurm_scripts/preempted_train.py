@@ -3,7 +3,8 @@
 In the first run of a SLURM job (SLURM_RESTART_COUNT unset or 0) the main rank writes LOGDIR/paused
 after train batch PAUSE_AT and waits there, at most 60 s, until a stop is requested (the test sends
 `scancel -s USR1`), so the signal lands after exactly that batch whatever the machine's speed, and
-every rank stops after the next one (the stop callback's agreement runs during it). The other ranks wait
+every rank stops after the next one (``StopCallback(check_every=1)``: the ranks' agreement runs during it;
+by default they agree about every 0.5 s, so the batch would depend on the machine's speed). The other ranks wait
 in that batch's gradient all-reduce. A requeued run does not pause.
 USR1_STOPS=1 makes SIGUSR1 stop the run outside SLURM too (where no requeue callback catches it).
 """
@@ -39,6 +40,6 @@ if __name__ == "__main__":
     first_run = os.environ.get("SLURM_RESTART_COUNT", "0") in ("", "0")
     main = runpy.run_path(os.path.join(REPO, "scripts", "slurm_train.py"))["main"]
     callbacks = [PauseAt(logdir, pause_at)] if pause_at and first_run else []
-    if os.environ.get("USR1_STOPS") == "1":
-        callbacks.append(StopCallback(signals=(signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)))
+    usr1 = (signal.SIGUSR1,) if os.environ.get("USR1_STOPS") == "1" else ()
+    callbacks.append(StopCallback(signals=(signal.SIGTERM, signal.SIGINT, *usr1), check_every=1))
     main(logdir, callbacks=callbacks)
