@@ -14,12 +14,13 @@ class Clock:
         return self.now
 
 
-def run_checks(schedule, clock, seconds_per_batch, batches, others=()):
-    """Batches 1..batches of one train loader; at each due batch the agreement read gives the smallest of this
-    rank's previous proposal and ``others`` (the other ranks' proposals). Returns the steps checked."""
+def run_checks(schedule, clock, seconds_per_batch, batches, others=(), start=0):
+    """Batches start+1..start+batches of one train loader; at each due batch the agreement read gives the
+    smallest of this rank's previous proposal and ``others`` (the other ranks' proposals). Returns the steps
+    checked."""
     checked, pending = [], None
-    schedule.start_loader(0)
-    for step in range(1, batches + 1):
+    schedule.start_loader(start)
+    for step in range(start + 1, start + batches + 1):
         clock.now += seconds_per_batch
         if schedule.due(step):
             checked.append(step)
@@ -50,6 +51,14 @@ def test_the_smallest_proposal_wins_so_a_slower_rank_sets_the_pace():
     checked = run_checks(schedule, clock, 0.001, 400, others=(5,))
     gaps = [b - a for a, b in zip(checked, checked[1:])]
     assert gaps[:2] == [1, 4] and set(gaps[2:]) == {5}
+
+
+def test_a_new_loader_starts_again_from_one_batch_so_a_slower_stage_is_checked_within_its_period():
+    clock = Clock()
+    schedule = CheckSchedule(period=0.5, clock=clock)
+    run_checks(schedule, clock, 0.001, 2000)  # fast: the interval grew to hundreds of batches
+    assert schedule.interval > 100
+    assert run_checks(schedule, clock, 0.5, 5, start=2000) == [2001, 2002, 2003, 2004, 2005]
 
 
 def test_slow_batches_check_every_batch():

@@ -3,8 +3,8 @@
 The ranks must run the agreement's all-reduce after the same batches, so the interval is never a rank's own
 guess: each rank proposes how many of its batches take ``period`` seconds, the agreement carries the
 proposals with the stop flags, and every rank uses the smallest one it read (the same number on every
-rank). An interval at most quadruples from one agreement to the next, so a slow phase after a fast one
-is seen within a few checks.
+rank). An interval at most quadruples from one agreement to the next, and starts again from one batch at
+each train loader, so a loader or stage slower than the one before is checked within about its period.
 """
 import time
 
@@ -17,11 +17,15 @@ class CheckSchedule:
 
     def __init__(self, every=None, period: float = 0.5, clock=time.perf_counter):
         self.every, self.period, self.clock = every, period, clock
-        self.interval, self._next, self._since = 1, 0, None
+        self.interval, self._next, self._since, self._fresh = 1, 0, None, False
 
     def start_loader(self, step: int) -> None:
-        """A train loader starts after ``step`` batches: batch times are measured from here."""
+        """A train loader starts after ``step`` batches: batch times are measured from here, and the interval
+        starts again from one batch (another loader or stage may run at another speed), ignoring a proposal
+        made in the loader before."""
         self._since = (self.clock(), step)
+        if self.every is None:
+            self.interval, self._next, self._fresh = 1, step + 1, True
 
     def due(self, step: int) -> bool:
         """Whether the agreement runs at the end of batch ``step``."""
@@ -40,5 +44,5 @@ class CheckSchedule:
     def agreed(self, step: int, interval: int) -> None:
         """An agreement was read at ``step`` with the ranks' smallest proposal ``interval`` (0: none read)."""
         if self.every is None:
-            self.interval = max(1, interval or self.interval)
-            self._next = step + self.interval
+            self.interval = 1 if self._fresh else max(1, interval or self.interval)
+            self._next, self._fresh = step + self.interval, False
