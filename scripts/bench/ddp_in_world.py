@@ -81,11 +81,9 @@ def main() -> None:
     if args.worker:
         return worker(args.repeats, args.split, args.logdir)
     import tempfile
+    from ddp_overhead import child_env
     with tempfile.TemporaryDirectory() as tmp:
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_", "MASTER_")) and k != "PYTHONDONTWRITEBYTECODE"}
-        env.update(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", PYTHONPATH=os.pathsep.join([ROOT, HERE]),
-                   PYTHONPYCACHEPREFIX=os.path.join(tmp, "pycache"))
+        env = child_env(os.path.join(tmp, "pycache"))
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                    os.path.abspath(__file__), "--worker", "--repeats", str(args.repeats), "--logdir", tmp]
         if args.split:

@@ -81,17 +81,22 @@ def kill_tree(pid: int) -> None:
             pass
 
 
-def launch(name: str, logdir: str, num_workers: int, nproc: int, pycache: str) -> tuple:
-    """One run of this script as contender ``name``: (wall seconds, CPU seconds of all its processes), or None
-    when it hung.
-
-    Bytecode is cached in ``pycache`` even where ``PYTHONDONTWRITEBYTECODE`` is set (as on these machines): an
-    installed package has its bytecode compiled at install, and a checkout compiled afresh by every process
-    costs torchstage about 0.12 s of CPU per process (150 modules) that no user's installed copy pays."""
+def child_env(pycache: str) -> dict:
+    """The environment of a benchmark's child run: no inherited world, one torch thread, no GPU, this checkout on
+    the path, and bytecode cached in ``pycache`` even where ``PYTHONDONTWRITEBYTECODE`` is set (as on these
+    machines): an installed package has its bytecode compiled at install, and a checkout compiled afresh by
+    every process costs torchstage about 0.12 s of CPU per process (150 modules) that no installed copy pays."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_", "MASTER_")) and k != "PYTHONDONTWRITEBYTECODE"}
     env.update(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", PYTHONPATH=os.pathsep.join([ROOT, HERE]),
                PYTHONPYCACHEPREFIX=pycache)
+    return env
+
+
+def launch(name: str, logdir: str, num_workers: int, nproc: int, pycache: str) -> tuple:
+    """One run of this script as contender ``name``: (wall seconds, CPU seconds of all its processes), or None
+    when it hung (bytecode cached in ``pycache``, see :func:`child_env`)."""
+    env = child_env(pycache)
     command = [os.path.abspath(__file__), "--worker", name, "--logdir", logdir, "--num-workers", str(num_workers)]
     launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"] if nproc > 1 else []
     command = [sys.executable, *launcher, *command]

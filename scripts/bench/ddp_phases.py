@@ -73,13 +73,11 @@ def main() -> None:
     if args.worker:
         return worker(args.worker, args.out)
     sys.path.insert(0, HERE)
+    from ddp_overhead import child_env
     from overhead import round_order
     names, phases = ["hand-written", "torchstage"], {}
     with tempfile.TemporaryDirectory() as tmp:
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_", "MASTER_")) and k != "PYTHONDONTWRITEBYTECODE"}
-        env.update(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", PYTHONPATH=os.pathsep.join([ROOT, HERE]),
-                   PYTHONPYCACHEPREFIX=os.path.join(tmp, "pycache"))
+        env = child_env(os.path.join(tmp, "pycache"))
         repeat = 0
         while repeat <= args.repeats:
             for name in round_order(names, repeat):

@@ -62,16 +62,15 @@ class StopCallback(Callback):
                 self._stop(runner, stop_requested())
         elif runner.is_train_loader and self._schedule.due(runner.global_batch_step):
             step = runner.global_batch_step
-            pending, self._pending = self._pending, None  # started at the previous check
-            agreed = None if pending is None else pending.result()  # every rank reads the same result
-            self._schedule.agreed(step, 0 if pending is None else pending.interval)
+            agreed, interval = self._agreed()  # started at the previous check; every rank reads the same result
+            self._schedule.agreed(step, interval)
             if agreed is None:  # runs during the next batches
                 self._pending = Agreement(stop_requested(), self._group, self._schedule.proposal(step))
             self._stop(runner, agreed)
 
     def on_epoch_end(self, runner):
         if self._distributed:
-            self._stop(runner, self._agreed() or agree(stop_requested(), self._group))
+            self._stop(runner, self._agreed()[0] or agree(stop_requested(), self._group))
         else:
             self._stop(runner, stop_requested())
 
@@ -84,9 +83,10 @@ class StopCallback(Callback):
         self._release()
 
     def _agreed(self):
-        """The stop request of the agreement in flight (waiting for it), or None."""
+        """The agreement in flight, read (waiting for it): its stop request or None, and the interval the ranks
+        proposed (0 when none was in flight)."""
         pending, self._pending = self._pending, None
-        return None if pending is None else pending.result()
+        return (None, 0) if pending is None else (pending.result(), pending.interval)
 
     def _release(self):
         if self._handlers is not None:
