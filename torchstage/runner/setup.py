@@ -11,8 +11,8 @@ from torchstage.data.datasets import build_loaders
 from torchstage.data.loaders import distribute_loaders
 from torchstage.data.fork_check import warn_forked_workers
 from torchstage.files.lock import LogdirLock
-from torchstage.launch.collectives import point_dumps_to
 from torchstage.launch.enter import run_in_world
+from torchstage.launch.flight_recorder import point_dumps_to
 from torchstage.launch.resolve import restart_attempt
 from torchstage.launch.world import World
 from torchstage.logging_setup import ensure_console_handler

@@ -21,8 +21,8 @@ from numbers import Real
 from torchstage.arguments import ArgumentError
 from torchstage.callbacks.base import Callback, CallbackOrder, CallbackScope
 from torchstage.callbacks.safety.hang_report import describe, hang_report, position, where
-from torchstage.launch.collectives import TAIL, compare, recent, write_dump
 from torchstage.launch.failures import record_failure
+from torchstage.launch.flight_recorder import TAIL, compare, recent, write_dump
 
 
 #: Exit code of a rank ended by the watchdog (the convention of GNU ``timeout``).
