@@ -5,13 +5,12 @@ from dataclasses import replace
 
 import torch
 
-from torchstage.callbacks.safety.watchdog import process_group_timeout
 from torchstage.callbacks.training.optimizer import OptimizerCallback
 from torchstage.data.datasets import build_loaders
 from torchstage.data.loaders import distribute_loaders
 from torchstage.data.fork_check import warn_forked_workers
 from torchstage.files.lock import LogdirLock
-from torchstage.launch.enter import run_in_world
+from torchstage.launch.enter import process_group_timeout, run_in_world
 from torchstage.launch.flight_recorder import point_dumps_to
 from torchstage.launch.resolve import restart_attempt
 from torchstage.launch.world import World
