@@ -8,7 +8,7 @@ from torchstage.callbacks.base import Callback, CancelStage
 from torchstage.callbacks.checkpoints.checkpoint_saver import CheckpointCallback
 from torchstage.callbacks.safety.watchdog import HangWatchdog
 from torchstage.files.checkpoint import load_checkpoint
-from torchstage.named import each
+from torchstage.one_or_many import each
 from torchstage.runner.chain import merge_chain
 from torchstage.runner.defaults import default_callbacks
 from torchstage.runner.errors import RunnerException

@@ -10,7 +10,7 @@ from torchstage.data.prefetch import prefetch_to_device
 from torchstage.files.lock import LogdirLock
 from torchstage.files.writer import FileWriter
 from torchstage.launch.failures import record_stop
-from torchstage.named import map_named
+from torchstage.one_or_many import map_named
 from torchstage.rng import set_seed
 from torchstage.runner import export, inference
 from torchstage.runner.defaults import default_callbacks

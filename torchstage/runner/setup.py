@@ -15,7 +15,7 @@ from torchstage.launch.flight_recorder import point_dumps_to
 from torchstage.launch.resolve import restart_attempt
 from torchstage.launch.world import World
 from torchstage.logging_setup import ensure_console_handler
-from torchstage.named import each, map_named, named
+from torchstage.one_or_many import each, map_named, named
 from torchstage.rng import set_seed
 from torchstage.runner.chain import describe_chain
 from torchstage.runner.component_checks import check_scheduler_steps
