@@ -7,7 +7,7 @@ import torch
 
 from torchstage import Callback, HangWatchdog, SupervisedRunner
 from torchstage.callbacks.safety.hang_report import hang_report
-from torchstage.callbacks.safety.watchdog import process_group_timeout
+from torchstage.launch.enter import process_group_timeout
 from tests.conftest import regression_loaders
 
 

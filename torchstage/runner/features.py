@@ -5,7 +5,7 @@ checked by that callback, built in :mod:`torchstage.runner.defaults`.
 """
 import torch
 
-from torchstage.named import map_named
+from torchstage.one_or_many import map_named
 from torchstage.strategies.precision import amp_dtype
 
 

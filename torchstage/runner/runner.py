@@ -10,7 +10,7 @@ from torchstage.data.prefetch import prefetch_to_device
 from torchstage.files.lock import LogdirLock
 from torchstage.files.writer import FileWriter
 from torchstage.launch.failures import record_stop
-from torchstage.named import map_named
+from torchstage.one_or_many import map_named
 from torchstage.rng import set_seed
 from torchstage.runner import export, inference
 from torchstage.runner.defaults import default_callbacks
@@ -105,7 +105,7 @@ class Runner(CatalystAttributes, RunnerHooks):
         """Yield :meth:`predict_batch` for each batch of ``loader`` (eval mode, no grad; on CPU if ``to_cpu``);
         ``model=``/``resume=`` (a checkpoint path) set the model first."""
         if model is not None or resume is not None:
-            export.use_model(self, model, resume, "predict_loader")
+            inference.use_model(self, model, resume, "predict_loader")
         return inference.predict_loader(self, loader, to_cpu=to_cpu)
 
     def trace(self, *, model=None, batch=None, loader=None, logdir=None, backend: str = "jit", **options):
@@ -115,13 +115,13 @@ class Runner(CatalystAttributes, RunnerHooks):
 
     def infer(self, *, loaders, model=None, callbacks=None, resume=None, **unsupported) -> "Runner":
         """One pass of ``handle_batch`` and ``callbacks`` over inference ``loaders`` (eval mode, no grad)."""
-        return export.infer(self, model=model, loaders=loaders, callbacks=callbacks, resume=resume, **unsupported)
+        return inference.infer(self, model=model, loaders=loaders, callbacks=callbacks, resume=resume, **unsupported)
 
     def evaluate_loader(self, loader, callbacks=None, criterion=None, *, model=None, seed: int = None) -> dict:
         """The loader metrics of one pass over ``loader`` without training (loss with ``criterion`` or the runner's);
         ``model=`` replaces the runner's model first and ``seed=`` seeds the pass (both Catalyst 22's arguments)."""
         if model is not None:
-            export.use_model(self, model, None, "evaluate_loader")
+            inference.use_model(self, model, None, "evaluate_loader")
         if seed is not None:
             set_seed(seed)
         return inference.evaluate_loader(self, loader, callbacks=callbacks, criterion=criterion)

@@ -5,18 +5,17 @@ from dataclasses import replace
 
 import torch
 
-from torchstage.callbacks.safety.watchdog import process_group_timeout
 from torchstage.callbacks.training.optimizer import OptimizerCallback
 from torchstage.data.datasets import build_loaders
 from torchstage.data.loaders import distribute_loaders
 from torchstage.data.fork_check import warn_forked_workers
 from torchstage.files.lock import LogdirLock
-from torchstage.launch.collectives import point_dumps_to
-from torchstage.launch.enter import run_in_world
+from torchstage.launch.enter import process_group_timeout, run_in_world
+from torchstage.launch.flight_recorder import point_dumps_to
 from torchstage.launch.resolve import restart_attempt
 from torchstage.launch.world import World
 from torchstage.logging_setup import ensure_console_handler
-from torchstage.named import each, map_named, named
+from torchstage.one_or_many import each, map_named, named
 from torchstage.rng import set_seed
 from torchstage.runner.chain import describe_chain
 from torchstage.runner.component_checks import check_scheduler_steps

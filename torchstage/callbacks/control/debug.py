@@ -11,7 +11,7 @@ from torchstage.callbacks.checkpoints.checkpoint_saver import checkpoint_folders
 from torchstage.files.checkpoint import load_checkpoint
 from torchstage.files.checkpoint_file import serialize
 from torchstage.files.format import CheckpointError, checkpoint_path
-from torchstage.named import named
+from torchstage.one_or_many import named
 
 logger = logging.getLogger("torchstage")
 
