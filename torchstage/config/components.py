@@ -117,8 +117,8 @@ def build_datasets(node, path: str) -> dict:
                                 f"{{_target_: ...}}}}, got {type(node).__name__} {node!r:.50}")
     options = {key: value for key, value in node.items() if key in LOADER_OPTIONS}
     if TARGET in node:
-        fn = import_target(node[TARGET], path)
         kwargs = {key: value for key, value in node.items() if key not in LOADER_OPTIONS and key != TARGET}
+        fn = import_target(node[TARGET], path, kwargs)
         check_arguments(fn, kwargs, path, node[TARGET])
         return {**options, FACTORY: fn, **{key: instantiate(value, join(path, key)) for key, value in kwargs.items()}}
     datasets = dict(options)

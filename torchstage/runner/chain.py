@@ -2,6 +2,8 @@
 import re
 from collections.abc import Mapping
 
+from torchstage.callbacks.base import CallbackScope
+
 
 def callback_name(callback) -> str:
     """A callback's chain name: its ``name`` attribute, else its class name in snake case."""
@@ -37,8 +39,11 @@ def merge_chain(*layers) -> dict:
     return dict(sorted(chain.items(), key=lambda item: int(item[1].order)))
 
 
+#: How the start-of-run listing names where a callback runs (nothing for every rank).
+_WHERE = {CallbackScope.Main: " (main rank only)", CallbackScope.Distributed: " (every rank, several processes only)"}
+
+
 def describe_chain(chain: dict) -> str:
     """One line per callback: order, name, class and scope, for the start-of-run log."""
-    return "\n".join(f"  {int(cb.order):>4}  {name:<16} {type(cb).__name__}"
-                     f"{' (main rank only)' if cb.scope else ''}"
+    return "\n".join(f"  {int(cb.order):>4}  {name:<16} {type(cb).__name__}{_WHERE.get(CallbackScope(cb.scope), '')}"
                      for name, cb in chain.items())
