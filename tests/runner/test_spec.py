@@ -128,3 +128,16 @@ def test_stages_sharing_datasets_build_them_once():
                    stages={"first": {"num_epochs": 1}, "second": {"num_epochs": 1}})
     assert calls == [4]
     assert runner.stage_loaders[0] is runner.stage_loaders[1]
+
+
+def test_a_requeued_slurm_job_resumes_from_last_and_says_so_once(monkeypatch, tmp_path, caplog):
+    from torchstage.runner.spec import make_spec
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    model = torch.nn.Linear(4, 1)
+    kwargs = dict(model=model, criterion=torch.nn.MSELoss(), optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                  loaders=regression_loaders(), logdir=str(tmp_path))
+    with caplog.at_level("INFO", logger="torchstage"):
+        spec = make_spec(SupervisedRunner(), kwargs)
+    assert spec.resume == "last"
+    assert sum("SLURM_RESTART_COUNT=1" in record.getMessage() for record in caplog.records) == 1
