@@ -4,9 +4,9 @@ import os
 
 import torch
 
-from torchstage.callbacks.base import Callback, CancelStage
+from torchstage.callbacks.base import CancelStage
 from torchstage.files.checkpoint import load_checkpoint
-from torchstage.runner.chain import merge_chain
+from torchstage.runner.chain import check_callbacks, merge_chain
 from torchstage.runner.defaults import default_callbacks
 from torchstage.runner.inference import ready
 
@@ -121,10 +121,7 @@ def infer(runner, model=None, loaders=None, callbacks=None, resume=None, **unsup
         raise ValueError(f"infer(): loaders {training} would train (their names start with 'train'); rename them, "
                          f"e.g. 'infer'")
     use_model(runner, model, resume, "infer")
-    items = callbacks.items() if isinstance(callbacks, dict) else enumerate(callbacks or ())
-    for key, callback in items:
-        if not isinstance(callback, Callback):
-            raise TypeError(f"callbacks[{key!r}] must be a torchstage Callback, got {type(callback).__name__}")
+    check_callbacks(callbacks)
     runner.set_callbacks(merge_chain(default_callbacks(runner), callbacks))
     runner.stage_key, runner.num_epochs, runner.epoch, runner.loaders = "infer", 1, 0, dict(loaders)
     runner.global_epoch_step = runner.global_batch_step = runner.global_sample_step = 0

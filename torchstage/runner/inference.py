@@ -1,11 +1,11 @@
 """Inference with a runner: model outputs batch by batch, and the metrics of one pass without training."""
 import torch
 
-from torchstage.callbacks.base import Callback, CancelStage
+from torchstage.callbacks.base import CancelStage
 from torchstage.callbacks.checkpoints.checkpoint_saver import CheckpointCallback
 from torchstage.callbacks.safety.watchdog import HangWatchdog
 from torchstage.named import each
-from torchstage.runner.chain import merge_chain
+from torchstage.runner.chain import check_callbacks, merge_chain
 from torchstage.runner.defaults import default_callbacks
 from torchstage.runner.errors import RunnerException
 from torchstage.runner.loop_state import LoopState
@@ -46,10 +46,7 @@ def evaluate_loader(runner, loader, callbacks=None, criterion=None) -> dict:
     Returns the loader metrics; the runner's own state (chain, counters, metrics) is left as it was.
     """
     ready(runner, "evaluate_loader")
-    items = callbacks.items() if isinstance(callbacks, dict) else enumerate(callbacks or ())
-    for key, callback in items:
-        if not isinstance(callback, Callback):
-            raise TypeError(f"callbacks[{key!r}] must be a torchstage Callback, got {type(callback).__name__}")
+    for key, callback in check_callbacks(callbacks):
         if isinstance(callback, CheckpointCallback):  # as Catalyst 22 refused it (IRunnerError)
             raise RunnerException(f"callbacks[{key!r}]: a CheckpointCallback has nothing to save in "
                                   f"evaluate_loader, which trains nothing; drop it")

@@ -7,8 +7,8 @@ from typing import Any, Optional
 
 import torch
 
-from torchstage.callbacks.base import Callback
 from torchstage.data.datasets import FACTORY, dataset_loader_names
+from torchstage.runner.chain import check_callbacks
 from torchstage.runner.errors import RunnerException
 
 
@@ -137,14 +137,7 @@ def _check_stage(runner, stage: StageSpec) -> None:
             if getattr(stage, name) is None:
                 raise ValueError(f"{prefix}{type(runner).__name__} needs {name}=...; got {name}=None (a stage "
                                  f"whose loaders are all evaluation loaders, not 'train*', needs none)")
-    if stage.callbacks is not None and not isinstance(stage.callbacks, (list, tuple, Mapping)):
-        raise TypeError(f"{prefix}callbacks must be a list or a dict name -> Callback, "
-                        f"got {type(stage.callbacks).__name__}")
-    items = stage.callbacks.items() if isinstance(stage.callbacks, Mapping) else enumerate(stage.callbacks or ())
-    for key, callback in items:
-        if not (isinstance(callback, Callback) or (callback is None and isinstance(stage.callbacks, Mapping))):
-            raise TypeError(f"{prefix}callbacks[{key!r}] must be a torchstage Callback, got "
-                            f"{type(callback).__name__}")
+    check_callbacks(stage.callbacks, prefix)
 
 
 def _check_loaders(loaders, prefix: str) -> list:
