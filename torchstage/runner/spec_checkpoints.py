@@ -46,7 +46,8 @@ class CheckpointsAndResume:
 
 
 def check_logdir(logdir) -> None:
-    """``logdir`` must be a path of a directory or not exist yet (it is created), under a directory this process can write."""
+    """``logdir`` must be a path: a directory, or nothing yet (it is created) under a directory this process can
+    write."""
     if logdir is None:
         return
     if not isinstance(logdir, (str, os.PathLike)):
