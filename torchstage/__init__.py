@@ -51,7 +51,6 @@ from torchstage.periods import Batch, Epoch
 from torchstage.rng import set_seed
 from torchstage.runner.errors import RunnerException
 from torchstage.runner.runner import Runner
-from torchstage.runner.spec import train_signature
 from torchstage.runner.supervised import SupervisedRunner
 from torchstage.stop_request import RunStopped, StopRequest, request_stop
 from torchstage.strategies.ddp import DDP
@@ -61,8 +60,6 @@ from torchstage.strategies.fsdp import FSDP
 from torchstage.strategies.single import SingleDevice
 from torchstage.version import __version__
 
-Runner.train.__signature__ = train_signature()
-del train_signature
 
 
 def _catalyst22_attribute(name: str):

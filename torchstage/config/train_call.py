@@ -15,7 +15,8 @@ from torchstage.catalyst.runner import translate_train_kwargs
 from torchstage.config.instantiate import ConfigError, instantiate, join
 from torchstage.rng import set_seed
 from torchstage.runner.setup import prepare, train_in_world
-from torchstage.runner.spec import STAGE_KEYS, TrainSpec, make_spec
+from torchstage.runner.spec import TrainSpec, make_spec
+from torchstage.runner.spec_stages import STAGE_KEYS
 
 
 def build_train_call(config: Mapping):

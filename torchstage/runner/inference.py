@@ -4,12 +4,12 @@ import os
 
 import torch
 
-from torchstage.callbacks.base import Callback, CancelStage
+from torchstage.callbacks.base import CancelStage
 from torchstage.callbacks.checkpoints.checkpoint_saver import CheckpointCallback
 from torchstage.callbacks.safety.watchdog import HangWatchdog
 from torchstage.files.checkpoint import load_checkpoint
 from torchstage.one_or_many import each
-from torchstage.runner.chain import merge_chain
+from torchstage.runner.chain import check_callbacks, merge_chain
 from torchstage.runner.defaults import default_callbacks
 from torchstage.runner.errors import RunnerException
 from torchstage.runner.loop_state import LoopState
@@ -59,10 +59,7 @@ def evaluate_loader(runner, loader, callbacks=None, criterion=None) -> dict:
     Returns the loader metrics; the runner's own state (chain, counters, metrics) is left as it was.
     """
     ready(runner, "evaluate_loader")
-    items = callbacks.items() if isinstance(callbacks, dict) else enumerate(callbacks or ())
-    for key, callback in items:
-        if not isinstance(callback, Callback):
-            raise TypeError(f"callbacks[{key!r}] must be a torchstage Callback, got {type(callback).__name__}")
+    for key, callback in check_callbacks(callbacks):
         if isinstance(callback, CheckpointCallback):  # as Catalyst 22 refused it (IRunnerError)
             raise RunnerException(f"callbacks[{key!r}]: a CheckpointCallback has nothing to save in "
                                   f"evaluate_loader, which trains nothing; drop it")
@@ -98,10 +95,7 @@ def infer(runner, model=None, loaders=None, callbacks=None, resume=None, **unsup
         raise ValueError(f"infer(): loaders {training} would train (their names start with 'train'); rename them, "
                          f"e.g. 'infer'")
     use_model(runner, model, resume, "infer")
-    items = callbacks.items() if isinstance(callbacks, dict) else enumerate(callbacks or ())
-    for key, callback in items:
-        if not isinstance(callback, Callback):
-            raise TypeError(f"callbacks[{key!r}] must be a torchstage Callback, got {type(callback).__name__}")
+    check_callbacks(callbacks)
     runner.set_callbacks(merge_chain(default_callbacks(runner), callbacks))
     runner.stage_key, runner.num_epochs, runner.epoch, runner.loaders = "infer", 1, 0, dict(loaders)
     runner.global_epoch_step = runner.global_batch_step = runner.global_sample_step = 0

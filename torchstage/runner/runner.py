@@ -1,5 +1,7 @@
 """The Runner: experiment -> stages -> epochs -> loaders -> batches, each level run by one helper."""
 import logging
+from collections.abc import Mapping
+from typing import Any, Optional
 
 import torch
 
@@ -19,7 +21,7 @@ from torchstage.runner.loop_state import LoopState, expose_loop_state
 from torchstage.runner.own_hooks import RunnerHooks, overridden_hooks, with_runner_hooks
 from torchstage.runner.resume import loader_batches, remaining_loaders
 from torchstage.runner.setup import train_in_world
-from torchstage.runner.spec import TrainSpec, make_spec
+from torchstage.runner.spec import TrainSpec, make_spec, passes_arguments_as_given
 from torchstage.runner.state import load_runner_state_dict, runner_state_dict
 from torchstage.stop_request import RunStopped
 from torchstage.strategies.engine import Engine
@@ -142,10 +144,65 @@ class Runner(CatalystAttributes, RunnerHooks):
         return {}
 
     # ---- entry point ---------------------------------------------------------------------
-    def train(self, **kwargs) -> "Runner":
-        """Check every argument, then run all stages; see :class:`~torchstage.runner.spec.TrainSpec`."""
+    def translate_train_kwargs(self, kwargs: dict) -> dict:
+        """``train()``'s keyword arguments in torchstage's names (a compat runner translates other libraries')."""
+        return kwargs
+
+    def _train(self, given: dict) -> "Runner":
+        """``train()`` with its keyword arguments as given: check every one, then run all stages."""
         refuse_ignored_getters(self)
-        return train_in_world(self, make_spec(self, kwargs))
+        return train_in_world(self, make_spec(self, given))
+
+    @passes_arguments_as_given(_train)
+    def train(self, *,
+              # data and stages
+              model: Any = None, criterion: Any = None, optimizer: Any = None, scheduler: Any = None,
+              loaders: Optional[Mapping] = None, datasets: Optional[dict] = None, callbacks: Any = None,
+              num_epochs: int = 1, valid_loader: str = "valid", valid_metric: str = "loss",
+              minimize_valid_metric: bool = True, stages: Optional[Mapping] = None,
+              # optimization
+              scheduler_step: str = "epoch", accumulation_steps: int = 1, grad_clip_norm: Optional[float] = None,
+              grad_clip_value: Optional[float] = None, amp: Any = None, compile: Any = False,
+              channels_last: bool = False,
+              # checkpoints and resume
+              logdir: Optional[str] = None, resume: Optional[str] = None, overwrite: bool = False,
+              resume_lr: str = "refuse", checkpoint_period: Any = None, topk: int = 0, load_best_on_end: bool = False,
+              requeue: Optional[bool] = None,
+              # run control
+              seed: int = 42, deterministic: bool = False, verbose: bool = False, check: bool = False,
+              overfit: Any = False, timeit: bool = False, monitor: bool = False, valid_every: int = 1,
+              valid_period: Any = None, log_period: Any = None, loggers: Optional[Mapping] = None,
+              # processes and strategy
+              distributed: Optional[bool] = None, nprocs: Optional[int] = None, strategy: Any = "ddp",
+              engine: Any = None, prefetch: bool = False, hang_timeout: Optional[float] = 300,
+              max_restarts: Optional[int] = None,
+              **more) -> "Runner":
+        """Check every argument (each error names it, before training), then run all stages. docs/api.md has a row
+        per argument; each part of :class:`~torchstage.runner.spec.TrainSpec` checks its own.
+
+        Data and stages: ``model`` (a module or a dict of them), ``criterion``, ``optimizer``, ``scheduler``,
+        ``loaders`` (name -> iterable; ``train*`` loaders train) or ``datasets`` (built in each process),
+        ``callbacks`` (list or name -> callback, added to the default chain), ``num_epochs``, ``valid_loader``,
+        ``valid_metric`` and ``minimize_valid_metric`` (best checkpoint, early stopping), ``stages`` (name -> these
+        keys, each stage inheriting the rest).
+
+        Optimization: ``scheduler_step`` ("epoch" or "batch"), ``accumulation_steps``, ``grad_clip_norm``,
+        ``grad_clip_value``, ``amp`` ("bf16", "fp16", "auto"...), ``compile`` (``torch.compile``, True or its
+        arguments), ``channels_last``.
+
+        Checkpoints and resume: ``logdir``, ``resume`` ("last", "auto" or a path), ``overwrite``, ``resume_lr``
+        ("refuse", "new", "checkpoint"), ``checkpoint_period``, ``topk``, ``load_best_on_end``, ``requeue`` (SLURM).
+
+        Run control: ``seed``, ``deterministic``, ``verbose``, ``check`` (a 2-batch smoke run), ``overfit``,
+        ``timeit``, ``monitor``, ``valid_every``, ``valid_period``, ``log_period``, ``loggers``.
+
+        Processes and strategy: ``distributed`` (None: join a launched world; True: also launch one),
+        ``nprocs``, ``strategy`` ("ddp", "fsdp", "deepspeed" or a strategy object), ``engine``, ``prefetch``,
+        ``hang_timeout``, ``max_restarts``.
+
+        ``**more``: other libraries' names for these (Catalyst's ``fp16=``, ``main_metric=``, ``ddp=``...), which
+        the runner translates; any other name is refused, with the closest accepted one.
+        """
 
     def run(self) -> "Runner":
         """Run the prepared experiment; fires ``on_exception`` (then re-raises) if anything fails.

@@ -18,11 +18,11 @@ from torchstage.logging_setup import ensure_console_handler
 from torchstage.one_or_many import each, map_named, named
 from torchstage.rng import set_seed
 from torchstage.runner.chain import describe_chain
-from torchstage.runner.component_checks import check_scheduler_steps
-from torchstage.runner.features import compile_models
+from torchstage.runner.compile import compile_models
 from torchstage.runner.loop_state import LoopState
 from torchstage.runner.resume import checkpoint_to_resume, restore
-from torchstage.runner.spec import check_loader_names
+from torchstage.runner.spec_optimization import check_scheduler_steps
+from torchstage.runner.spec_stages import check_built_loaders
 from torchstage.strategies.engine import Engine
 from torchstage.strategies.single import StepPlan
 
@@ -71,7 +71,7 @@ def prepare(runner, spec, world: World = None) -> None:
     compile_models(runner, spec.compile)
     runner.stage_loaders = stage_loaders(spec, runner.engine)
     for stage, loaders in zip(spec.stage_specs, runner.stage_loaders):
-        check_loader_names(stage, loaders)
+        check_built_loaders(stage, loaders)
         check_scheduler_steps(stage, loaders)
     runner.stage_callbacks = spec.stage_chains
     for stage, chain, loaders in zip(spec.stage_specs, runner.stage_callbacks, runner.stage_loaders):
