@@ -1,6 +1,7 @@
 """Checks of what ``train()`` is given that would otherwise fail silently: an optimizer on another model's
 parameters, a scheduler on another optimizer, a class instead of an instance, a plateau scheduler that
-cuts the lr in the wrong direction, a logdir that is a file, a ``resume`` that names nothing."""
+cuts the lr in the wrong direction, a logdir that is a file, a ``resume`` that names nothing, an engine that is
+not one."""
 import difflib
 import glob
 import os
@@ -8,6 +9,8 @@ from collections.abc import Mapping
 
 import torch
 from torch.optim.lr_scheduler import CyclicLR, OneCycleLR, ReduceLROnPlateau
+
+from torchstage.strategies.engine import Engine
 
 #: Schedulers whose one cycle spans a number of optimizer steps: stepped once per train batch.
 PER_BATCH_SCHEDULERS = (OneCycleLR, CyclicLR)
@@ -127,3 +130,13 @@ def _items(value, name: str) -> list:
     if value is None:
         return []
     return [(f"{name}[{k!r}]", v) for k, v in value.items()] if isinstance(value, Mapping) else [(name, value)]
+
+
+def check_engine_and_loggers(engine, loggers) -> None:
+    """``train(engine=...)`` must be an Engine and ``train(loggers=...)`` a dict (checked again per logger); that
+    engine= is for one process only is checked where the world is known (``runner/setup.py``)."""
+    if engine is not None and not isinstance(engine, Engine):
+        raise TypeError(f"engine must be a torchstage Engine (such as dl.CPUEngine() or Engine(device='cpu')), "
+                        f"got {type(engine).__name__}")
+    if loggers is not None and not isinstance(loggers, Mapping):
+        raise TypeError(f"loggers must be a dict name -> logger callback, got {type(loggers).__name__}")

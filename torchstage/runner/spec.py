@@ -10,12 +10,11 @@ from typing import Any, Optional
 import torch
 
 from torchstage.callbacks.base import Callback
-from torchstage.catalyst.engines import check_engine_and_loggers
-from torchstage.catalyst.runner import translate_train_kwargs
 from torchstage.launch.restarts import check_max_restarts
 from torchstage.launch.slurm.requeue import check_requeue_arg
 from torchstage.strategies.resolve import resolve_strategy
-from torchstage.runner.component_checks import check_components, check_logdir, check_resume
+from torchstage.runner.component_checks import (check_components, check_engine_and_loggers, check_logdir,
+                                                check_resume)
 from torchstage.data.datasets import dataset_loader_names
 from torchstage.runner.defaults import stage_chains
 from torchstage.runner.features import check_switches
@@ -110,8 +109,8 @@ def train_arguments() -> list:
 def make_spec(runner, kwargs: dict, config_text: str = None) -> TrainSpec:
     """Validate ``train`` keyword arguments, resolve stages and build their callback chains (which check the
     arguments they are given); raise ValueError/TypeError naming the argument. The one way from ``train()``'s
-    arguments, or a config's, to a run: Catalyst 20.12's argument names (``fp16``...) are translated here."""
-    kwargs = translate_train_kwargs(kwargs)
+    arguments, or a config's, to a run: the runner's own spellings of them are translated first."""
+    kwargs = runner.translate_train_kwargs(kwargs)
     names = train_arguments()
     unknown = sorted(set(kwargs) - set(names))
     if unknown:
@@ -128,7 +127,7 @@ def make_spec(runner, kwargs: dict, config_text: str = None) -> TrainSpec:
         raise TypeError(f"distributed must be None (join a torchrun/SLURM world if started in one), True "
                         f"(also launch one process per device) or False (one process), got {spec.distributed!r}")
     spec.strategy = resolve_strategy(spec.strategy)
-    check_engine_and_loggers(spec.engine, spec.loggers, spec.distributed)
+    check_engine_and_loggers(spec.engine, spec.loggers)
     spec.max_restarts = check_max_restarts(spec.max_restarts)
     check_switches(spec)
     if spec.check and spec.logdir is not None:  # a smoke run writes to a scratch folder, never the real run's
