@@ -119,4 +119,5 @@ def _check_keys(owner: str, input_key, target_key) -> None:
             raise TypeError(f"{owner}: {name} must be a str (a key of runner.batch), got {value!r}")
     if input_key == target_key:
         raise ValueError(f"{owner}(input_key={input_key!r}, target_key={target_key!r}) would compare batch"
-                         f"[{input_key!r}] with itself: input_key names the model output, target_key the target")
+                         f"[{input_key!r}] with itself: input_key names the model output, target_key the target (where "
+                         f"Catalyst 20.12's input_key named the target)")
