@@ -60,9 +60,9 @@ def prepare(runner, spec, world: World = None) -> None:
     runner.spec = spec
     world = world or World()
     if spec.engine is not None and (spec.distributed or world.is_distributed):  # the one check of this rule
-        raise ValueError(f"engine=... sets the device of a one-process run; with distributed=True or a launcher's "
-                         f"{world.world_size} processes each process takes its device from its rank: drop engine=... "
-                         f"(got {spec.engine!r})")
+        why = "distributed=True" if spec.distributed else f"the {world.world_size} processes a launcher started"
+        raise ValueError(f"engine=... sets the device of a one-process run; with {why} each process takes its "
+                         f"device from its rank: drop engine=... (got {spec.engine!r})")
     runner.engine = run_engine(spec.engine or runner.engine, world, spec)
     set_seed(spec.seed + runner.engine.rank, spec.deterministic)
     runner.model = spec.model
