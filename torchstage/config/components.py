@@ -25,6 +25,19 @@ def build_runner(node):
     return runner
 
 
+def runner_class(node) -> type:
+    """The runner class that a config's ``runner`` node names, imported and not built (the core Runner where the
+    node names no Runner class: ``build_runner`` says what is wrong with it)."""
+    if node is None or (isinstance(node, Mapping) and TARGET not in node):
+        node = {TARGET: DEFAULT_RUNNER}
+    target = node.get(TARGET) if isinstance(node, Mapping) else None
+    try:
+        cls = import_target(target, "runner") if isinstance(target, str) else None
+    except ConfigError:
+        cls = None
+    return cls if isinstance(cls, type) and issubclass(cls, Runner) else Runner
+
+
 def _components(node, path: str, build):
     """A component, or a mapping name -> component (several models/optimizers/...): ``build(node, path)`` each."""
     if is_component(node):

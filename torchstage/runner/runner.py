@@ -3,11 +3,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any, Optional
 
-import torch
-
 from torchstage.callbacks.base import (EVENTS, CallbackScope, CancelBatch, CancelEpoch, CancelLoader, CancelRun,
                                        CancelStage)
-from torchstage.catalyst.runner import CatalystAttributes, refuse_ignored_getters
 from torchstage.data.prefetch import prefetch_to_device
 from torchstage.files.lock import LogdirLock
 from torchstage.files.writer import FileWriter
@@ -17,8 +14,7 @@ from torchstage.rng import set_seed
 from torchstage.runner import export, inference
 from torchstage.runner.defaults import default_callbacks
 from torchstage.runner.failure_record import record_run_failure
-from torchstage.runner.loop_state import LoopState, expose_loop_state
-from torchstage.runner.own_hooks import RunnerHooks, overridden_hooks, with_runner_hooks
+from torchstage.runner.loop_state import EpochMetrics, LoopState, expose_loop_state
 from torchstage.runner.resume import loader_batches, remaining_loaders
 from torchstage.runner.setup import train_in_world
 from torchstage.runner.spec import TrainSpec, make_spec, passes_arguments_as_given
@@ -31,17 +27,13 @@ logger = logging.getLogger("torchstage")
 
 
 @expose_loop_state
-class Runner(CatalystAttributes, RunnerHooks):
+class Runner:
     """Drives a run and fires every event through the callback chain.
 
     Subclass and override :meth:`handle_batch` for custom training steps (GANs, multi-model runs);
     :class:`~torchstage.SupervisedRunner` is the ready-made one for ``model(input) -> output`` tasks.
     The loop's position and counters live in ``runner.loop`` (a :class:`~torchstage.runner.loop_state.LoopState`),
     each field also readable and writable as an attribute (``runner.epoch``, ``runner.batch_step``...).
-    Catalyst 20.12's ``_handle_batch(batch)`` override and attribute names also work, through the one base
-    class :class:`~torchstage.catalyst.runner.CatalystAttributes`. A subclass may also override the event methods
-    (``on_loader_end(self, runner)``...): they run around the callbacks as in Catalyst 22
-    (:mod:`torchstage.runner.own_hooks`).
     """
 
     #: Metric names this runner's handle_batch writes; ``None`` means unknown until the first loader.
@@ -50,10 +42,10 @@ class Runner(CatalystAttributes, RunnerHooks):
     requires = ()
     #: A method making the loss callback that ``evaluate_loader`` adds when there is a criterion (None: no loss).
     loss_callback = None
+    #: The mapping type of ``epoch_metrics``: a dict assigned to it becomes one (a subclass may read keys otherwise).
+    epoch_metrics_type = EpochMetrics
 
     def __init__(self, model=None, engine=None, device=None):
-        if isinstance(engine, (str, torch.device)):  # Catalyst 20.12's Runner(model, device)
-            engine, device = None, engine
         if device is not None:
             if engine is not None:
                 raise TypeError("give engine=... or device=..., not both")
@@ -144,13 +136,8 @@ class Runner(CatalystAttributes, RunnerHooks):
         return {}
 
     # ---- entry point ---------------------------------------------------------------------
-    def translate_train_kwargs(self, kwargs: dict) -> dict:
-        """``train()``'s keyword arguments in torchstage's names (a compat runner translates other libraries')."""
-        return kwargs
-
     def _train(self, given: dict) -> "Runner":
         """``train()`` with its keyword arguments as given: check every one, then run all stages."""
-        refuse_ignored_getters(self)
         return train_in_world(self, make_spec(self, given))
 
     @passes_arguments_as_given(_train)
@@ -203,6 +190,11 @@ class Runner(CatalystAttributes, RunnerHooks):
         ``**more``: other libraries' names for these (Catalyst's ``fp16=``, ``main_metric=``, ``ddp=``...), which
         the runner translates; any other name is refused, with the closest accepted one.
         """
+
+    def translate_train_kwargs(self, kwargs: dict) -> dict:
+        """``train()``'s keyword arguments as torchstage names them (here: as given); a subclass may accept other
+        spellings of train() arguments. ``make_spec`` calls it first, for ``train()`` and a config alike."""
+        return kwargs
 
     def run(self) -> "Runner":
         """Run the prepared experiment; fires ``on_exception`` (then re-raises) if anything fails.
@@ -308,8 +300,12 @@ class Runner(CatalystAttributes, RunnerHooks):
         """Install an ordered name -> callback chain and index its handlers per event."""
         self.callbacks = callbacks
         active = [cb for cb in callbacks.values() if CallbackScope(cb.scope).runs_on(self.engine)]
-        hooks = overridden_hooks(self)  # the runner's own on_* methods, where its class overrides them
-        self._handlers = {event: with_runner_hooks(event, active, hooks) for event in EVENTS}
+        self._handlers = self.chain_handlers(active)
+
+    def chain_handlers(self, active: list) -> dict:
+        """Event -> the methods that handle it, in chain order: those of the ``active`` callbacks that override it
+        (a subclass may add its own methods to them)."""
+        return {event: [getattr(cb, event) for cb in active if cb.handles(event)] for event in EVENTS}
 
     def state_dict(self) -> dict:
         """The whole run as a checkpoint dict (models, optimizers, loop position, RNG...)."""

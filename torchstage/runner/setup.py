@@ -58,9 +58,10 @@ def prepare(runner, spec, world: World = None) -> None:
     ensure_console_handler()
     runner.spec = spec
     world = world or World()
-    if spec.engine is not None and world.is_distributed:
-        raise ValueError(f"train(engine={spec.engine!r}) sets the device of a one-process run, but this run has "
-                         f"{world.world_size} processes, whose devices come from their ranks; drop engine=...")
+    if spec.engine is not None and (spec.distributed or world.is_distributed):  # the one check of this rule
+        why = "distributed=True" if spec.distributed else f"the {world.world_size} processes a launcher started"
+        raise ValueError(f"engine=... sets the device of a one-process run; with {why} each process takes its "
+                         f"device from its rank: drop engine=... (got {spec.engine!r})")
     runner.engine = run_engine(spec.engine or runner.engine, world, spec)
     set_seed(spec.seed + runner.engine.rank, spec.deterministic)
     runner.model = spec.model

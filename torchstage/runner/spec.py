@@ -12,7 +12,6 @@ import functools
 from dataclasses import dataclass, field
 from typing import Callable, Optional, ParamSpec, TypeVar
 
-from torchstage.catalyst.engines import check_engine_and_loggers
 from torchstage.runner.defaults import stage_chains
 from torchstage.runner.spec_checkpoints import CheckpointsAndResume
 from torchstage.runner.spec_optimization import Optimization
@@ -61,7 +60,6 @@ def make_spec(runner, kwargs: dict, config_text: str = None) -> TrainSpec:
         hint = "".join(f"; did you mean {c[0]!r} for {name!r}?" for name, c in close.items() if c)
         raise TypeError(f"train() got unknown argument(s) {unknown}; accepted: {', '.join(names)}{hint}")
     spec = TrainSpec(**kwargs)
-    check_engine_and_loggers(spec.engine, spec.loggers, spec.distributed)
     spec.validate(runner)
     spec.config_text = config_text
     spec.stage_chains = stage_chains(runner, spec)
