@@ -25,6 +25,11 @@ class LockWait:
 
     path: str
 
+    def holder(self):
+        """The id of a process on this machine that holds the lock open (torch's builder does until its build
+        ends), 0 when none does, None when this machine cannot tell (no /proc)."""
+        return open_by(self.path)
+
     def age(self) -> float:
         """Seconds since the lock was created (0 once it is gone)."""
         try:
@@ -44,10 +49,30 @@ def lock_wait(frame):
     return None
 
 
+def open_by(path: str):
+    """The id of a process on this machine with ``path`` open, 0 for none, None where /proc cannot say."""
+    if not os.path.isdir("/proc/self/fd"):
+        return None
+    target = os.path.realpath(path)
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            for fd in os.scandir(f"/proc/{entry.name}/fd"):
+                if os.readlink(fd.path) == target:
+                    return int(entry.name)
+        except OSError:  # gone, or another user's
+            continue
+    return 0
+
+
 def build_progress(frame, lock, now: float) -> float:
     """The monotonic time of the last progress of an extension build the thread takes part in: ``now`` while it
-    compiles, the newest change in the lock's folder while it waits for another process's build, else 0."""
+    compiles or while a process on this machine holds the lock it waits for (a build at work), else the newest
+    change in the lock's folder (a build on another machine sharing it), else 0."""
     if lock is not None:
+        if lock.holder():
+            return now
         folder = os.path.dirname(lock.path)
         try:
             newest = max(entry.stat().st_mtime for entry in os.scandir(folder))
@@ -61,12 +86,16 @@ def build_progress(frame, lock, now: float) -> float:
     return 0.0
 
 
-def lock_note(lock: LockWait) -> str:
-    """What a wait for ``lock`` means and what to do."""
-    return (f"waits for torch's extension build lock {lock.path}, created {format_age(lock.age())} ago: another "
-            f"process is building the extension in {os.path.dirname(lock.path)}, or one was killed while building "
-            f"and left the lock behind. If no build is running (no compiler at work for it), delete the lock: "
-            f"rm {lock.path}")
+def lock_note(lock: LockWait, holder=None) -> str:
+    """What a wait for ``lock`` (held open by process ``holder``: see :meth:`LockWait.holder`) means and what to do."""
+    start = f"waits for torch's extension build lock {lock.path}, created {format_age(lock.age())} ago"
+    if holder:
+        return (f"{start}: process {holder} holds it and is building the extension in {os.path.dirname(lock.path)} "
+                f"(the first use of an op takes a minute or more; later runs load it)")
+    why = ("no process on this machine holds it, so a build killed while it ran most likely left it behind"
+           if holder == 0 else "another process builds the extension, or one killed while building left it behind")
+    return (f"{start}; {why}. If no build is running (on any machine sharing {os.path.dirname(lock.path)}), delete "
+            f"the lock: rm {lock.path}")
 
 
 def format_age(seconds: float) -> str:

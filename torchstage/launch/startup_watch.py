@@ -47,7 +47,10 @@ def watching(hang_timeout, world, first_phase: str = FORMING):
     try:
         yield watch
     finally:
-        watch.stop()
+        if _current is watch:
+            stop()
+        else:
+            watch.stop()
 
 
 def start(timeout: float, world, first_phase: str = FORMING) -> "StartupWatch":
@@ -104,7 +107,7 @@ class StartupWatch:
             if lock is not None:
                 if now - seen.setdefault(lock.path, now) >= LOCK_NOTE_SECONDS and lock.path not in noted:
                     noted.add(lock.path)
-                    logger.warning("torchstage: rank %d %s", self.world.rank, lock_note(lock))
+                    logger.warning("torchstage: rank %d %s", self.world.rank, lock_note(lock, lock.holder()))
             last = max(started, build_progress(frame, lock, now))
             if name == FORMING and now - started >= REGISTER_SECONDS:
                 arrivals = arrivals or Arrivals(self.world)
@@ -137,7 +140,7 @@ class StartupWatch:
                  f"(hang_timeout={self.timeout:g}). Python stack of its main thread (most recent call last):"]
         lines.extend(line.rstrip("\n") for line in traceback.format_list(entries))
         if lock is not None:
-            lines.append(f"torchstage: {lock_note(lock)}")
+            lines.append(f"torchstage: rank {rank} {lock_note(lock, lock.holder())}")
         if arrivals is not None:
             lines.append(f"torchstage: forming the world: {arrivals.describe()}")
         lines.append(f"torchstage: start-up hang on rank {rank} while {name}; {state}; ending the job with exit "

@@ -1,8 +1,8 @@
 """A 2-rank run whose start-up is slow on purpose, for the start-up watch's tests.
 
 Usage: python slow_start.py LOGDIR; settings from env: START_MODE (none | datasets | late), START_RANK (the slow
-rank, 1), START_TIMEOUT (train's hang_timeout, 3), STRATEGY (ddp). ``datasets``: that rank sleeps while its
-datasets are built (``datasets={"get_datasets_fn": ...}``); ``late``: it sleeps before calling train().
+rank, 1), START_TIMEOUT (train's hang_timeout, 3), STRATEGY (ddp). ``datasets``: that rank writes LOGDIR/stuck-at (the
+time) and sleeps while its datasets are built (``datasets={"get_datasets_fn": ...}``); ``late``: it sleeps before calling train().
 """
 import os
 import sys
@@ -24,6 +24,9 @@ def sleep_far_longer_than_any_test():
 
 def make_datasets():
     if mode == "datasets" and slow:
+        os.makedirs(logdir, exist_ok=True)
+        with open(os.path.join(logdir, "stuck-at"), "w") as f:
+            f.write(repr(time.time()))
         sleep_far_longer_than_any_test()  # the line the report names
     g = torch.Generator().manual_seed(0)
     x = torch.randn(64, 4, generator=g)
