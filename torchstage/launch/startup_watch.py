@@ -99,6 +99,7 @@ class StartupWatch:
     def _watch(self) -> None:
         interval = min(max(self.timeout / 10, 0.05), 1.0)
         noted, seen, arrivals, lock = set(), {}, None, None
+        building = 0.0  # the last progress of an extension build seen (kept once the build is over)
         while not self._stop.wait(interval):
             started, name = self.beat
             now = time.monotonic()
@@ -108,7 +109,8 @@ class StartupWatch:
                 if now - seen.setdefault(lock.path, now) >= LOCK_NOTE_SECONDS and lock.path not in noted:
                     noted.add(lock.path)
                     logger.warning("torchstage: rank %d %s", self.world.rank, lock_note(lock, lock.holder()))
-            last = max(started, build_progress(frame, lock, now))
+            building = max(building, build_progress(frame, lock, now))
+            last = max(started, building)
             if name == FORMING and now - started >= REGISTER_SECONDS:
                 arrivals = arrivals or Arrivals(self.world)
                 arrivals.register()
