@@ -29,14 +29,14 @@ def op_build(deepspeed, engine):
     folder = _build_folder(deepspeed) if engine.is_main else None
     building = folder is not None and not any(name.endswith(".so") for name in _names(folder))
     if building:
-        logger.info("DeepSpeed builds its %s op into %s: its first use in this environment takes a minute or more "
+        logger.info("DeepSpeed's %s op is built into %s on its first use in this environment: a minute or more "
                     "(later runs load it; TORCH_EXTENSIONS_DIR puts the cache elsewhere)", os.path.basename(folder),
                     folder)
     started = time.monotonic()
     with contextlib.nullcontext() if engine.is_main else contextlib.redirect_stdout(io.StringIO()):
         yield
     if building and any(name.endswith(".so") for name in _names(folder)):
-        logger.info("DeepSpeed built %s in %.0f s", os.path.basename(folder), time.monotonic() - started)
+        logger.info("DeepSpeed's %s op built in %.0f s", os.path.basename(folder), time.monotonic() - started)
 
 
 def _build_folder(deepspeed):

@@ -1,8 +1,9 @@
 """A 2-rank run whose start-up is slow on purpose, for the start-up watch's tests.
 
 Usage: python slow_start.py LOGDIR; settings from env: START_MODE (none | datasets | late), START_RANK (the slow
-rank, 1), START_TIMEOUT (train's hang_timeout, 3), STRATEGY (ddp). ``datasets``: that rank writes LOGDIR/stuck-at (the
-time) and sleeps while its datasets are built (``datasets={"get_datasets_fn": ...}``); ``late``: it sleeps before calling train().
+rank, 1), START_TIMEOUT (train's hang_timeout, 3), STRATEGY (ddp). ``datasets``: that rank writes LOGDIR/stuck-at
+(the time) and sleeps while its datasets are built (``datasets={"get_datasets_fn": ...}``); ``late``: it sleeps
+before calling train(). Each rank that trains prints ``rank R finished``.
 """
 import os
 import sys
