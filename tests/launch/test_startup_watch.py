@@ -9,14 +9,17 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import timedelta
 
 import pytest
+from torch.distributed import TCPStore
 from torch.utils.cpp_extension import get_default_build_root
 from torch.utils.file_baton import FileBaton
 
 from tests.distributed.multiproc import ROOT, run
 from torchstage.launch import startup_watch
-from torchstage.launch.startup_waits import build_progress, format_age, lock_wait, ranges
+from torchstage.launch.local_launcher import free_port
+from torchstage.launch.startup_waits import Arrivals, build_progress, format_age, lock_wait, ranges
 from torchstage.launch.world import World
 
 SCRIPT = ROOT / "tests" / "launch" / "scripts" / "slow_start.py"
@@ -78,6 +81,22 @@ def test_a_lock_wait_is_seen_in_another_threads_stack_and_a_live_build_beside_it
     lock.unlink()
     waiter.join(5)
     assert lock_wait(sys._current_frames().get(threading.get_ident())) is None
+
+
+def test_a_late_rendezvous_lists_the_ranks_on_its_store_or_says_the_store_does_not_answer():
+    port = free_port()
+    nobody = Arrivals(World(rank=1, world_size=2, master_port=port))
+    nobody.register()
+    assert f"the rendezvous store at 127.0.0.1:{port} does not answer" in nobody.describe()
+    assert "rank 0 hosts it: rank 0 has not started forming the world yet" in nobody.describe()
+    server = TCPStore("127.0.0.1", port, None, True, timedelta(seconds=5), wait_for_workers=False)
+    for rank in (1, 4):
+        Arrivals(World(rank=rank, world_size=6, master_port=port)).register()
+    late = Arrivals(World(rank=5, world_size=6, master_port=port))
+    late.register()
+    assert late.describe() == (f"ranks 1, 4-5 of 6 arrived at the rendezvous (127.0.0.1:{port}); ranks 0, 2-3 are "
+                               f"missing (not started, or stuck before train())")
+    del server
 
 
 # ---- 2 real gloo ranks ------------------------------------------------------------------------------------
