@@ -9,8 +9,8 @@ the launcher's summary. The training loop's hang watchdog takes over at the firs
 here runs per batch.
 
 Known waits are named early (see :mod:`torchstage.launch.startup_waits`): torch's extension build lock and a
-rendezvous still missing ranks. A rank compiling a torch extension, or waiting for one being compiled into the
-lock's folder, is making progress.
+rendezvous still missing ranks. A rank compiling a torch extension, or waiting for a build lock that a process
+on this machine holds (a build at work), is making progress.
 """
 import contextlib
 import logging

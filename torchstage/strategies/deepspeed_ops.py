@@ -24,8 +24,9 @@ def quiet_other_ranks(engine) -> None:
 
 @contextlib.contextmanager
 def op_build(deepspeed, engine):
-    """Around ``deepspeed.initialize``: the main rank says when it builds the op (where, and then how long it took);
-    the other ranks' prints (the op's "built successfully") are dropped."""
+    """Around ``deepspeed.initialize``: the main rank says when the op is built (where, and then how long it took);
+    the other ranks' prints during the call (the op's "built successfully") are dropped (``sys.stdout`` is replaced
+    for the call, in the whole process; DeepSpeed's logger and errors are not affected)."""
     folder = _build_folder(deepspeed) if engine.is_main else None
     building = folder is not None and not any(name.endswith(".so") for name in _names(folder))
     if building:
