@@ -83,6 +83,30 @@ def test_a_lock_wait_is_seen_in_another_threads_stack_and_a_live_build_beside_it
     assert lock_wait(sys._current_frames().get(threading.get_ident())) is None
 
 
+BUILD = """
+import os, sys, time
+from torchstage.launch import startup_watch
+from torchstage.launch.world import World
+fake = os.path.join("site-packages", "torch", "utils", "cpp_extension.py")  # torch's builder, as a stack shows it
+exec(compile("def _run_ninja_build(seconds):\\n    time.sleep(seconds)\\n", fake, "exec"))
+startup_watch.start(2.0, World(rank=0, world_size=2), "setting up the strategy")
+_run_ninja_build(float(sys.argv[1]))  # compiling: progress, however long it takes
+time.sleep(float(sys.argv[2]))  # loading what was built, then the first step
+startup_watch.stop()
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_build_longer_than_hang_timeout_is_progress_and_the_watch_counts_from_its_end():
+    def run_build(build, after):
+        return subprocess.run([sys.executable, "-c", BUILD, str(build), str(after)], capture_output=True, text=True,
+                              timeout=50, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    done = run_build(4, 1)
+    assert done.returncode == 0, done.stderr
+    stuck = run_build(0, 4)  # no build: the same wait after it is a hang
+    assert stuck.returncode == 124 and "while setting up the strategy" in stuck.stderr, stuck.stderr
+
+
 def test_a_late_rendezvous_lists_the_ranks_on_its_store_or_says_the_store_does_not_answer():
     port = free_port()
     nobody = Arrivals(World(rank=1, world_size=2, master_port=port))
