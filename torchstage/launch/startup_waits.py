@@ -5,6 +5,7 @@ folder; a process killed while building leaves the lock behind, and every later 
 ``FileBaton.wait()`` without a word. A rendezvous waits, also silently, for ranks that never start.
 """
 import os
+import socket
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -15,6 +16,8 @@ _BATON = os.path.join("utils", "file_baton.py")
 _EXTENSION = os.path.join("utils", "cpp_extension.py")
 #: Functions of torch.utils.cpp_extension that compile (a running build is progress).
 _BUILDING = ("_run_ninja_build", "_write_ninja_file_and_build_library", "_build_extension_module")
+#: Seconds between attempts to reach a rendezvous store that does not answer yet.
+RETRY_SECONDS = 5.0
 #: Worlds larger than this are counted, not listed rank by rank, when a rendezvous is late.
 LIST_RANKS = 1024
 
@@ -124,12 +127,18 @@ class Arrivals:
     rendezvous is late) by a client connection of this watch's own."""
 
     def __init__(self, world):
-        self.world, self.store, self.error = world, None, None
+        self.world, self.store, self.error, self.next_try = world, None, None, 0.0
         self.prefix = f"torchstage/startup/{restart_attempt()}/arrived/"
 
     def register(self) -> None:
         """Set this rank's key (once; a store that does not answer yet is tried again next time)."""
-        if self.store is not None:
+        if self.store is not None or time.monotonic() < self.next_try:
+            return
+        self.next_try = time.monotonic() + RETRY_SECONDS
+        try:  # a plain connection first: torch's client would log a C++ trace for each refused attempt
+            socket.create_connection((self.world.master_addr, self.world.master_port), timeout=1).close()
+        except OSError as e:
+            self.error = f"{type(e).__name__}: {e}"
             return
         try:
             import torch.distributed as dist  # heavy: only once a rendezvous is late
