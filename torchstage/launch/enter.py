@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from torchstage.arguments import ArgumentError
+from torchstage.launch import startup_watch
 from torchstage.launch.local_launcher import relaunch_command, watch_parent
 from torchstage.launch.resolve import LAUNCHED_ENV, local_gpus, resolve_world, started_by_launcher
 from torchstage.launch.restarts import check_max_restarts, supervise
@@ -110,6 +111,7 @@ def joined(world: World, timeout=None):
     else:
         kwargs["init_method"] = f"tcp://{world.master_addr}:{world.master_port}"
     dist.init_process_group(world.backend, rank=world.rank, world_size=world.world_size, **kwargs)
+    startup_watch.phase("preparing the run")
     _joined = world
     yield world
     _joined = None
@@ -128,7 +130,7 @@ def _attempt_store(world: World, timeout):
     return dist.PrefixStore(f"torchstage/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
-def run_in_world(fn, distributed=True, nprocs: int = None, timeout=None, max_restarts: int = 0):
+def run_in_world(fn, distributed=True, nprocs: int = None, timeout=None, max_restarts: int = 0, hang_timeout=None):
     """Call ``fn(world)`` as this process's rank of the world it belongs to, entering that world first.
 
     Already in an initialised process group: calls ``fn`` here with that group's world. ``distributed=False``:
@@ -142,9 +144,13 @@ def run_in_world(fn, distributed=True, nprocs: int = None, timeout=None, max_res
     ``max_restarts > 0``: the processes this call starts are started again after a failure (a single process
     too: it then runs as the one worker of a launcher that watches it); a world another launcher started
     restarts by that launcher's rules (``torchrun --max-restarts``, ``sbatch --requeue``).
+
+    ``hang_timeout`` (seconds; None: not watched): as one rank of several, a start-up that makes no progress for
+    that long, from here to ``fn``'s first step, ends the job (:mod:`~torchstage.launch.startup_watch`).
     """
     if in_world():
-        return fn(current_world())
+        with startup_watch.watching(hang_timeout, current_world(), "preparing the run"):
+            return fn(current_world())
     ours = bool(os.environ.get(LAUNCHED_ENV))  # a worker of torchstage's launcher: that launcher restarts it
     max_restarts = 0 if ours else max_restarts
     world = World(why="distributed=False") if distributed is False else resolve_world(nprocs)
@@ -169,7 +175,7 @@ def run_in_world(fn, distributed=True, nprocs: int = None, timeout=None, max_res
         launch_and_exit(world, max_restarts)
     if not world.is_distributed:
         return fn(world)
-    with joined(world, timeout) as entered:
+    with startup_watch.watching(hang_timeout, world), joined(world, timeout) as entered:
         return fn(entered)
 
 

@@ -12,6 +12,7 @@ from torchstage.data.fork_check import warn_forked_workers
 from torchstage.files.lock import LogdirLock
 from torchstage.launch.enter import process_group_timeout, run_in_world
 from torchstage.launch.flight_recorder import point_dumps_to
+from torchstage.launch import startup_watch
 from torchstage.launch.resolve import restart_attempt
 from torchstage.launch.world import World
 from torchstage.logging_setup import ensure_console_handler
@@ -34,16 +35,19 @@ def train_in_world(runner, spec):
     if spec.distributed is not False:
         point_dumps_to(spec.logdir)  # NCCL's Flight Recorder dump on a timeout: into the logdir
     return run_in_world(lambda world: _train_here(runner, spec, world), spec.distributed, spec.nprocs,
-                        timeout=process_group_timeout(spec.hang_timeout), max_restarts=spec.max_restarts)
+                        timeout=process_group_timeout(spec.hang_timeout), max_restarts=spec.max_restarts,
+                        hang_timeout=spec.hang_timeout)
 
 
 def _train_here(runner, spec, world: World):
     """Prepare with this rank's engine, run with the models the strategy wrapped, leave the plain models behind."""
     prepare(runner, spec, world)
     model = runner.model
+    startup_watch.phase("setting up the strategy (wrapping the models)")
     runner.model = _wrap_models(runner)
     complete = False
     try:
+        startup_watch.stop()  # the hang watchdog takes over from the first event
         result = runner.run()
         complete = True
         return result
@@ -62,15 +66,20 @@ def prepare(runner, spec, world: World = None) -> None:
         why = "distributed=True" if spec.distributed else f"the {world.world_size} processes a launcher started"
         raise ValueError(f"engine=... sets the device of a one-process run; with {why} each process takes its "
                          f"device from its rank: drop engine=... (got {spec.engine!r})")
+    startup_watch.phase("setting up the strategy")
     runner.engine = run_engine(spec.engine or runner.engine, world, spec)
     set_seed(spec.seed + runner.engine.rank, spec.deterministic)
     runner.model = spec.model
     for stage in spec.stage_specs:
         if isinstance(stage.criterion, torch.nn.Module):
             stage.criterion.to(runner.engine.device)
+    startup_watch.phase("placing the models")
     _place_models(runner)
+    startup_watch.phase("compiling the models")
     compile_models(runner, spec.compile)
+    startup_watch.phase("building the datasets")
     runner.stage_loaders = stage_loaders(spec, runner.engine)
+    startup_watch.phase("checking the run")
     for stage, loaders in zip(spec.stage_specs, runner.stage_loaders):
         check_built_loaders(stage, loaders)
         check_scheduler_steps(stage, loaders)
@@ -82,6 +91,7 @@ def prepare(runner, spec, world: World = None) -> None:
     runner.enter_stage(0)
     if spec.logdir is not None:  # another run writing there is named first; run() takes the lock
         LogdirLock.on_main_rank(spec.logdir, runner.engine, take=False)
+    startup_watch.phase("loading the checkpoint")
     found = checkpoint_to_resume(spec, runner.engine, runner.stage_callbacks)
     if found is not None:
         _log_resume(*found, runner.engine)

@@ -14,6 +14,7 @@ import torch
 
 from torchstage.files.format import CheckpointError
 from torchstage.strategies.deepspeed_config import config_optimizer, deep_merge, engine_config, read_config
+from torchstage.strategies.deepspeed_ops import op_build, quiet_other_ranks
 from torchstage.strategies.deepspeed_state import load_into, safe_checkpoint_engine, set_fp32, whole_fp32
 from torchstage.strategies.precision import Precision
 from torchstage.strategies.single import SingleDevice, StepPlan
@@ -90,6 +91,7 @@ class DeepSpeed(SingleDevice):
         self.precision = Precision(precision.dtype, None, precision.device_type)
         self._world_size = engine.world_size
         self._snapshot_buffers = {}
+        quiet_other_ranks(engine)
 
     def make_optimizer(self, model):
         """The optimizer of the config's ``optimizer`` section for ``model`` (None without one)."""
@@ -141,9 +143,10 @@ class DeepSpeed(SingleDevice):
             # no OptimizerCallback for it: a handle_batch calls backward and the step itself, one batch per step
             plan = self._plans.get(id(optimizer)) or StepPlan(optimizer)
             self._dtypes[name] = {key: t.dtype for key, t in [*model.named_parameters(), *model.named_buffers()]}
-            ds_engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer,
-                                                 config=self.engine_config(plan, engine.world_size),
-                                                 dist_init_required=False)
+            with op_build(deepspeed, engine):  # built on first use: said once, by the main rank
+                ds_engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer,
+                                                     config=self.engine_config(plan, engine.world_size),
+                                                     dist_init_required=False)
             ds_engine.checkpoint_engine = safe_checkpoint_engine(ds_engine._config)
             self._engines[name] = ds_engine
             if id(optimizer) in self._pending:
