@@ -35,6 +35,15 @@ def test_cpu_engine_and_loggers_are_noted_once_and_used(tmp_path, caplog, monkey
     assert not {"CPUEngine", "GPUEngine", "IRunner", "IRunnerError"} & set(dl.__all__)  # aliases, not exports
 
 
+def test_catalyst_engine_names_work_with_isinstance_as_in_catalyst(tmp_path):
+    """Catalyst 22 code asks ``isinstance(runner.engine, dl.CPUEngine)``: it raised TypeError (not a class)."""
+    runner = dl.SupervisedRunner()
+    fit(runner, engine=dl.CPUEngine(), logdir=tmp_path)
+    assert isinstance(runner.engine, dl.CPUEngine) and not isinstance(runner.engine, dl.GPUEngine)
+    assert isinstance(dl.Engine(device="cpu"), dl.CPUEngine) and not isinstance("cpu", dl.CPUEngine)
+    assert type(dl.CPUEngine()) is dl.Engine  # calling it gives torchstage's own Engine
+
+
 @pytest.mark.parametrize("kwargs, error, message", [
     ({"engine": "cpu"}, TypeError, r"engine must be a torchstage Engine .*got str"),
     ({"engine": dl.Engine(device="cpu"), "distributed": True}, ValueError,

@@ -6,18 +6,29 @@ from torchstage.strategies.engine import Engine
 DISTRIBUTED = ("DataParallelEngine", "DistributedDataParallelEngine", "DistributedXLAEngine", "XLAEngine")
 
 
-def CPUEngine(*args, **kwargs) -> Engine:
+class _EngineKind(type):
+    """Catalyst 22's engine classes: calling one gives torchstage's Engine on its device (noted once), and
+    ``isinstance(engine, dl.CPUEngine)`` asks whether an Engine trains on that kind of device."""
+
+    def __call__(cls, *args, **kwargs) -> Engine:
+        _no_arguments(cls.__name__, args, kwargs)
+        note_alias(f"dl.{cls.__name__}()", cls.preferred, version="22")
+        return Engine(device=cls.device_type)
+
+    def __instancecheck__(cls, obj) -> bool:
+        return isinstance(obj, Engine) and obj.device.type == cls.device_type
+
+
+class CPUEngine(metaclass=_EngineKind):
     """Catalyst 22's ``CPUEngine()``: ``Engine(device="cpu")``. Its Accelerate arguments have no meaning here."""
-    _no_arguments("CPUEngine", args, kwargs)
-    note_alias("dl.CPUEngine()", "Engine(device='cpu'), or no engine on a machine without GPUs", version="22")
-    return Engine(device="cpu")
+
+    device_type, preferred = "cpu", "Engine(device='cpu'), or no engine on a machine without GPUs"
 
 
-def GPUEngine(*args, **kwargs) -> Engine:
+class GPUEngine(metaclass=_EngineKind):
     """Catalyst 22's ``GPUEngine()``: ``Engine(device="cuda")``."""
-    _no_arguments("GPUEngine", args, kwargs)
-    note_alias("dl.GPUEngine()", "Engine(device='cuda'), or no engine on a machine with a GPU", version="22")
-    return Engine(device="cuda")
+
+    device_type, preferred = "cuda", "Engine(device='cuda'), or no engine on a machine with a GPU"
 
 
 def refused_engine(name: str):
