@@ -4,8 +4,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPTS = Path(__file__).resolve().parent / "scripts"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def script_env(nproc=None, **extra) -> dict:

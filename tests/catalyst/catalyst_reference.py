@@ -1,5 +1,5 @@
 """Run a scripts/catalyst22/ script on real Catalyst 22.04 (its original imports): the reference numbers in
-tests/catalyst22/ were recorded with ``/tmp/catvenv/bin/python tests/catalyst22/catalyst_reference.py SCRIPT [ARGS]``.
+tests/catalyst/ were recorded with ``/tmp/catvenv/bin/python tests/catalyst/catalyst_reference.py SCRIPT [ARGS]``.
 
 Each ``import ... # was: <original import>`` line of the script is put back to its original. Catalyst 22.04 on
 torch 2.x needs one patch, applied here only: its scheduler check is ``isinstance(s, torch.optim.lr_scheduler.

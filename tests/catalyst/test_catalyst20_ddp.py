@@ -1,9 +1,12 @@
 """A Catalyst 20.12-style script (custom _handle_batch runner, 20.12 callback arguments, fp16=True) on 2 ranks."""
+from pathlib import Path
 import json
 
 import pytest
 
-from tests.distributed.multiproc import SCRIPTS, run
+from tests.helpers import run
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
 
 @pytest.mark.timeout(200)

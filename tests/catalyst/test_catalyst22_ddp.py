@@ -1,9 +1,12 @@
 """A Catalyst 22-style script (own loader hooks, BackwardCallback + step-only OptimizerCallback, ddp=True), 2 ranks."""
+from pathlib import Path
 import json
 
 import pytest
 
-from tests.distributed.multiproc import SCRIPTS, run
+from tests.helpers import run
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
 
 @pytest.mark.timeout(200)

@@ -2,7 +2,7 @@
 numbers: the same weights bit for bit, the same losses.
 
 The reference lines were recorded on real Catalyst 22.04 (torch 2.13.0+cpu, accelerate 0.19.0, OMP_NUM_THREADS=1)
-with ``/tmp/catvenv/bin/python tests/catalyst22/catalyst_reference.py scripts/catalyst22/<script>.py LOGDIR``.
+with ``/tmp/catvenv/bin/python tests/catalyst/catalyst_reference.py scripts/catalyst22/<script>.py LOGDIR``.
 """
 import os
 import subprocess

@@ -4,7 +4,7 @@ import os
 import subprocess
 import sys
 
-from tests.slurm_cluster import slurm_cluster  # noqa: F401
+from tests.launch.slurm.slurm_cluster import slurm_cluster  # noqa: F401
 
 TORCHSTAGE = [sys.executable, "-m", "torchstage"]
 CLEAN = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHSTAGE_", "RANK", "WORLD_SIZE",

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from tests.distributed.multiproc import ROOT, run
+from tests.helpers import ROOT, run
 from torchstage.cli import main
 
 SCRIPT = ROOT / "scripts" / "observability.py"

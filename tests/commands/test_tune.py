@@ -9,9 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 import optuna
 import pytest
 
-from tests.distributed.multiproc import ROOT, script_env
+from tests.helpers import ROOT, script_env
 
-CONFIGS = ["scripts/configs/regression.yml", "tests/integrations/configs/tune_grid.yml"]
+CONFIGS = ["scripts/configs/regression.yml", "tests/commands/configs/tune_grid.yml"]
 LRS = [1e-5, 0.01, 0.02, 0.05, 0.1, 0.2]
 States = optuna.trial.TrialState
 

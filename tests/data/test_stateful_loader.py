@@ -6,9 +6,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from tests.distributed.multiproc import ROOT, run
+from tests.helpers import ROOT, run
 
-SCRIPT = ROOT / "tests" / "integrations" / "scripts" / "stateful_loader_run.py"
+SCRIPT = ROOT / "tests" / "data" / "scripts" / "stateful_loader_run.py"
 KILL_AT = 17  # last.pth at global batch 15
 
 

@@ -4,7 +4,7 @@ import re
 
 from torchstage.runner.spec import train_arguments
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_every_train_argument_has_a_complete_row():

@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from tests.callbacks.test_loggers import read_tensorboard_scalars
+from tests.callbacks.loggers.test_loggers import read_tensorboard_scalars
 from tests.resume_helpers import tiny_train_kwargs
 from torchstage import Callback, CheckpointError, SupervisedRunner, load_checkpoint
 from torchstage.files import atomic

@@ -16,7 +16,7 @@ import pytest
 from tests.resume_helpers import ROOT, child_env
 from torchstage import load_checkpoint
 
-SCRIPT = os.path.join(ROOT, "tests", "resume_scripts", "elastic_run.py")
+SCRIPT = os.path.join(ROOT, "tests", "launch", "scripts", "elastic_run.py")
 
 
 def _free_port() -> int:

@@ -1,12 +1,15 @@
 """Five faults of one rank among 4 real gloo processes (hang_timeout=30): each ends the job non-zero, fast, and the
 launcher's summary names the rank, where it was and, for collectives, the collective and its call site."""
+from pathlib import Path
 import subprocess
 import sys
 import time
 
 import pytest
 
-from tests.distributed.multiproc import ROOT, SCRIPTS, alive, run
+from tests.helpers import ROOT, alive, run
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
 FAULTS = SCRIPTS / "faults.py"
 SOURCE = FAULTS.read_text().splitlines()

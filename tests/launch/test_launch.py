@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from tests.distributed.multiproc import ROOT, run, script_env
+from tests.helpers import ROOT, run, script_env
 
 FORMS = ["scripts/distributed_loaders.py", "scripts/distributed_datasets.py", "scripts/distributed_cmd_run.py"]
 

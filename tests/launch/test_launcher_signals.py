@@ -11,7 +11,7 @@ import torch
 
 from tests.resume_helpers import ROOT, child_env
 
-SCRIPT = os.path.join(ROOT, "tests", "slurm_scripts", "preempted_train.py")
+SCRIPT = os.path.join(ROOT, "tests", "launch", "slurm", "scripts", "preempted_train.py")
 
 
 @pytest.mark.timeout(120)
@@ -40,7 +40,7 @@ def test_usr1_to_the_launcher_stops_every_worker_gracefully(tmp_path):
 
 @pytest.mark.timeout(150)
 def test_double_ctrl_c_during_validation_interrupts_two_ranks_at_once_with_agreeing_exit_codes(tmp_path):
-    script = os.path.join(ROOT, "tests", "distributed", "scripts", "slow_valid.py")
+    script = os.path.join(ROOT, "tests", "launch", "scripts", "slow_valid.py")
     env = child_env(OMP_NUM_THREADS="1")
     for name in [k for k in env if k.startswith(("SLURM_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_RANK"))]:
         del env[name]

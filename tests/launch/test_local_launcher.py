@@ -1,4 +1,5 @@
 """The launcher: a failing rank stops the run within seconds, and no worker outlives the launcher."""
+from pathlib import Path
 import os
 import signal
 import subprocess
@@ -7,7 +8,9 @@ import time
 
 import pytest
 
-from tests.distributed.multiproc import ROOT, SCRIPTS, alive, run, script_env
+from tests.helpers import ROOT, alive, run, script_env
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
 PROBE = SCRIPTS / "probe.py"
 

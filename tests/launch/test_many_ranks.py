@@ -1,11 +1,14 @@
 """16 real gloo processes on this machine: the world forms, the results equal one process taking the same samples,
 and a crash on one rank ends all 16 within seconds, naming it."""
+from pathlib import Path
 import json
 import time
 
 import pytest
 
-from tests.distributed.multiproc import SCRIPTS, alive, run
+from tests.helpers import alive, run
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
 SCRIPT = SCRIPTS / "many_ranks.py"
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.distributed.multiproc import ROOT, SCRIPTS, script_env
+from tests.helpers import ROOT, script_env
 
 TRAIN = ROOT / "scripts" / "launch_anywhere.py"
 LAUNCHERS = {

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.distributed.multiproc import ROOT, script_env
+from tests.helpers import ROOT, script_env
 
 WORKER = """
 import json, os, sys, warnings

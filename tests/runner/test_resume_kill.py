@@ -1,6 +1,6 @@
 """SIGKILL at many points of a shuffled, random, two-stage run; resume='last' ends bitwise equal to no kill.
 
-Each scenario kills a real child process (tests/resume_scripts/tiny_run.py), checks that the surviving
+Each scenario kills a real child process (tests/runner/scripts/tiny_run.py), checks that the surviving
 ``last.pth`` loads, resumes it in a new process and compares the final checkpoint with an uninterrupted
 run: weights, optimizer and scheduler states, loop position, metrics, callback states and RNG states.
 Scenarios run two at a time (the whole module takes about 40-70 s on 2 idle cores).

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.sh"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_check.sh"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: gpu_check.sh runs for real there")

@@ -1,6 +1,6 @@
 """scripts/slurm_train.py on one machine, the first steps of docs/local-to-cluster.md: a --check smoke run,
 then TORCHSTAGE_NPROC=2 processes that train to the single-process metrics (the SLURM steps are in
-tests/test_slurm_training.py). About 10 s on 2 cores."""
+tests/launch/slurm/test_slurm_training.py). About 10 s on 2 cores."""
 import json
 import os
 import runpy

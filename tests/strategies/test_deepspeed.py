@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from tests.distributed.test_fsdp import COMMON, Runs, _layers, final, launch
+from tests.strategies.test_fsdp import COMMON, Runs, _layers, final, launch
 from tests.resume_helpers import EXACT_KEYS, differences
 from torchstage.cli import main
 from torchstage.files.deepspeed_files import safe_load

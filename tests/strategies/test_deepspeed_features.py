@@ -1,5 +1,6 @@
 """strategy="deepspeed" with torchstage's other features on 2 gloo processes (bf16, monitor, early stopping, model
 summary, check=True, a config optimizer, the GAN's two engines), and what it refuses before training, with why."""
+from pathlib import Path
 import json
 import os
 import sys
@@ -7,7 +8,9 @@ import sys
 import pytest
 import torch
 
-from tests.distributed.multiproc import ROOT, SCRIPTS, run
+from tests.helpers import ROOT, run
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
 from torchstage import DeepSpeed, SupervisedRunner
 from torchstage.files.checkpoint import load_checkpoint
 from torchstage.strategies.single import StepPlan

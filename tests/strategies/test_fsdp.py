@@ -8,11 +8,11 @@ import sys
 import pytest
 import torch
 
-from tests.distributed.multiproc import run as run_script, script_env
+from tests.helpers import run as run_script, script_env
 from tests.resume_helpers import EXACT_KEYS, ROOT, differences
 from torchstage.files.checkpoint import load_checkpoint
 
-SCRIPT = os.path.join(ROOT, "tests", "resume_scripts", "fsdp_run.py")
+SCRIPT = os.path.join(ROOT, "tests", "strategies", "scripts", "fsdp_run.py")
 #: Settings shared by the runs compared with each other: mid-epoch checkpoints, clipping, accumulation.
 COMMON = {"PERIOD": 2, "CLIP": 0.5, "ACC": 2}
 

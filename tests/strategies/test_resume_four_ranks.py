@@ -1,8 +1,11 @@
 """Resume with 4 DDP ranks is bitwise with strategy=DDP(find_unused_parameters=True) (see docs/checkpoints.md)."""
+from pathlib import Path
 import pytest
 import torch
 
-from tests.distributed.multiproc import SCRIPTS, run
+from tests.helpers import run
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
 SCRIPT = SCRIPTS / "resume4.py"
 

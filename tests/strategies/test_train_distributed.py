@@ -6,9 +6,9 @@ import sys
 import pytest
 import torch
 
-from tests.distributed.multiproc import ROOT, SCRIPTS, run, script_env
+from tests.helpers import ROOT, run, script_env
 
-PROBE = SCRIPTS / "probe.py"
+PROBE = ROOT / "tests" / "launch" / "scripts" / "probe.py"
 EPOCHS = 3
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from tests.callbacks.test_loggers import read_tensorboard_scalars
+from tests.callbacks.loggers.test_loggers import read_tensorboard_scalars
 from torchstage import Batch, Callback, LoggerCallback, SupervisedRunner
 from torchstage.callbacks.checkpoints.config_saver import ConfigSaver
 from torchstage.callbacks.loggers.logger_base import BATCH, EPOCH, PERIODIC

@@ -5,9 +5,9 @@ import os
 import pytest
 import torch
 
-from tests.callbacks.test_loggers import read_tensorboard_scalars
+from tests.callbacks.loggers.test_loggers import read_tensorboard_scalars
 from tests.conftest import regression_loaders
-from tests.distributed.multiproc import run
+from tests.helpers import run
 from torchstage import Batch, Callback, MLflowLogger, SupervisedRunner
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "mlflow_run.py")

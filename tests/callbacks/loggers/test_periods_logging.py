@@ -3,7 +3,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from tests.callbacks.test_loggers import read_tensorboard_scalars
+from tests.callbacks.loggers.test_loggers import read_tensorboard_scalars
 from torchstage import AccuracyCallback, Batch, Epoch, SupervisedRunner
 
 

@@ -12,10 +12,10 @@ import torchmetrics
 from sklearn.metrics import accuracy_score, f1_score, roc_auc_score
 from torch.utils.data import DataLoader, TensorDataset
 
-from tests.distributed.multiproc import ROOT, run, script_env
+from tests.helpers import ROOT, run, script_env
 from torchstage import Batch, Callback, CancelRun, SupervisedRunner, TorchMetricsCallback
 
-SCRIPT = ROOT / "tests" / "integrations" / "scripts" / "torchmetrics_run.py"
+SCRIPT = ROOT / "tests" / "callbacks" / "metrics" / "scripts" / "torchmetrics_run.py"
 TM_KEYS = ("tm_accuracy", "tm_f1", "tm_auroc")
 
 

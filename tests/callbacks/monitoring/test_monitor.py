@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from tests.callbacks.test_loggers import read_tensorboard_scalars
-from tests.callbacks.test_mlflow_logger import client_for, history, only_run
-from tests.test_host_syncs import count_syncs  # noqa: F401  (a fixture)
+from tests.callbacks.loggers.test_loggers import read_tensorboard_scalars
+from tests.callbacks.loggers.test_mlflow_logger import client_for, history, only_run
+from tests.runner.test_host_syncs import count_syncs  # noqa: F401  (a fixture)
 from torchstage import MLflowLogger, SupervisedRunner
 from torchstage.callbacks.monitoring.monitor import ThroughputMonitor
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests.conftest import regression_loaders
-from tests.distributed.multiproc import run
+from tests.helpers import run
 from torchstage import Callback, ProfilerCallback, SupervisedRunner
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "profiled_run.py")

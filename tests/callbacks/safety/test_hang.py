@@ -1,9 +1,12 @@
 """Hang detection and uneven batch counts, with 2 real gloo ranks: the job ends with a report, never a silent wait."""
+from pathlib import Path
 import time
 
 import pytest
 
-from tests.distributed.multiproc import SCRIPTS, alive, run
+from tests.helpers import alive, run
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
 HANG = SCRIPTS / "hang.py"
 TIMEOUT = 3  # the runs' hang_timeout, seconds

@@ -18,7 +18,7 @@ import pytest
 from tests.resume_helpers import ROOT, checkpoint_differences, child_env
 from torchstage import load_checkpoint
 
-SCRIPT = os.path.join(ROOT, "tests", "resume_scripts", "ddp_run.py")
+SCRIPT = os.path.join(ROOT, "tests", "callbacks", "safety", "scripts", "ddp_run.py")
 pytestmark = pytest.mark.timeout(400)
 
 

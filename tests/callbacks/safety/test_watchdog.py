@@ -1,4 +1,5 @@
-"""hang_timeout as an argument, the process group's timeout, and the report's wording (real ranks: tests/distributed/test_hang.py)."""
+"""hang_timeout as an argument, the process group's timeout, and the report's wording
+(real ranks: tests/callbacks/safety/test_hang.py)."""
 import time
 from datetime import timedelta
 

@@ -11,7 +11,7 @@ import torch
 from tests.resume_helpers import ROOT, child_env
 from torchstage import NonFiniteLossCallback, load_checkpoint
 
-NAN_RUN = os.path.join(ROOT, "tests", "resume_scripts", "nan_run.py")
+NAN_RUN = os.path.join(ROOT, "tests", "callbacks", "training", "scripts", "nan_run.py")
 
 
 def nan_run(logdir, *args, **env):

@@ -146,7 +146,7 @@ def test_killed_run_resumes_bitwise_equal(tmp_path):
 
 @pytest.mark.timeout(300)
 def test_two_processes_hold_the_same_averages(tmp_path):
-    from tests.distributed.multiproc import run as run_procs
+    from tests.helpers import run as run_procs
     ran = run_procs([SCRIPT, tmp_path], nproc=2, timeout=240)
     assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-3000:]
     first, second = (json.loads((tmp_path / f"averages-rank{r}.json").read_text()) for r in range(2))

@@ -1,6 +1,6 @@
 """The local SLURM test cluster (scripts/slurm-local.sh) as a session-scoped pytest fixture.
 
-Use it with ``from tests.slurm_cluster import slurm_cluster``; the fixture yields an environment
+Use it with ``from tests.launch.slurm.slurm_cluster import slurm_cluster``; the fixture yields an environment
 (dict) whose SLURM_CONF points at the cluster. Where SLURM cannot be started here (not root, no
 apt-get and no slurmctld) tests skip, except under CI=true where they fail. A cluster that was
 already up is left up at the end of the session; one the fixture started is brought down.
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 SCRIPT = REPO / "scripts" / "slurm-local.sh"
 _state = {"env": None, "started": False, "users": 0}
 

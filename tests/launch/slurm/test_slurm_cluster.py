@@ -1,7 +1,7 @@
 """The cluster fixture's policy: skip where SLURM cannot run, but fail under CI=true."""
 import pytest
 
-from tests import slurm_cluster as helper
+from tests.launch.slurm import slurm_cluster as helper
 
 
 def test_skip_locally_fail_in_ci(monkeypatch):

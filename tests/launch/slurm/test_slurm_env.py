@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.slurm_cluster import slurm_cluster  # noqa: F401
+from tests.launch.slurm.slurm_cluster import slurm_cluster  # noqa: F401
 from torchstage.launch.slurm import step as slurm
 from torchstage.launch.slurm.step import (SlurmConfigError, SlurmStep, master_addr, master_port, rank0_host,
                                           slurm_step, slurm_world)

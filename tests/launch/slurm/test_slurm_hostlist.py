@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.slurm_cluster import slurm_cluster  # noqa: F401
+from tests.launch.slurm.slurm_cluster import slurm_cluster  # noqa: F401
 from torchstage.launch.slurm.hostlist import expand_hostlist
 from torchstage.launch.slurm.step import SlurmConfigError, expand_tasks_per_node
 

@@ -12,11 +12,11 @@ import time
 
 import pytest
 
-from tests.distributed.multiproc import SCRIPTS
-from tests.slurm_cluster import slurm_cluster  # noqa: F401 (session fixture)
+from tests.helpers import ROOT
+from tests.launch.slurm.slurm_cluster import slurm_cluster  # noqa: F401 (session fixture)
 from torchstage.launch.slurm.step import master_port
 
-TRAIN = str(SCRIPTS.parents[2] / "scripts" / "launch_anywhere.py")
+TRAIN = str(ROOT / "scripts" / "launch_anywhere.py")
 pytestmark = pytest.mark.timeout(400)
 
 
@@ -28,7 +28,7 @@ def reports(logdir, n):
 def single(tmp_path_factory):
     logdir = tmp_path_factory.mktemp("single")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "MASTER_"))}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SCRIPTS.parents[2]), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     result = subprocess.run([sys.executable, TRAIN, str(logdir)], env=env, capture_output=True, text=True, timeout=200)
     assert result.returncode == 0, result.stderr
     return reports(logdir, 1)[0]["metrics"]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.conftest import regression_loaders
-from tests.slurm_cluster import slurm_cluster  # noqa: F401 (session fixture)
+from tests.launch.slurm.slurm_cluster import slurm_cluster  # noqa: F401 (session fixture)
 from torchstage import SupervisedRunner
 from torchstage.launch.slurm.requeue import check_requeue_arg, restart_count
 

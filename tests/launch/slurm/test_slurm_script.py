@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from tests.slurm_cluster import slurm_cluster  # noqa: F401
+from tests.helpers import ROOT
+from tests.launch.slurm.slurm_cluster import slurm_cluster  # noqa: F401
 from torchstage.commands.slurm import add_parser as add_slurm_parser
 from torchstage.commands.slurm import run_slurm_command
 from torchstage.launch.slurm.sbatch import (SbatchOptions, SlurmScriptError, build_sbatch_script, load_sbatch_options,
@@ -193,8 +194,7 @@ def test_yaml_site_options(tmp_path):
 def test_docs_torchrun_job_example_builds_and_passes_bash_n(tmp_path):
     import os
     import subprocess
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts",
-                        "slurm_job_torchrun.yml")
+    path = os.path.join(ROOT, "scripts", "slurm_job_torchrun.yml")
     text = build_sbatch_script(load_sbatch_options(path))
     assert "#SBATCH --gres=gpu:4" in text and "#SBATCH --qos=normal" in text and "#SBATCH --exclusive" in text
     assert "--nproc-per-node=4" in text and "source .venv/bin/activate\nexport OMP_NUM_THREADS=8" in text

@@ -26,11 +26,11 @@ import pytest
 import torch
 
 from tests.resume_helpers import ROOT, checkpoint_differences
-from tests.slurm_cluster import slurm_cluster  # noqa: F401 (session fixture)
+from tests.launch.slurm.slurm_cluster import slurm_cluster  # noqa: F401 (session fixture)
 
 TRAIN = os.path.join(ROOT, "scripts", "slurm_train.py")
 JOB = os.path.join(ROOT, "scripts", "slurm_job.yml")
-PREEMPTED = os.path.join(ROOT, "tests", "slurm_scripts", "preempted_train.py")
+PREEMPTED = os.path.join(ROOT, "tests", "launch", "slurm", "scripts", "preempted_train.py")
 PAUSE_AT = 40  # global train batch (of 96) after which the preempted job gets SIGUSR1
 TIMEOUT_S = 240
 FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")

@@ -17,7 +17,7 @@ import time
 from torchstage import Callback, StopCallback
 from torchstage.stop_request import stop_requested
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
 
 
 class PauseAt(Callback):
