@@ -6,6 +6,8 @@ import pytest
 
 from tests.helpers import run
 
+pytestmark = pytest.mark.distributed
+
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
 

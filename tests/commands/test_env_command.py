@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.launch.slurm.slurm_cluster import slurm_cluster  # noqa: F401
 
 TORCHSTAGE = [sys.executable, "-m", "torchstage"]
@@ -63,6 +65,7 @@ def test_every_task_of_a_real_srun_step_sees_its_rank_and_one_master(slurm_clust
     assert len({(i["master_addr"], i["master_port"]) for i in infos}) == 1
 
 
+@pytest.mark.mpi
 def test_real_mpirun_ranks_see_openmpi_and_why():
     import shutil
 

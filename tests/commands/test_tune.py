@@ -57,6 +57,7 @@ def _check_study(logdir):
     return study
 
 
+@pytest.mark.distributed
 @pytest.mark.timeout(600)
 def test_six_trials_into_sqlite_with_the_bad_one_pruned(runs):
     assert runs["single"].returncode == 0, runs["single"].stderr[-3000:]
@@ -66,6 +67,7 @@ def test_six_trials_into_sqlite_with_the_bad_one_pruned(runs):
     assert params["lr"] == study.trials[0].params["optimizer.lr"] and params["world_size"] == 1
 
 
+@pytest.mark.distributed
 def test_two_processes_per_trial_train_the_same_parameters(runs):
     assert runs["double"].returncode == 0, runs["double"].stderr[-3000:]
     logdir = runs["base"] / "double"
@@ -79,6 +81,7 @@ def test_two_processes_per_trial_train_the_same_parameters(runs):
     assert "[rank1]: optuna: trial" not in runs["double"].stdout  # only the main rank talks to the study
 
 
+@pytest.mark.distributed
 def test_an_interrupted_study_resumes(runs):
     assert runs["killed"].returncode != 0
     assert runs["interrupted"] == [(0, States.COMPLETE), (1, States.COMPLETE), (2, States.RUNNING)]

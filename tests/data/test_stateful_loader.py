@@ -16,6 +16,7 @@ def _records(path):
     return [tuple(line.split()) for line in path.read_text().splitlines()]
 
 
+@pytest.mark.distributed
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("kind,nproc", [("iterable", 1), ("iterable", 2), ("map", 2)])
 def test_resumed_run_reads_exactly_the_remaining_batches(tmp_path, kind, nproc):

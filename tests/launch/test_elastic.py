@@ -16,6 +16,8 @@ import pytest
 from tests.resume_helpers import ROOT, child_env
 from torchstage import load_checkpoint
 
+pytestmark = pytest.mark.distributed
+
 SCRIPT = os.path.join(ROOT, "tests", "launch", "scripts", "elastic_run.py")
 
 

@@ -9,6 +9,8 @@ import pytest
 
 from tests.helpers import ROOT, alive, run
 
+pytestmark = pytest.mark.distributed
+
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
 FAULTS = SCRIPTS / "faults.py"

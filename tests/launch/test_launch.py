@@ -7,6 +7,8 @@ import pytest
 
 from tests.helpers import ROOT, run, script_env
 
+pytestmark = pytest.mark.distributed
+
 FORMS = ["scripts/distributed_loaders.py", "scripts/distributed_datasets.py", "scripts/distributed_cmd_run.py"]
 
 

@@ -11,6 +11,8 @@ import torch
 
 from tests.resume_helpers import ROOT, child_env
 
+pytestmark = pytest.mark.distributed
+
 SCRIPT = os.path.join(ROOT, "tests", "launch", "slurm", "scripts", "preempted_train.py")
 
 

@@ -10,6 +10,8 @@ import pytest
 
 from tests.helpers import ROOT, alive, run, script_env
 
+pytestmark = pytest.mark.distributed
+
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
 PROBE = SCRIPTS / "probe.py"

@@ -8,6 +8,8 @@ import pytest
 
 from tests.helpers import alive, run
 
+pytestmark = pytest.mark.distributed
+
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
 SCRIPT = SCRIPTS / "many_ranks.py"

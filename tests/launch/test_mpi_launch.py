@@ -17,7 +17,7 @@ LAUNCHERS = {
     "openmpi": ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np"],
     "mpich": ["mpiexec.mpich", "-np"],
 }
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.distributed, pytest.mark.mpi, pytest.mark.timeout(300)]
 
 
 def launcher(name):

@@ -16,7 +16,7 @@ from tests.resume_helpers import ROOT, checkpoint_differences, child_env
 from torchstage import load_checkpoint
 
 SCRIPT = os.path.join(ROOT, "tests", "launch", "scripts", "restart_run.py")
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
 
 
 def run(logdir, max_restarts, nproc=2, **env):

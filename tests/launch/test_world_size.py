@@ -17,7 +17,7 @@ from tests.resume_helpers import ROOT, child_env
 from torchstage import load_checkpoint
 
 SCRIPT = os.path.join(ROOT, "tests", "launch", "scripts", "world_run.py")
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
 #: (processes before, kill after global batch, processes after, padding of the resumed pass, epoch interrupted)
 CASES = {"2 -> 3": (2, 13, 3, 0, 3), "3 -> 2": (3, 7, 2, 2, 2), "1 -> 2": (1, 13, 2, 0, 2)}
 

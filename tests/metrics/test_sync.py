@@ -10,6 +10,8 @@ from torchstage import Engine
 from tests.metrics.helpers import batches, values
 from tests.metrics.test_base import _cases
 
+pytestmark = pytest.mark.distributed
+
 N = 100
 SHARDS = {"uneven": (37, 63), "one_rank_empty": (N, 0)}
 

@@ -9,6 +9,8 @@ import pytest
 
 from tests.helpers import ROOT, script_env
 
+pytestmark = pytest.mark.distributed
+
 WORKER = """
 import json, os, sys, warnings
 import torch, torch.distributed as dist, torchmetrics

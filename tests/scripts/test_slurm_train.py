@@ -36,6 +36,7 @@ def test_check_flag_is_a_short_smoke_run(tmp_path):
     assert loop["epoch"] <= 2 and loop["global_batch_step"] < 2 * 32  # a few batches, not 3 full epochs
 
 
+@pytest.mark.distributed
 @pytest.mark.timeout(180)
 def test_two_local_processes_train_like_one(tmp_path, monkeypatch):
     monkeypatch.delenv("TORCHSTAGE_NPROC", raising=False)

@@ -12,6 +12,8 @@ from tests.resume_helpers import EXACT_KEYS, differences
 from torchstage.cli import main
 from torchstage.files.deepspeed_files import safe_load
 
+pytestmark = pytest.mark.distributed
+
 pytest.importorskip("deepspeed")
 
 #: Two epochs of the FSDP tests' run (10 train batches each), mid-epoch checkpoints, clipping and accumulation.

@@ -15,6 +15,8 @@ from torchstage import DeepSpeed, SupervisedRunner
 from torchstage.files.checkpoint import load_checkpoint
 from torchstage.strategies.single import StepPlan
 
+pytestmark = pytest.mark.distributed
+
 pytest.importorskip("deepspeed")
 GAN = ROOT / "scripts" / "gan.py"
 

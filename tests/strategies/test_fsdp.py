@@ -12,6 +12,8 @@ from tests.helpers import run as run_script, script_env
 from tests.resume_helpers import EXACT_KEYS, ROOT, differences
 from torchstage.files.checkpoint import load_checkpoint
 
+pytestmark = pytest.mark.distributed
+
 SCRIPT = os.path.join(ROOT, "tests", "strategies", "scripts", "fsdp_run.py")
 #: Settings shared by the runs compared with each other: mid-epoch checkpoints, clipping, accumulation.
 COMMON = {"PERIOD": 2, "CLIP": 0.5, "ACC": 2}

@@ -5,6 +5,8 @@ import torch
 
 from tests.helpers import run
 
+pytestmark = pytest.mark.distributed
+
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
 SCRIPT = SCRIPTS / "resume4.py"

@@ -8,6 +8,8 @@ import torch
 
 from tests.helpers import ROOT, run, script_env
 
+pytestmark = pytest.mark.distributed
+
 PROBE = ROOT / "tests" / "launch" / "scripts" / "probe.py"
 EPOCHS = 3
 

@@ -72,6 +72,7 @@ def test_bad_arguments_raise_naming_them():
                                  callbacks={"mlflow": MLflowLogger()})
 
 
+@pytest.mark.distributed
 def test_two_processes_killed_and_resumed_make_one_run(tmp_path):
     logdir = tmp_path / "run"
     first = run([SCRIPT, logdir], nproc=2, timeout=240, KILL_AT_EPOCH_END=2)

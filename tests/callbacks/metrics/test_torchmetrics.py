@@ -44,6 +44,7 @@ def runs(tmp_path_factory):
     return {"paths": paths, "codes": codes}
 
 
+@pytest.mark.distributed
 @pytest.mark.timeout(400)
 def test_torchmetrics_equal_builtin_metrics_in_every_epoch_and_loader(runs):
     for name in ("single", "triple"):
@@ -83,6 +84,7 @@ def test_initial_model_values_equal_scikit_learn():
     assert got["tm_auroc"] == pytest.approx(roc_auc_score(y, probs, multi_class="ovr", average="macro"), abs=1e-6)
 
 
+@pytest.mark.distributed
 def test_one_and_three_processes_give_the_same_values_on_1001_samples(runs):
     expected = _report(runs["paths"]["single"])["history"][0]["valid"]  # epoch 1 validates the initial model
     for rank in range(3):
@@ -94,6 +96,7 @@ def test_one_and_three_processes_give_the_same_values_on_1001_samples(runs):
         assert report["history"] == _report(runs["paths"]["triple"])["history"]  # ranks agree on every value
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("name", ["kill_valid", "kill_train"])
 def test_killed_runs_resume_to_the_uninterrupted_values(runs, name):
     assert runs["codes"][name] == -signal.SIGKILL
@@ -105,6 +108,7 @@ def test_killed_runs_resume_to_the_uninterrupted_values(runs, name):
     assert resumed["train"]["tm_train_accuracy"] == reference["train"]["tm_train_accuracy"]
 
 
+@pytest.mark.distributed
 def test_kill_mid_training_keeps_partial_states_per_rank(runs):
     last = torch.load(runs["paths"]["kill_train"] / "checkpoints" / "last.pth", weights_only=True)
     assert last["loop"]["global_batch_step"] == 66  # the resumed run finished

@@ -59,6 +59,7 @@ def test_a_run_without_the_callback_never_profiles(tmp_path):
     assert not (tmp_path / "profiler").exists()
 
 
+@pytest.mark.distributed
 def test_one_trace_per_rank(tmp_path):
     result = run([SCRIPT, tmp_path], nproc=2, timeout=240)
     assert result.returncode == 0, result.stdout + result.stderr

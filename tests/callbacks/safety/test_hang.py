@@ -6,6 +6,8 @@ import pytest
 
 from tests.helpers import alive, run
 
+pytestmark = pytest.mark.distributed
+
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
 HANG = SCRIPTS / "hang.py"

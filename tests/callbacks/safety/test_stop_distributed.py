@@ -19,7 +19,7 @@ from tests.resume_helpers import ROOT, checkpoint_differences, child_env
 from torchstage import load_checkpoint
 
 SCRIPT = os.path.join(ROOT, "tests", "callbacks", "safety", "scripts", "ddp_run.py")
-pytestmark = pytest.mark.timeout(400)
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(400)]
 
 
 def torchrun(logdir, *extra, resume=None, **env):

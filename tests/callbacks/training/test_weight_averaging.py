@@ -144,6 +144,7 @@ def test_killed_run_resumes_bitwise_equal(tmp_path):
                                   tmp_path / "killed" / "checkpoints" / "last.pth") == []
 
 
+@pytest.mark.distributed
 @pytest.mark.timeout(300)
 def test_two_processes_hold_the_same_averages(tmp_path):
     from tests.helpers import run as run_procs

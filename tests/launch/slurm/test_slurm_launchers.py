@@ -80,6 +80,7 @@ def test_generated_script_of_each_launcher_form_trains(slurm_cluster, tmp_path, 
     assert_one_world(tmp_path, world, "torchrun" if form == "torchrun" else "slurm", single)
 
 
+@pytest.mark.mpi
 def test_mpirun_inside_an_sbatch_allocation_is_one_open_mpi_world(slurm_cluster, tmp_path):  # noqa: F811
     """Open MPI starts its daemons as one srun task per node; the ranks carry that step's variables, and
     the MPI world (4) decides, meeting on the allocation's first node at the job's port."""
