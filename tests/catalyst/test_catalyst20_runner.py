@@ -9,14 +9,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import torchstage as dl
 from tests.conftest import regression_loaders
-
-
-def classification_loaders(n=96, batch_size=16, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, 6, generator=g)
-    y = (x[:, 0] + x[:, 1] > 0).long() + (x[:, 2] > 1).long()
-    loader = DataLoader(TensorDataset(x, y), batch_size=batch_size)
-    return {"train": loader, "valid": loader}
+from tests.helpers import classification_loaders
 
 
 def trained_weights(runner_cls=dl.SupervisedRunner, runner_kwargs=None, **train_kwargs):

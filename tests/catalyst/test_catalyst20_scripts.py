@@ -1,20 +1,10 @@
 """Catalyst 20.12-style scripts (scripts/catalyst20/) run with only their imports changed, and learn."""
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def run_script(name, *args):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
-    result = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", name), *args], capture_output=True,
-                            text=True, timeout=300, env=env)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return result
+from tests.helpers import run_script
 
 
 def numbers(text: str) -> dict:

@@ -2,19 +2,11 @@
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
 import torchstage as dl
 from tests.conftest import regression_loaders
+from tests.helpers import classification_loaders
 from torchstage.metrics import AccuracyMetric
-
-
-def classification_loaders(n=96, batch_size=16, classes=5, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, 6, generator=g)
-    y = torch.randint(0, classes, (n,), generator=g)
-    loader = DataLoader(TensorDataset(x, y), batch_size=batch_size)
-    return {"train": loader, "valid": loader}
 
 
 def run(callbacks, loaders=None, model=None, criterion=None, **kwargs):
@@ -22,7 +14,7 @@ def run(callbacks, loaders=None, model=None, criterion=None, **kwargs):
     model = model or nn.Linear(6, 5)
     runner = dl.SupervisedRunner()
     runner.train(model=model, criterion=criterion or nn.CrossEntropyLoss(),
-                 optimizer=torch.optim.SGD(model.parameters(), lr=0.5), loaders=loaders or classification_loaders(),
+                 optimizer=torch.optim.SGD(model.parameters(), lr=0.5), loaders=loaders or classification_loaders(classes=5, labels="random"),
                  num_epochs=2, callbacks=callbacks, **kwargs)
     return runner, {k: v.clone() for k, v in model.state_dict().items()}
 
@@ -160,7 +152,7 @@ class Firsts(dl.Callback):
 
 def test_check_run_callback_runs_num_batch_steps_for_num_epoch_steps():
     count = Count()
-    loaders = classification_loaders(n=160)  # 10 batches per loader
+    loaders = classification_loaders(n=160, classes=5, labels="random")  # 10 batches per loader
     run([count, dl.CheckRunCallback(num_batch_steps=3, num_epoch_steps=1)], loaders=loaders)
     assert count.counts == {(1, "train"): 3, (1, "valid"): 3}
     count = Count()
@@ -170,7 +162,7 @@ def test_check_run_callback_runs_num_batch_steps_for_num_epoch_steps():
 
 def test_batch_overfit_callback_takes_counts_and_shares_per_loader():
     count = Count()
-    loaders = classification_loaders(n=160)
+    loaders = classification_loaders(n=160, classes=5, labels="random")
     seen = Firsts()
     run([count, seen, dl.BatchOverfitCallback(train=2, valid=0.5)], loaders=loaders)
     # Catalyst's meaning (20.12 and 22): the first 2 (train) and 5 (valid: half of 10) batches repeated for the

@@ -5,10 +5,8 @@ The reference lines were recorded on real Catalyst 22.04 (torch 2.13.0+cpu, acce
 with ``/tmp/catvenv/bin/python tests/catalyst/catalyst_reference.py scripts/catalyst22/<script>.py LOGDIR``.
 """
 import os
-import subprocess
-import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests import helpers
 
 #: The last lines each script printed on Catalyst 22.04. ``sha`` is a digest of every weight's bytes.
 CATALYST_22_04 = {
@@ -26,11 +24,8 @@ CATALYST_22_04 = {
 
 
 def run_script(name, logdir):
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
-    result = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "catalyst22", name), str(logdir)],
-                            capture_output=True, text=True, timeout=300, env=env)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    """The output lines of scripts/catalyst22/<name> run by torchstage on one thread."""
+    result = helpers.run_script(os.path.join("catalyst22", name), logdir, env={"OMP_NUM_THREADS": "1"})
     return result.stdout.strip().splitlines()
 
 

@@ -98,7 +98,7 @@ class InputLayout(Callback):
 
 def test_channels_last_moves_model_and_images_to_nhwc_and_learns():
     model, layout = convnet(), InputLayout()
-    runner = train(model, classification_loaders(images=True), channels_last=True, callbacks=[layout],
+    runner = train(model, classification_loaders(labels="images"), channels_last=True, callbacks=[layout],
                    num_epochs=4, lr=0.1)
     assert all(layout.channels_last)
     conv = model[0].weight

@@ -1,13 +1,12 @@
 """sync_metric_states on 3 real gloo processes: exact on uneven shards, and no hang when a rank saw no sample
 (torchmetrics' own gather pads by shape and breaks on a rank whose list state is empty)."""
 import json
-import socket
 import subprocess
 import sys
 
 import pytest
 
-from tests.helpers import ROOT, script_env
+from tests.helpers import ROOT, free_port, script_env
 
 pytestmark = pytest.mark.distributed
 
@@ -42,15 +41,10 @@ dist.destroy_process_group()
 """
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.mark.timeout(180)
 def test_uneven_and_empty_shards_sync_exactly(tmp_path):
-    port = _free_port()
+    port = free_port()
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     procs = [subprocess.Popen([sys.executable, str(script), str(rank), str(port)], cwd=ROOT, env=script_env(),

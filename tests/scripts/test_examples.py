@@ -2,20 +2,12 @@
 import csv
 import os
 import re
-import subprocess
-import sys
 
 import torch
 
+from tests.helpers import run_script
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def run_script(name, *args, timeout=300, env=None):
-    path = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))  # this checkout, not an install
-    result = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", name), *args], capture_output=True,
-                            text=True, timeout=timeout, env={**os.environ, "PYTHONPATH": path, **(env or {})})
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return result
 
 
 def test_tutorial_trains_and_writes_logs_and_checkpoints(tmp_path):
