@@ -7,7 +7,11 @@ import sys
 from pathlib import Path
 
 import torch
+from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
+
+from tests.conftest import regression_loaders
+from torchstage import SupervisedRunner
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -85,3 +89,19 @@ def classification_loaders(n=96, features=6, classes=3, batch_size=16, labels="r
     return {"train": DataLoader(data, batch_size=batch_size, shuffle=True, pin_memory=True,
                                 generator=torch.Generator().manual_seed(seed)),
             "valid": DataLoader(data, batch_size=batch_size, pin_memory=True)}
+
+
+_DEFAULT = object()  # "not given": a test may pass None on purpose (train() must refuse it)
+
+
+def tiny_run(model=_DEFAULT, *, runner=None, loaders=_DEFAULT, criterion=_DEFAULT, optimizer=_DEFAULT, lr=0.1,
+             num_epochs=1, seed=None, **kwargs):
+    """A tiny supervised run, in process: ``Linear(4, 1)`` on conftest's regression loaders with MSE and SGD(lr)
+    where not given (``seed`` seeds torch first); the other keywords go to ``train()``. Returns the runner."""
+    if seed is not None:
+        torch.manual_seed(seed)
+    model = nn.Linear(4, 1) if model is _DEFAULT else model
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr) if optimizer is _DEFAULT else optimizer
+    return (runner or SupervisedRunner()).train(
+        model=model, criterion=nn.MSELoss() if criterion is _DEFAULT else criterion, optimizer=optimizer,
+        loaders=regression_loaders() if loaders is _DEFAULT else loaders, num_epochs=num_epochs, **kwargs)

@@ -4,10 +4,10 @@ import csv
 import logging
 
 import torch
-from torch import nn
 
 import torchstage as dl
 from tests.conftest import regression_loaders
+from tests.helpers import tiny_run
 
 
 class Recorder(dl.Callback):
@@ -65,9 +65,7 @@ class HookedRunner(dl.SupervisedRunner):
 
 
 def train(runner, tmp_path=None, **kwargs):
-    model = nn.Linear(4, 1)
-    return runner.train(model=model, criterion=nn.MSELoss(), optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-                        loaders=regression_loaders(), num_epochs=2, logdir=tmp_path, **kwargs)
+    return tiny_run(runner=runner, num_epochs=2, logdir=tmp_path, **kwargs)
 
 
 def test_runner_event_methods_run_around_the_callbacks_and_their_metrics_reach_the_loggers(tmp_path, caplog):

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from tests.conftest import regression_loaders
+from tests.helpers import tiny_run
 from tests.resume_helpers import tiny_train_kwargs
 from torchstage import (Batch, CheckpointCallback, CheckpointError, Epoch, SupervisedRunner, load_checkpoint,
                         load_model_weights)
@@ -22,9 +23,8 @@ def train(logdir, num_epochs=4, lr=0.05, **kwargs):
     torch.manual_seed(0)
     model = make_net()
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-    runner = SupervisedRunner().train(model=model, criterion=torch.nn.MSELoss(), optimizer=optimizer,
-                                      scheduler=torch.optim.lr_scheduler.StepLR(optimizer, 2),
-                                      loaders=regression_loaders(), num_epochs=num_epochs, logdir=str(logdir), **kwargs)
+    runner = tiny_run(model, optimizer=optimizer, scheduler=torch.optim.lr_scheduler.StepLR(optimizer, 2),
+                      num_epochs=num_epochs, logdir=str(logdir), **kwargs)
     return runner, model
 
 

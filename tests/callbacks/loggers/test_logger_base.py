@@ -9,7 +9,8 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from tests.callbacks.loggers.test_loggers import read_tensorboard_scalars
-from torchstage import Batch, Callback, LoggerCallback, SupervisedRunner
+from tests.helpers import tiny_run
+from torchstage import Batch, Callback, LoggerCallback
 from torchstage.callbacks.checkpoints.config_saver import ConfigSaver
 from torchstage.callbacks.loggers.logger_base import BATCH, EPOCH, PERIODIC
 
@@ -37,12 +38,9 @@ class Recorder(LoggerCallback):
 def train(logdir, callbacks, num_epochs=2, **kwargs):
     torch.manual_seed(0)
     x, y = torch.randn(80, 4), torch.randn(80, 1)
-    model = torch.nn.Linear(4, 1)
-    return SupervisedRunner().train(model=model, criterion=torch.nn.MSELoss(), num_epochs=num_epochs,
-                                    optimizer=torch.optim.SGD(model.parameters(), lr=0.05), logdir=str(logdir),
-                                    loaders={"train": DataLoader(TensorDataset(x, y), batch_size=8),
-                                             "valid": DataLoader(TensorDataset(x[:16], y[:16]), batch_size=8)},
-                                    callbacks=callbacks, **kwargs)
+    return tiny_run(lr=0.05, num_epochs=num_epochs, logdir=str(logdir), callbacks=callbacks,
+                    loaders={"train": DataLoader(TensorDataset(x, y), batch_size=8),
+                             "valid": DataLoader(TensorDataset(x[:16], y[:16]), batch_size=8)}, **kwargs)
 
 
 def test_a_logger_receives_hparams_metrics_batches_periodic_and_artifacts(tmp_path):

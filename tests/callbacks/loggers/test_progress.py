@@ -7,18 +7,16 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from torchstage import Callback, ProgressBar, SupervisedRunner
+from tests.helpers import tiny_run
+from torchstage import Callback, ProgressBar
 
 
 def train(logdir=None, **kwargs):
     torch.manual_seed(0)
     x, y = torch.randn(64, 4), torch.randn(64, 1)
-    model = torch.nn.Linear(4, 1)
     loaders = {"train": DataLoader(TensorDataset(x, y), batch_size=8),
                "valid": DataLoader(TensorDataset(x, y), batch_size=16)}
-    return SupervisedRunner().train(model=model, criterion=torch.nn.MSELoss(), loaders=loaders,
-                                    optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-                                    logdir=None if logdir is None else str(logdir), **kwargs)
+    return tiny_run(loaders=loaders, logdir=None if logdir is None else str(logdir), **kwargs)
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from tests.callbacks.loggers.test_loggers import read_tensorboard_scalars
 from tests.callbacks.loggers.test_mlflow_logger import client_for, history, only_run
+from tests.helpers import tiny_run
 from tests.runner.test_host_syncs import count_syncs  # noqa: F401  (a fixture)
 from torchstage import MLflowLogger, SupervisedRunner
 from torchstage.callbacks.monitoring.monitor import ThroughputMonitor
@@ -36,9 +37,8 @@ def train(tmp_path, delay=0.0, callbacks=None, model=None, **kwargs):
     model = model or torch.nn.Linear(64, 32)
     loaders = {"train": DataLoader(SlowData(64, delay), batch_size=8),
                "valid": DataLoader(SlowData(32, delay), batch_size=8)}
-    return SupervisedRunner().train(model=model, criterion=torch.nn.MSELoss(), loaders=loaders, num_epochs=2,
-                                    optimizer=torch.optim.SGD(model.parameters(), lr=0.01), logdir=str(tmp_path),
-                                    callbacks=callbacks, overwrite=True, **kwargs)
+    return tiny_run(model, loaders=loaders, num_epochs=2, lr=0.01, logdir=str(tmp_path), callbacks=callbacks,
+                    overwrite=True, **kwargs)
 
 
 def test_figures_reach_csv_tensorboard_and_mlflow(tmp_path):

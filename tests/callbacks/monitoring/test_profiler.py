@@ -7,9 +7,8 @@ import os
 import pytest
 import torch
 
-from tests.conftest import regression_loaders
-from tests.helpers import run
-from torchstage import Callback, ProfilerCallback, SupervisedRunner
+from tests.helpers import run, tiny_run
+from torchstage import Callback, ProfilerCallback
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "profiled_run.py")
 
@@ -35,10 +34,7 @@ def steps_in(folder):
 
 
 def train(logdir, callbacks):
-    model = torch.nn.Linear(4, 1)
-    SupervisedRunner().train(model=model, criterion=torch.nn.MSELoss(), loaders=regression_loaders(), num_epochs=2,
-                             optimizer=torch.optim.SGD(model.parameters(), lr=0.05), logdir=logdir,
-                             callbacks=callbacks)
+    tiny_run(lr=0.05, num_epochs=2, logdir=logdir, callbacks=callbacks)
 
 
 def test_window_trace_table_and_no_cost_outside(tmp_path, caplog):

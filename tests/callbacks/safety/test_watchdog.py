@@ -6,17 +6,14 @@ from datetime import timedelta
 import pytest
 import torch
 
-from torchstage import Callback, HangWatchdog, SupervisedRunner
+from tests.helpers import tiny_run
+from torchstage import Callback, HangWatchdog
 from torchstage.callbacks.safety.hang_report import hang_report
 from torchstage.callbacks.safety.watchdog import process_group_timeout
-from tests.conftest import regression_loaders
 
 
 def train(**kwargs):
-    model = torch.nn.Linear(4, 1)
-    return SupervisedRunner().train(model=model, criterion=torch.nn.MSELoss(),
-                                    optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-                                    loaders=regression_loaders(), num_epochs=1, **kwargs)
+    return tiny_run(**kwargs)
 
 
 @pytest.mark.parametrize("value", ["soon", -1, True, float("nan"), float("inf")])

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
+from tests.helpers import tiny_run
 from torchstage import Callback, CallbackOrder, OptimizerCallback, Runner, SingleDevice, SupervisedRunner
 
 
@@ -26,8 +27,7 @@ def train(model, x, y, batch_size, optimizer=None, epochs=1, train_loader=None, 
         train_loader = DataLoader(TensorDataset(x, y), batch_size=batch_size)
     loaders = {"train": train_loader,
                "valid": DataLoader(TensorDataset(x[:8], y[:8]), batch_size=8)}
-    return SupervisedRunner().train(model=model, criterion=nn.MSELoss(), optimizer=optimizer, loaders=loaders,
-                                    num_epochs=epochs, **kwargs)
+    return tiny_run(model, optimizer=optimizer, loaders=loaders, num_epochs=epochs, **kwargs)
 
 
 def test_accumulating_4_batches_of_8_equals_one_batch_of_32():
