@@ -94,14 +94,15 @@ def classification_loaders(n=96, features=6, classes=3, batch_size=16, labels="r
 _DEFAULT = object()  # "not given": a test may pass None on purpose (train() must refuse it)
 
 
-def tiny_run(model=_DEFAULT, *, runner=None, loaders=_DEFAULT, criterion=_DEFAULT, optimizer=_DEFAULT, lr=0.1,
-             num_epochs=1, seed=None, **kwargs):
-    """A tiny supervised run, in process: ``Linear(4, 1)`` on conftest's regression loaders with MSE and SGD(lr)
-    where not given (``seed`` seeds torch first); the other keywords go to ``train()``. Returns the runner."""
-    if seed is not None:
-        torch.manual_seed(seed)
+def tiny_run(model=_DEFAULT, *, runner=None, loaders=_DEFAULT, criterion=_DEFAULT, optimizer=_DEFAULT, sgd_lr=0.1,
+             num_epochs=1, torch_seed=None, **kwargs):
+    """A tiny supervised run, in process: ``Linear(4, 1)`` on conftest's regression loaders with MSE and
+    SGD(sgd_lr) where not given (``torch_seed`` seeds torch first); every other keyword, ``seed`` and unknown ones
+    included, goes to ``train()``. Returns the runner."""
+    if torch_seed is not None:
+        torch.manual_seed(torch_seed)
     model = nn.Linear(4, 1) if model is _DEFAULT else model
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr) if optimizer is _DEFAULT else optimizer
+    optimizer = torch.optim.SGD(model.parameters(), lr=sgd_lr) if optimizer is _DEFAULT else optimizer
     return (runner or SupervisedRunner()).train(
         model=model, criterion=nn.MSELoss() if criterion is _DEFAULT else criterion, optimizer=optimizer,
         loaders=regression_loaders() if loaders is _DEFAULT else loaders, num_epochs=num_epochs, **kwargs)

@@ -14,7 +14,7 @@ LOADERS = {"train": DataLoader(TensorDataset(X, Y), batch_size=16),
 
 
 def train(model, **kwargs):
-    return tiny_run(model, loaders=LOADERS, num_epochs=2, lr=0.05, **kwargs)
+    return tiny_run(model, loaders=LOADERS, num_epochs=2, sgd_lr=0.05, **kwargs)
 
 
 def linear():

@@ -38,7 +38,7 @@ class Recorder(LoggerCallback):
 def train(logdir, callbacks, num_epochs=2, **kwargs):
     torch.manual_seed(0)
     x, y = torch.randn(80, 4), torch.randn(80, 1)
-    return tiny_run(lr=0.05, num_epochs=num_epochs, logdir=str(logdir), callbacks=callbacks,
+    return tiny_run(sgd_lr=0.05, num_epochs=num_epochs, logdir=str(logdir), callbacks=callbacks,
                     loaders={"train": DataLoader(TensorDataset(x, y), batch_size=8),
                              "valid": DataLoader(TensorDataset(x[:16], y[:16]), batch_size=8)}, **kwargs)
 

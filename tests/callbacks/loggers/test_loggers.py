@@ -78,7 +78,7 @@ def test_csv_gains_a_column_that_appears_in_a_later_epoch_and_keeps_every_row(tm
 def test_resumed_run_cuts_the_csv_back_to_the_checkpoint_and_never_repeats_an_epoch(tmp_path):
     """A row written after the last checkpoint (a kill between the log and the checkpoint) is dropped on resume."""
     def train(num_epochs, **kwargs):
-        return tiny_run(seed=0, lr=0.05, num_epochs=num_epochs, logdir=str(tmp_path), **kwargs)
+        return tiny_run(torch_seed=0, sgd_lr=0.05, num_epochs=num_epochs, logdir=str(tmp_path), **kwargs)
 
     train(2)
     path = tmp_path / "logs" / "valid.csv"

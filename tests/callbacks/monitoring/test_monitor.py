@@ -37,7 +37,7 @@ def train(tmp_path, delay=0.0, callbacks=None, model=None, **kwargs):
     model = model or torch.nn.Linear(64, 32)
     loaders = {"train": DataLoader(SlowData(64, delay), batch_size=8),
                "valid": DataLoader(SlowData(32, delay), batch_size=8)}
-    return tiny_run(model, loaders=loaders, num_epochs=2, lr=0.01, logdir=str(tmp_path), callbacks=callbacks,
+    return tiny_run(model, loaders=loaders, num_epochs=2, sgd_lr=0.01, logdir=str(tmp_path), callbacks=callbacks,
                     overwrite=True, **kwargs)
 
 

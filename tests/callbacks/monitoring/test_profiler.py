@@ -34,7 +34,7 @@ def steps_in(folder):
 
 
 def train(logdir, callbacks):
-    tiny_run(lr=0.05, num_epochs=2, logdir=logdir, callbacks=callbacks)
+    tiny_run(sgd_lr=0.05, num_epochs=2, logdir=logdir, callbacks=callbacks)
 
 
 def test_window_trace_table_and_no_cost_outside(tmp_path, caplog):
