@@ -1,12 +1,14 @@
-"""torchstage: a callback-driven runner for PyTorch, from one process to a SLURM cluster."""
-import importlib
+"""torchstage: a callback-driven runner for PyTorch, from one process to a SLURM cluster.
 
-from torchstage.callbacks.base import (Callback, CallbackOrder, CallbackScope, CancelBatch, CancelEpoch,
-                                       CancelLoader, CancelRun, CancelStage)
-from torchstage.callbacks.checkpoints.checkpoint_saver import CheckpointCallback
-from torchstage.callbacks.control.debug import BatchOverfitCallback, CheckRunCallback, LimitBatchesCallback
-from torchstage.callbacks.control.early_stopping import EarlyStoppingCallback
-from torchstage.callbacks.control.optuna_pruning import OptunaPruningCallback
+The edge of the package: the public names, where Catalyst 20.12 and 22 spellings work too (``import torchstage as
+dl``, ``from torchstage import dl``): the runners, callbacks and enums exported here are the Catalyst-capable
+classes of :mod:`torchstage.catalyst`, which stand for the core classes of the same names (``isinstance`` holds).
+"""
+import importlib
+import sys
+
+from torchstage.callbacks.base import CancelBatch, CancelEpoch, CancelLoader, CancelRun, CancelStage
+from torchstage.callbacks.control.debug import BatchOverfitCallback, LimitBatchesCallback
 from torchstage.callbacks.control.validation import ValidEveryCallback
 from torchstage.callbacks.loggers.console import ConsoleLogger
 from torchstage.callbacks.loggers.csv_logger import CSVLogger
@@ -14,12 +16,9 @@ from torchstage.callbacks.loggers.logger_base import LoggerCallback
 from torchstage.callbacks.loggers.mlflow_logger import MLflowLogger
 from torchstage.callbacks.loggers.progress import ProgressBar
 from torchstage.callbacks.loggers.tensorboard import TensorBoardLogger
-from torchstage.callbacks.metrics.aggregation import MetricAggregationCallback
 from torchstage.callbacks.metrics.averaging import MetricsAveragingCallback
 from torchstage.callbacks.metrics.batch_transform import BatchTransformCallback
-from torchstage.callbacks.metrics.metric import (AccuracyCallback, AUCCallback, FunctionalMetricCallback,
-                                                 MetricCallback, MultiLabelAccuracyCallback,
-                                                 PrecisionRecallF1Callback)
+from torchstage.callbacks.metrics.metric import AUCCallback, PrecisionRecallF1Callback
 from torchstage.callbacks.metrics.torchmetrics_callback import TorchMetricsCallback
 from torchstage.callbacks.monitoring.monitor import ThroughputMonitor
 from torchstage.callbacks.monitoring.profiler import ProfilerCallback
@@ -29,16 +28,23 @@ from torchstage.callbacks.safety.requeue import RequeueCallback
 from torchstage.callbacks.safety.stop import StopCallback
 from torchstage.callbacks.safety.watchdog import HangWatchdog
 from torchstage.callbacks.training.backward import BackwardCallback
-from torchstage.callbacks.training.criterion import CriterionCallback
 from torchstage.callbacks.training.loop import LoopCallback
 from torchstage.callbacks.training.nonfinite import NonFiniteLossCallback, NonFiniteLossError, NonFiniteStateError
-from torchstage.callbacks.training.optimizer import OptimizerCallback
 from torchstage.callbacks.training.output_losses import Loss, OutputLossesCallback, Regularizer
 from torchstage.callbacks.training.scheduler import SchedulerCallback
 from torchstage.callbacks.training.swa import SWACallback
 from torchstage.callbacks.training.weight_averaging import EMACallback, WeightAveragingCallback
 from torchstage.catalyst import names as _catalyst_names
 from torchstage.catalyst import engines as _catalyst_engines
+from torchstage.catalyst.callbacks import (Callback, CheckpointCallback, CheckRunCallback, CriterionCallback,
+                                           EarlyStoppingCallback, MetricAggregationCallback, OptimizerCallback,
+                                           OptunaPruningCallback)
+from torchstage.catalyst.enums import CallbackOrder, CallbackScope
+from torchstage.catalyst.meters import AdditiveMetric as _AdditiveMetric
+from torchstage.catalyst.metric_callbacks import (AccuracyCallback, FunctionalMetricCallback, MetricCallback,
+                                                  MultiLabelAccuracyCallback)
+from torchstage.catalyst.renamed import RenamedMetric as _RenamedMetric
+from torchstage.catalyst.runners import Runner, SupervisedRunner
 from torchstage.config.instantiate import ConfigError
 from torchstage.config.train_call import train_from_config
 from torchstage.config.tuning import tune
@@ -50,9 +56,6 @@ from torchstage.launch.enter import distributed_cmd_run
 from torchstage.periods import Batch, Epoch
 from torchstage.rng import set_seed
 from torchstage.runner.errors import RunnerException
-from torchstage.runner.runner import Runner
-from torchstage.runner.spec import train_signature
-from torchstage.runner.supervised import SupervisedRunner
 from torchstage.stop_request import RunStopped, StopRequest, request_stop
 from torchstage.strategies.ddp import DDP
 from torchstage.strategies.deepspeed import DeepSpeed
@@ -60,9 +63,12 @@ from torchstage.strategies.engine import Engine
 from torchstage.strategies.fsdp import FSDP
 from torchstage.strategies.single import SingleDevice
 from torchstage.version import __version__
+from torchstage import metrics
 
-Runner.train.__signature__ = train_signature()
-del train_signature
+# Catalyst's names under ``from torchstage import metrics`` (``metrics.AdditiveMetric``), set here at the edge so
+# that the core metrics package knows nothing of them
+metrics.AdditiveMetric = metrics.AdditiveValueMetric = _AdditiveMetric
+metrics.RenamedMetric = _RenamedMetric
 
 
 def _catalyst22_attribute(name: str):
@@ -73,7 +79,7 @@ def _catalyst22_attribute(name: str):
     if name in _catalyst_engines.DISTRIBUTED:
         _catalyst_engines.refused_engine(name)
     if name == "IRunner":
-        from torchstage.runner.irunner import IRunner  # Catalyst 22's runner API: loaded when asked for
+        from torchstage.catalyst.irunner import IRunner  # Catalyst 22's runner API: loaded when asked for
         return IRunner
     if name == "IRunnerError":
         _catalyst_names.note_alias("dl.IRunnerError", "torchstage.RunnerException (a ValueError raised before "
@@ -84,7 +90,10 @@ def _catalyst22_attribute(name: str):
 
 def __getattr__(name):
     """Catalyst 20.12 names (``dl.CallbackNode``, ``utils.set_global_seed``...): torchstage's object, noted once;
-    Catalyst 22 names (``dl.PrecisionRecallF1SupportCallback``, ``utils.trace_model``...) from the compat layer."""
+    Catalyst 22 names (``dl.PrecisionRecallF1SupportCallback``, ``utils.trace_model``...) from the compat layer;
+    ``dl`` and ``utils`` are this module (``from torchstage import dl, utils, metrics``, as from catalyst)."""
+    if name in ("dl", "utils"):
+        return sys.modules[__name__]
     if name in _catalyst_names.CATALYST22_NAMES:
         return getattr(importlib.import_module(_catalyst_names.CATALYST22_NAMES[name]), name)
     if name in _catalyst_names.MODULE_ALIASES:

@@ -1,4 +1,4 @@
-"""``torchstage plot``: exit codes and messages around torchstage.files.plot."""
+"""``torchstage plot``: exit codes and messages around torchstage.files.reports.plot."""
 import csv
 
 import pytest

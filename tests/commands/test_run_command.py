@@ -298,3 +298,50 @@ def test_dry_run_on_a_logdir_holding_a_run_gives_the_fix_as_command_line_options
     assert "already holds a run (out/checkpoints/last.pth); pass --set resume=last to continue it" in dry.stderr
     assert "resume='last'" not in dry.stderr and "overwrite=True" not in dry.stderr
     assert run_script_cli("run", "-C", "run.yml", "--dry-run", "--set", "resume=last", cwd=tmp_path).returncode == 0
+
+
+class _Payload:  # unpickling it runs a shell command: what a malicious .pt file does
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+@pytest.mark.parametrize("gadget, reason", [
+    ("{_target_: torch.load, f: payload.pt, weights_only: false}",
+     "torch.serialization.load unpickles the file, which can run code; it is allowed only with weights_only: true"),
+    ("{_target_: torch.load, f: payload.pt}", "it is allowed only with weights_only: true"),
+    ("{_target_: torch.hub.load, repo_or_dir: hub, model: entry, source: local}",
+     "it is defined in 'torch.hub', which runs a repository's hubconf.py"),
+    ("{_target_: torchstage.launch.restarts.supervise, command: [touch, MARKER], world: null, max_restarts: 0}",
+     "it is defined in 'torchstage.launch.restarts', which starts and restarts processes"),
+    ("{_target_: torch.hub.torch.hub.load, repo_or_dir: hub, model: entry, source: local}", "which runs a repository's"),
+    ("{_target_: torch.multiprocessing.start_processes, fn: null}", "which starts processes"),
+    ("{_target_: torch.utils.benchmark.Timer, stmt: 'import os'}", "executes statements given as strings"),
+    ("{_target_: torch.serialization._load, zip_file: payload.pt}", "names the private '_load'"),
+    ("{_target_: torch.ops.load_library, path: payload.pt}", "torch._ops.load_library loads a native library"),
+])
+def test_allow_targets_refuses_what_runs_code_even_below_an_allowed_prefix(tmp_path, gadget, reason):
+    """Each gadget sits under ``torch``/``torchstage`` and ran its payload before: refused, nothing ran."""
+    marker = tmp_path / "code-ran"
+    torch.save({"x": _Payload(marker)}, tmp_path / "payload.pt")
+    (tmp_path / "hub").mkdir()
+    (tmp_path / "hub" / "hubconf.py").write_text(f"open({str(marker)!r}, 'w').close()\ndef entry():\n    return 1\n")
+    (tmp_path / "c.yml").write_text(FOUNDATION.replace(
+        "criterion: {_target_: torch.nn.MSELoss}", f"criterion: {gadget.replace('MARKER', str(marker))}"))
+    refused = run_cli("run", "-C", "c.yml", "--dry-run", "--allow-targets", "torch,torchstage", cwd=tmp_path)
+    assert refused.returncode == 2 and "criterion._target_: " in refused.stderr, refused.stderr
+    assert "refused under --allow-targets even below an allowed prefix" in refused.stderr or "private" in reason
+    assert reason in refused.stderr and "Traceback" not in refused.stderr
+    assert not marker.exists()
+
+
+def test_a_safe_torch_load_stays_allowed_and_without_an_allow_list_nothing_changes(tmp_path, monkeypatch):
+    from torchstage.config.instantiate import ALLOWED_TARGETS_VAR, instantiate
+    torch.save(torch.arange(3.0), tmp_path / "weights.pt")
+    node = {"_target_": "torch.load", "f": str(tmp_path / "weights.pt"), "weights_only": True}
+    monkeypatch.setenv(ALLOWED_TARGETS_VAR, "torch,torchstage")
+    assert torch.equal(instantiate(node, "criterion.weight"), torch.arange(3.0))
+    monkeypatch.delenv(ALLOWED_TARGETS_VAR)
+    assert torch.equal(instantiate({**node, "weights_only": False}, "x"), torch.arange(3.0))  # a config is code

@@ -138,3 +138,17 @@ def test_a_target_that_cannot_be_imported_fails_before_the_study_records_a_trial
     assert ran.returncode == 2, ran.stderr[-2000:]
     assert "model._target_: cannot import 'torch.nn.Linar'" in ran.stderr and "Traceback" not in ran.stderr
     assert not (tmp_path / "study.db").exists()
+
+
+def test_tune_takes_allow_targets_and_refuses_a_gadget_before_any_trial(tmp_path):
+    marker = tmp_path / "code-ran"
+    (tmp_path / "bad.yml").write_text(f"criterion: {{_target_: torchstage.launch.restarts.supervise, command: "
+                                      f"[touch, {marker}], world: null, max_restarts: 0}}\n")
+    allow = ["--allow-targets", "torch,torchstage,optuna,tests"]
+    ran = tune(tmp_path, *allow, configs=[*CONFIGS, tmp_path / "bad.yml"])
+    assert ran.returncode == 2 and "criterion._target_: 'torchstage.launch.restarts.supervise' is refused under " \
+                                   "--allow-targets" in ran.stderr, ran.stderr[-2000:]
+    assert not marker.exists() and not (tmp_path / "study.db").exists()
+    outside = tune(tmp_path, "--allow-targets", "torch,torchstage,optuna")  # the probe callback lives in tests.
+    assert outside.returncode == 2 and "'tests.commands.tune_probe.ParamsProbe' is not under the allowed" \
+                                       in outside.stderr, outside.stderr[-2000:]

@@ -30,3 +30,12 @@ def test_every_page_is_in_the_table_of_contents():
     for page in glob.glob(os.path.join(ROOT, "docs", "*.md")):
         name = os.path.basename(page)[:-3]
         assert name == "index" or re.search(rf"^{re.escape(name)}$", index, re.M), f"{name} is not in docs/index.md"
+
+
+def test_the_readme_links_every_page():
+    """A user starts at the README: each page of docs/ is reachable from its documentation list (the log of past
+    benchmark experiments is reached from benchmarks.md)."""
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    for page in glob.glob(os.path.join(ROOT, "docs", "*.md")):
+        name = os.path.basename(page)
+        assert name in ("index.md", "benchmarks-log.md") or f"(docs/{name})" in readme, f"README does not link {name}"

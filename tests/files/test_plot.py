@@ -7,7 +7,7 @@ import torch
 
 import torchstage
 from torchstage.data.synthetic import synthetic_regression_splits
-from torchstage.files.plot import plot_logs, read_logs
+from torchstage.files.reports.plot import plot_logs, read_logs
 
 matplotlib_image = pytest.importorskip("matplotlib.image")
 

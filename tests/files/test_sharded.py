@@ -111,3 +111,56 @@ def test_resume_last_passes_a_damaged_sharded_last_over_for_the_newest_intact_on
     os.symlink(_sharded(tmp_path / "damaged", random.Random(1).randbytes(256)), folder / "last.pth")
     runner = SupervisedRunner().train(**tiny_train_kwargs(logdir, num_epochs=2, resume="last"))
     assert runner.global_epoch_step == 2
+
+
+class _Command:
+    """Unpickling it runs a shell command: what a crafted value in a DCP data file does."""
+
+    def __init__(self, command):
+        self.command = command
+
+    def __reduce__(self):
+        return os.system, (self.command,)
+
+
+@pytest.fixture
+def data_attack(tmp_path):
+    """A sharded checkpoint whose ``.metadata`` is clean and whose data file holds the payload as a value, written by
+    DCP itself as an attacker would."""
+    import torch.distributed.checkpoint as dcp
+    marker = tmp_path / "code-ran"
+    state = {"format": FORMAT, "models": {"model": torch.nn.Linear(6, 1).state_dict()},
+             "meta": {"note": _Command(f"touch {marker}")}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save(state, storage_writer=dcp.FileSystemWriter(str(tmp_path / "evil")), no_dist=True)
+    assert [name for name in os.listdir(tmp_path / "evil") if name.endswith(".distcp")]
+    return str(tmp_path / "evil"), marker
+
+
+def test_a_payload_in_a_data_file_is_refused_on_every_loading_path(data_attack, tmp_path, capsys):
+    path, marker = data_attack
+    with pytest.raises(CheckpointError, match=r"refused to load .*a data file holds a value under 'meta.note' that "
+                                              r"only unpickling code could rebuild"):
+        load_checkpoint(path)
+    with pytest.raises(CheckpointError, match="torchstage does not run code from checkpoint files"):
+        load_model_weights(torch.nn.Linear(6, 1), path)
+    assert main(["checkpoint", "inspect", path]) == 2
+    assert main(["checkpoint", "consolidate", path, str(tmp_path / "out.pth")]) == 2
+    assert "does not run code from checkpoint files" in capsys.readouterr().err
+    logdir = tmp_path / "run"
+    (logdir / "checkpoints").mkdir(parents=True)
+    os.symlink(path, logdir / "checkpoints" / "last.pth")
+    with pytest.raises(CheckpointError, match=r"no intact checkpoint(.|\n)*does not run code"):
+        SupervisedRunner().train(**tiny_train_kwargs(logdir, resume="last"))
+    assert not marker.exists() and not (tmp_path / "out.pth").exists()
+
+
+def test_plain_values_in_data_files_still_load(tmp_path):
+    import torch.distributed.checkpoint as dcp
+    values = {"stage": "main", "epoch": 3, "lr": [0.1, 0.01], "flags": (True, None), "nested": {"a": {"b": 1.5}}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save({"format": FORMAT, "loop": values}, storage_writer=dcp.FileSystemWriter(str(tmp_path / "ok")),
+                 no_dist=True)
+    assert load_checkpoint(str(tmp_path / "ok"))["loop"] == values

@@ -73,6 +73,23 @@ def test_train_signature_lists_every_argument():
         assert params[name].kind is inspect.Parameter.KEYWORD_ONLY
 
 
+def test_train_parameters_are_written_out_and_equal_trainspec_fields():
+    import dataclasses
+    import inspect
+    import torchstage
+    from torchstage.runner.runner import Runner
+    from torchstage.runner.spec import TrainSpec
+    fields = [(f.name, f.default) for f in dataclasses.fields(TrainSpec) if f.init]
+    for train in (Runner.train, torchstage.SupervisedRunner.train):
+        assert "__signature__" not in vars(train)  # nothing patched at import time: the source has them
+        params = list(inspect.signature(train).parameters.values())
+        assert params[0].name == "self" and params[-1].kind is inspect.Parameter.VAR_KEYWORD  # Catalyst's names
+        assert [(p.name, p.default) for p in params[1:-1]] == fields
+        assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params[1:-1])
+    source = inspect.getsource(Runner.train)
+    assert all(f"{name}:" in source for name, _ in fields)
+
+
 def test_factory_datasets_may_name_any_loaders_and_valid_loader_is_checked_once_built():
     def make(num_features):
         X, y = regression_data(n=32, features=num_features)
@@ -110,3 +127,16 @@ def test_stages_sharing_datasets_build_them_once():
                    stages={"first": {"num_epochs": 1}, "second": {"num_epochs": 1}})
     assert calls == [4]
     assert runner.stage_loaders[0] is runner.stage_loaders[1]
+
+
+def test_a_requeued_slurm_job_resumes_from_last_and_says_so_once(monkeypatch, tmp_path, caplog):
+    from torchstage.runner.spec import make_spec
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    model = torch.nn.Linear(4, 1)
+    kwargs = dict(model=model, criterion=torch.nn.MSELoss(), optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                  loaders=regression_loaders(), logdir=str(tmp_path))
+    with caplog.at_level("INFO", logger="torchstage"):
+        spec = make_spec(SupervisedRunner(), kwargs)
+    assert spec.resume == "last"
+    assert sum("SLURM_RESTART_COUNT=1" in record.getMessage() for record in caplog.records) == 1

@@ -1,7 +1,5 @@
 """The callback contract: event methods, the order phases, the rank scope and cancel exceptions."""
-from enum import EnumMeta, IntEnum
-
-from torchstage.catalyst.names import callback_scope, enum_alias
+from enum import IntEnum
 
 EVENTS = (
     "on_experiment_start", "on_stage_start", "on_epoch_start", "on_loader_start", "on_batch_start",
@@ -10,16 +8,7 @@ EVENTS = (
 )
 
 
-class _Phases(EnumMeta):
-    """Resolves Catalyst 20.12's spellings of members (``CallbackOrder.external``) with a one-time note."""
-
-    def __getattr__(cls, name):
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return enum_alias(cls, name)
-
-
-class CallbackOrder(IntEnum, metaclass=_Phases):
+class CallbackOrder(IntEnum):
     """Phases of the chain; callbacks run in ascending order for every event (a stable sort)."""
 
     Internal = 0
@@ -33,17 +22,13 @@ class CallbackOrder(IntEnum, metaclass=_Phases):
     External = 200
 
 
-class CallbackScope(IntEnum, metaclass=_Phases):
-    """Where a callback runs: on every rank, or on the main rank only (loggers, progress, writes).
-
-    Catalyst 20.12 called this ``CallbackNode`` (``all``/``master``); its ``CallbackScope.stage/experiment``
-    (a callback's lifetime across stages) does not exist here and fails with an explanation.
-    """
+class CallbackScope(IntEnum):
+    """Where a callback runs: on every rank, or on the main rank only (loggers, progress, writes)."""
 
     All = 0
     Main = 1
     #: Every rank of a run of several processes, none of a single-process run (the hang watchdog, the
-    #: even-batches check): such a run pays nothing for them. (2 was Catalyst's refused ``worker`` node.)
+    #: even-batches check): such a run pays nothing for them.
     Distributed = 3
 
     def runs_on(self, engine) -> bool:
@@ -54,8 +39,7 @@ class CallbackScope(IntEnum, metaclass=_Phases):
 
 
 class EventMethods:
-    """The event methods, each a no-op called with the runner: overridden by callbacks, and by a runner written in
-    Catalyst 22's style (its own ``on_loader_end(self, runner)``)."""
+    """The event methods, each a no-op called with the runner; callbacks override them."""
 
     def on_experiment_start(self, runner): pass
     def on_stage_start(self, runner): pass
@@ -81,18 +65,18 @@ class Callback(EventMethods):
     #: the batch events of other loaders (a subclass that acts on every loader sets it back to False).
     train_batches_only: bool = False
 
-    def __init__(self, order: int = None, node: "CallbackScope" = None, *catalyst_scope, scope: "CallbackScope" = None):
-        """Optional instance settings: ``Callback(CallbackOrder.Metric, scope=CallbackScope.Main)``.
-
-        ``node`` is Catalyst 20.12's name for ``scope``; subclasses may also set class attributes instead.
-        """
+    def __init__(self, order: int = None, scope: CallbackScope = None):
+        """Optional instance settings: ``Callback(CallbackOrder.Metric, CallbackScope.Main)``; subclasses may also
+        set class attributes instead."""
         owner = type(self).__name__
         if order is not None:
             if isinstance(order, bool) or not isinstance(order, int):
                 raise TypeError(f"{owner}(): order must be an int such as CallbackOrder.Metric, got {order!r}")
             self.order = order
-        scope = callback_scope(owner, node, catalyst_scope, scope, CallbackScope)  # Catalyst 20.12's node=...
         if scope is not None:
+            if not isinstance(scope, CallbackScope):
+                raise TypeError(f"{owner}(): scope must be CallbackScope.All, .Main or .Distributed (which ranks "
+                                f"run the callback), got {scope!r}")
             self.scope = scope
 
     def state_dict(self) -> dict:

@@ -9,7 +9,8 @@ output. Giving ``output_key`` selects 20.12's meaning; ``input_key`` alone keeps
 """
 from torchstage.catalyst.callback_args22 import accuracy22, default_topk
 from torchstage.logging_setup import note_alias
-from torchstage.metrics import AccuracyMetric, FunctionalMetric, RenamedMetric
+from torchstage.catalyst.renamed import RenamedMetric
+from torchstage.metrics import AccuracyMetric, FunctionalMetric
 
 _BOTH = ("use input_key=<model output>, target_key=<target> (torchstage) or input_key=<target>, "
          "output_key=<model output> (Catalyst 20.12), not a mix")

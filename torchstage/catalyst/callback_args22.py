@@ -5,7 +5,8 @@ what differs is the metric names (``accuracy01`` for torchstage's ``accuracy``) 
 in 22 (``num_classes`` with ``target_key``, ``suffix``, ``log_on_batch``, ``metric_fn``/``metric_key``).
 """
 from torchstage.logging_setup import note_alias
-from torchstage.metrics import AccuracyMetric, FunctionalMetric, RenamedMetric
+from torchstage.catalyst.renamed import RenamedMetric
+from torchstage.metrics import AccuracyMetric, FunctionalMetric
 
 
 def default_topk(num_classes) -> list:

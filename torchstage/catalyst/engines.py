@@ -1,7 +1,5 @@
 """Catalyst 22's engine objects (``dl.CPUEngine()``, ``dl.GPUEngine()``) as torchstage Engines, each noted once;
 its distributed engines are refused with torchstage's spelling (``train(distributed=True)``)."""
-from collections.abc import Mapping
-
 from torchstage.logging_setup import note_alias
 from torchstage.strategies.engine import Engine
 
@@ -33,20 +31,3 @@ def _no_arguments(owner: str, args, kwargs) -> None:
     if args or kwargs:
         raise TypeError(f"dl.{owner}() takes no arguments here (Catalyst 22's were Accelerate settings); for mixed "
                         f"precision pass train(amp='bf16'/'fp16'), got {args or ''}{kwargs or ''}")
-
-
-def check_engine_and_loggers(engine, loggers, distributed=None) -> None:
-    """``train(engine=...)`` must be an Engine of a one-process run and ``train(loggers=...)`` a dict (checked
-    again per logger)."""
-    if engine is not None:
-        if not isinstance(engine, Engine):
-            raise TypeError(f"engine must be a torchstage Engine (such as dl.CPUEngine() or Engine(device='cpu')), "
-                            f"got {type(engine).__name__}")
-        if distributed:
-            raise ValueError("engine=... sets the device of a one-process run; with distributed=True each process "
-                             "takes its device from its rank: drop engine=...")
-        note_alias("train(engine=...)", "Runner(engine=...) or train(strategy=...)", version="22")
-    if loggers is not None:
-        if not isinstance(loggers, Mapping):
-            raise TypeError(f"loggers must be a dict name -> logger callback, got {type(loggers).__name__}")
-        note_alias("train(loggers={...})", "train(callbacks={...}) with logger callbacks", version="22")

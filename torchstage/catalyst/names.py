@@ -20,7 +20,7 @@ MODULE_ALIASES = {
 #: use; each notes torchstage's spelling once when built or called).
 CATALYST22_NAMES = {
     **dict.fromkeys(("PrecisionRecallF1SupportCallback", "MultilabelAccuracyCallback",
-                     "MultilabelPrecisionRecallF1SupportCallback"), "torchstage.callbacks.metrics.catalyst22"),
+                     "MultilabelPrecisionRecallF1SupportCallback"), "torchstage.catalyst.callbacks22"),
     **dict.fromkeys(("trace_model", "quantize_model", "prune_model", "onnx_export"),
                     "torchstage.catalyst.model_utils"),
 }

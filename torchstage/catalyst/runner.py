@@ -3,6 +3,7 @@ metric keys and its ``train()`` argument names (``fp16``, ``main_metric``...), e
 one-time note; also Catalyst 22's attribute names (``epoch_step``, ``sample_step``, ``loader_batch_len``).
 """
 from torchstage.logging_setup import note_alias
+from torchstage.runner.loop_state import EpochMetrics
 from torchstage.strategies.engine import Engine
 from torchstage.strategies.precision import FP16_OR_FULL
 
@@ -26,10 +27,19 @@ _APEX = ("apex was removed from torchstage: native autocast replaces opt_level '
 
 
 def translate_train_kwargs(kwargs: dict) -> dict:
-    """``train()`` keyword arguments with Catalyst 20.12 names replaced by torchstage's (each noted once)."""
-    if not any(name in kwargs for name in (*TRAIN_RENAMED, *TRAIN_GONE, *TRAIN_GONE_22, "ddp", "cpu")):
-        return kwargs
-    kwargs = dict(kwargs)
+    """``train()`` keyword arguments with Catalyst 20.12's and 22's names replaced by torchstage's (each noted
+    once); ``engine=`` and ``loggers=``, Catalyst 22's ways to give a run's parts, are noted."""
+    if any(name in kwargs for name in (*TRAIN_RENAMED, *TRAIN_GONE, *TRAIN_GONE_22, "ddp", "cpu")):
+        kwargs = _translated(dict(kwargs))
+    if kwargs.get("engine") is not None:
+        note_alias("train(engine=...)", "Runner(engine=...) or train(strategy=...)", version="22")
+    if kwargs.get("loggers") is not None:
+        note_alias("train(loggers={...})", "train(callbacks={...}) with logger callbacks", version="22")
+    return kwargs
+
+
+def _translated(kwargs: dict) -> dict:
+    """``kwargs`` (a copy) with Catalyst 20.12's names replaced, Catalyst 22's switches translated."""
     _translate_22(kwargs)
     for old, why in TRAIN_GONE.items():
         if old in kwargs:
@@ -96,6 +106,20 @@ def flat_epoch_metric(metrics: dict, key):
     raise KeyError(key)
 
 
+class FlatEpochMetrics(EpochMetrics):
+    """The loop's epoch metrics, a key they lack read as Catalyst 20.12's flat view of them (``["train_loss"]`` is
+    ``["train"]["loss"]``)."""
+
+    def __missing__(self, key):
+        return flat_epoch_metric(self, key)
+
+    def get(self, key, default=None):
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+
 class _Alias:
     """A Catalyst 20.12 runner attribute: reads torchstage's value (noting its name once); assignable."""
 
@@ -158,7 +182,7 @@ class CatalystAttributes:
     is_check_run = _Alias("runner.spec.check", lambda r: r.spec.check)
     state = _Alias("runner", lambda r: r)
     # Catalyst 22's names (runner.batch_step keeps torchstage's meaning, the batch within the loader, except on
-    # dl.IRunner: see runner/irunner.py)
+    # dl.IRunner: see catalyst/irunner.py)
     epoch_step = _Alias("runner.global_epoch_step", lambda r: r.global_epoch_step, version="22")
     sample_step = _Alias("runner.loop.run_sample_step (every loader's samples so far)",
                          lambda r: r.loop.run_sample_step, version="22")

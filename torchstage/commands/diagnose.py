@@ -3,7 +3,7 @@ import argparse
 import os
 import sys
 
-from torchstage.launch.collectives import FOLDER, agreement, describe, first_difference, read_dumps
+from torchstage.launch.flight_recorder import FOLDER, agreement, describe, first_difference, read_dumps
 
 EPILOG = f"""\
 examples:

@@ -2,7 +2,7 @@
 import argparse
 import sys
 
-from torchstage.files.plot import plot_logs
+from torchstage.files.reports.plot import plot_logs
 
 EPILOG = """\
 examples:

@@ -2,7 +2,7 @@
 import argparse
 import sys
 
-from torchstage.files.report import write_report
+from torchstage.files.reports.report import write_report
 
 EPILOG = """\
 examples:

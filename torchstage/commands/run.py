@@ -44,17 +44,28 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--dry-run", action="store_true",
                         help="print the merged config and the callback chain of each stage, build every "
                              "component, and exit without training")
+    add_allow_targets_argument(parser)
+    parser.set_defaults(func=run_command)
+
+
+def add_allow_targets_argument(parser) -> None:
+    """``--allow-targets``, for every command that builds components from a config (run, tune)."""
     parser.add_argument("--allow-targets", metavar="PREFIXES",
                         help="comma-separated module prefixes every _target_ must start with (e.g. "
-                             "torch,torchstage,mypkg); anything else is refused before it is imported. A config is "
-                             "code: only run configs you trust")
-    parser.set_defaults(func=run_command)
+                             "torch,torchstage,mypkg); anything else is refused before it is imported, and so is "
+                             "what reads files as code or starts processes even below them (docs/config.md). A "
+                             "config is code: only run configs you trust")
+
+
+def apply_allow_targets(args) -> None:
+    """The allow-list of ``--allow-targets`` for this process and the training processes it starts."""
+    if args.allow_targets:
+        os.environ[ALLOWED_TARGETS_VAR] = args.allow_targets
 
 
 def run_command(args) -> int:
     add_import_paths(args.config)
-    if args.allow_targets:
-        os.environ[ALLOWED_TARGETS_VAR] = args.allow_targets
+    apply_allow_targets(args)
     try:
         config = load_config(args.config, args.overrides)
         if not args.dry_run:

@@ -3,6 +3,7 @@ import argparse
 import logging
 import sys
 
+from torchstage.commands.run import add_allow_targets_argument, apply_allow_targets
 from torchstage.config.yaml_files import add_import_paths, load_config
 from torchstage.config.instantiate import ConfigError
 from torchstage.logging_setup import ensure_console_handler
@@ -36,12 +37,14 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--n-trials", type=int, default=None, help="finished trials to reach (tune.n_trials)")
     parser.add_argument("--storage", default=None, help="Optuna storage URL (tune.storage)")
     parser.add_argument("--study-name", default=None, help="study name (tune.study_name)")
+    add_allow_targets_argument(parser)
     parser.set_defaults(func=tune_command)
 
 
 def tune_command(args) -> int:
     ensure_console_handler()
     add_import_paths(args.config)  # modules beside a config, as torchstage run finds them
+    apply_allow_targets(args)
     try:
         config = load_config(args.config, args.overrides)
         study = tune(config, n_trials=args.n_trials, storage=args.storage, study_name=args.study_name)

@@ -25,6 +25,19 @@ def build_runner(node):
     return runner
 
 
+def runner_class(node) -> type:
+    """The runner class that a config's ``runner`` node names, imported and not built (the core Runner where the
+    node names no Runner class: ``build_runner`` says what is wrong with it)."""
+    if node is None or (isinstance(node, Mapping) and TARGET not in node):
+        node = {TARGET: DEFAULT_RUNNER}
+    target = node.get(TARGET) if isinstance(node, Mapping) else None
+    try:
+        cls = import_target(target, "runner") if isinstance(target, str) else None
+    except ConfigError:
+        cls = None
+    return cls if isinstance(cls, type) and issubclass(cls, Runner) else Runner
+
+
 def _components(node, path: str, build):
     """A component, or a mapping name -> component (several models/optimizers/...): ``build(node, path)`` each."""
     if is_component(node):
@@ -117,8 +130,8 @@ def build_datasets(node, path: str) -> dict:
                                 f"{{_target_: ...}}}}, got {type(node).__name__} {node!r:.50}")
     options = {key: value for key, value in node.items() if key in LOADER_OPTIONS}
     if TARGET in node:
-        fn = import_target(node[TARGET], path)
         kwargs = {key: value for key, value in node.items() if key not in LOADER_OPTIONS and key != TARGET}
+        fn = import_target(node[TARGET], path, kwargs)
         check_arguments(fn, kwargs, path, node[TARGET])
         return {**options, FACTORY: fn, **{key: instantiate(value, join(path, key)) for key, value in kwargs.items()}}
     datasets = dict(options)

@@ -7,6 +7,8 @@ import types
 import typing
 from collections.abc import Mapping
 
+from torchstage.config.refused_targets import refusal
+
 TARGET = "_target_"
 #: Comma-separated module prefixes a ``_target_`` must start with (``torchstage run --allow-targets``); unset: any.
 ALLOWED_TARGETS_VAR = "TORCHSTAGE_ALLOWED_TARGETS"
@@ -35,8 +37,9 @@ def is_component(node) -> bool:
     return isinstance(node, Mapping) and TARGET in node
 
 
-def import_target(target, path: str):
-    """The object named by a dotted import path such as ``torch.optim.lr_scheduler.MultiStepLR``."""
+def import_target(target, path: str, kwargs: Mapping = None):
+    """The object named by a dotted import path such as ``torch.optim.lr_scheduler.MultiStepLR``; under an
+    allow-list, refused unless it and where it is defined are allowed, for a call with ``kwargs`` (None: unknown)."""
     where = join(path, TARGET)
     if not isinstance(target, str) or not target or target.startswith(".") or ".." in target:
         raise ConfigError(where, f"expected an import path such as 'torch.nn.Linear', got {target!r}")
@@ -44,6 +47,10 @@ def import_target(target, path: str):
     if allowed and not _under(target, allowed):
         raise ConfigError(where, f"{target!r} is not under the allowed module prefixes {list(allowed)} "
                                  f"(--allow-targets / ${ALLOWED_TARGETS_VAR}); nothing was imported")
+    private = [part for part in target.split(".") if part.startswith("_") and not part.endswith("__")]
+    if allowed and private:
+        raise ConfigError(where, f"{target!r} names the private {private[0]!r}; with allowed module prefixes "
+                                 f"{list(allowed)} a _target_ names public classes and functions only")
     parts = target.split(".")
     module, tried = None, []
     for cut in range(len(parts), 0, -1):  # the longest importable prefix, then attributes
@@ -76,6 +83,10 @@ def import_target(target, path: str):
         raise ConfigError(where, f"{target!r} is a {type(obj).__name__}, not a class or function to call")
     if allowed:
         _check_defined_under(obj, target, where, allowed)
+        why = refusal(obj, kwargs)
+        if why is not None:
+            raise ConfigError(where, f"{target!r} is refused under --allow-targets even below an allowed prefix: "
+                                     f"{why}; nothing was called")
     return obj
 
 
@@ -206,7 +217,7 @@ def instantiate(node, path: str, **given):
     if not is_component(node):
         return {key: instantiate(value, join(path, key)) for key, value in node.items()}
     target = node[TARGET]
-    fn = import_target(target, path)
+    fn = import_target(target, path, {key: value for key, value in node.items() if key != TARGET})
     kwargs = coerce_numbers(fn, {key: value for key, value in node.items() if key != TARGET}, path, target)
     check_arguments(fn, {**kwargs, **given}, path, target, given=given)
     kwargs = {key: instantiate(value, join(path, key)) for key, value in kwargs.items()}

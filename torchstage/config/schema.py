@@ -5,7 +5,8 @@ import typing
 from collections.abc import Mapping
 
 from torchstage.config.instantiate import ConfigError, _matches, _scalar_kinds, join
-from torchstage.runner.spec import STAGE_KEYS, StageSpec, TrainSpec
+from torchstage.runner.spec import TrainSpec
+from torchstage.runner.spec_stages import STAGE_KEYS, StageSpec
 
 #: Top-level keys that are not ``train`` arguments.
 EXTRA_KEYS = ("runner",)

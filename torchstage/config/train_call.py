@@ -8,14 +8,14 @@ import re
 from collections.abc import Mapping
 
 from torchstage.config.components import (build_callbacks, build_datasets, build_models, build_optimizers,
-                                          build_runner, build_schedulers)
+                                          build_runner, build_schedulers, runner_class)
 from torchstage.config.schema import EXTRA_KEYS, check_config
 from torchstage.config.yaml_files import dump_config
-from torchstage.catalyst.runner import translate_train_kwargs
 from torchstage.config.instantiate import ConfigError, instantiate, join
 from torchstage.rng import set_seed
 from torchstage.runner.setup import prepare, train_in_world
-from torchstage.runner.spec import STAGE_KEYS, TrainSpec, make_spec
+from torchstage.runner.spec import TrainSpec, make_spec
+from torchstage.runner.spec_stages import STAGE_KEYS
 
 
 def build_train_call(config: Mapping):
@@ -93,10 +93,12 @@ def train_from_config(config: Mapping, dry_run: bool = False, callbacks: Mapping
 
 
 def with_defaults(config: Mapping) -> dict:
-    """A copy of ``config`` with Catalyst 20.12's argument names translated as ``train()`` translates them
-    (``fp16: true`` is ``amp: auto``) and ``seed`` filled in, so a saved config does not depend on a default."""
+    """A copy of ``config`` with its runner's spellings of train() arguments translated as ``train()`` translates
+    them (Catalyst's ``fp16: true`` is ``amp: fp16-or-full``) and ``seed`` filled in, so a saved config does not
+    depend on a default. The runner class is imported, not built: the translation reads only its class."""
+    cls = runner_class(config.get("runner"))
     try:
-        config = translate_train_kwargs(config)
+        config = cls.translate_train_kwargs(cls.__new__(cls), dict(config))
     except (TypeError, ValueError) as exc:
         raise ConfigError("", str(exc)) from exc
     return {**config, "seed": config.get("seed", TrainSpec().seed)}

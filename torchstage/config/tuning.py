@@ -107,7 +107,7 @@ def check_targets(config: Mapping) -> None:
     def walk(node, path):
         if isinstance(node, Mapping):
             if is_component(node):
-                import_target(node[TARGET], path)
+                import_target(node[TARGET], path, {key: value for key, value in node.items() if key != TARGET})
             for key, value in node.items():
                 if key != TARGET:
                     walk(value, join(path, key))

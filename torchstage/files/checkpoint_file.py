@@ -96,7 +96,7 @@ def load_file(path: str, map_location="cpu") -> dict:
         raise CheckpointError(
             f"refused to load {path!r}: it holds objects that only unpickling code could rebuild, and "
             f"torchstage loads checkpoints with weights_only=True so that no code from a file ever runs "
-            f"({_unpickling_reason(e)})") from None
+            f"({unpickling_reason(e)})") from None
     except (RuntimeError, EOFError, OSError, ValueError) as e:
         size = os.path.getsize(path)
         detail = "the file is empty (0 bytes)" if size == 0 else f"the file ({size} bytes) is truncated or damaged"
@@ -114,7 +114,7 @@ def load_file(path: str, map_location="cpu") -> dict:
 
 
 
-def _unpickling_reason(error) -> str:
+def unpickling_reason(error) -> str:
     """The line of torch's weights_only error that names the refused object."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     named = [line for line in lines if "Unsupported" in line or "global" in line.lower()]

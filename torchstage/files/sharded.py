@@ -20,6 +20,7 @@ import uuid
 import torch
 
 from torchstage.files.atomic import fsync_folder
+from torchstage.files.checkpoint_file import unpickling_reason as _unpickling_reason
 from torchstage.files.format import FORMAT, CheckpointError
 from torchstage.files.writer import hand_over
 
@@ -121,6 +122,8 @@ def load_sharded(path: str) -> dict:
     from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
+    from torch.distributed.checkpoint._traverse import set_element
+
     metadata = read_metadata(path)
 
     class SafeReader(FileSystemReader):
@@ -128,11 +131,33 @@ def load_sharded(path: str) -> dict:
             metadata.storage_meta.load_id = self.load_id
             return metadata
 
+    class SafePlanner(_EmptyStateDictLoadPlanner):
+        """DCP's planner, but the non-tensor values of the data files are read with ``weights_only=True`` (DCP's
+        own reads them with ``weights_only=False``, running whatever a crafted file pickled)."""
+
+        def load_bytes(self, read_item, value) -> None:
+            try:
+                loaded = torch.load(value, weights_only=True)
+            except pickle.UnpicklingError as e:
+                raise _Refused(f"a data file holds a value under {read_item.dest_index.fqn!r} that only unpickling "
+                               f"code could rebuild ({_unpickling_reason(e)}); torchstage does not run code from "
+                               f"checkpoint files") from None
+            if self.flatten_state_dict:
+                set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
+            else:
+                self.state_dict[read_item.dest_index.fqn] = loaded
+
     checkpoint = {}
     try:
-        _load_state_dict(checkpoint, storage_reader=SafeReader(path), planner=_EmptyStateDictLoadPlanner(),
-                         no_dist=True)
-    except (CheckpointException, RuntimeError, OSError, EOFError, ValueError, KeyError, AssertionError) as e:
+        _load_state_dict(checkpoint, storage_reader=SafeReader(path), planner=SafePlanner(), no_dist=True)
+    except _Refused as e:
+        raise CheckpointError(f"refused to load {path!r}: {e}") from None
+    except CheckpointException as e:  # DCP wraps what its reader raised, ours included
+        refused = [error for error in _wrapped_errors(e) if isinstance(error, _Refused)]
+        if refused:
+            raise CheckpointError(f"refused to load {path!r}: {refused[0]}") from None
+        raise CheckpointError(f"could not read sharded checkpoint {path!r}: {_first_line(e)}") from None
+    except (RuntimeError, OSError, EOFError, ValueError, KeyError, AssertionError) as e:
         raise CheckpointError(f"could not read sharded checkpoint {path!r}: {_first_line(e)}") from None
     if checkpoint.get("format") != FORMAT:
         raise CheckpointError(f"{path!r} is not a torchstage checkpoint: format is {checkpoint.get('format')!r}, "
@@ -161,6 +186,12 @@ def read_metadata(path: str):
     if getattr(metadata, "storage_meta", None) is None:
         metadata.storage_meta = StorageMeta()
     return metadata
+
+
+def _wrapped_errors(error) -> list:
+    """The exceptions a DCP ``CheckpointException`` carries from its ranks (its ``failures`` by rank)."""
+    failures = getattr(error, "failures", None) or {}
+    return [f[0] if isinstance(f, tuple) else f for f in failures.values()]
 
 
 def _first_line(error) -> str:

@@ -10,12 +10,15 @@ The launching process never trains: it waits for the workers and exits with thei
 import contextlib
 import faulthandler
 import logging
+import math
 import os
 from datetime import timedelta
+from numbers import Real
 
 import torch
 import torch.distributed as dist
 
+from torchstage.arguments import ArgumentError
 from torchstage.launch.local_launcher import relaunch_command, watch_parent
 from torchstage.launch.resolve import LAUNCHED_ENV, local_gpus, resolve_world, started_by_launcher
 from torchstage.launch.restarts import check_max_restarts, supervise
@@ -25,6 +28,9 @@ from torchstage.logging_setup import ensure_console_handler
 logger = logging.getLogger("torchstage")
 #: The world whose process group :func:`joined` initialised, while it is initialised.
 _joined = None
+#: The process group's collective timeout is ``hang_timeout`` plus this: the watchdog, which names the rank
+#: and shows its stack, speaks first; the group's timeout ends collectives no watchdog watches.
+GROUP_TIMEOUT_MARGIN = 60.0
 
 
 def in_world() -> bool:
@@ -64,6 +70,22 @@ def launch_and_exit(world: World, max_restarts: int = 0) -> None:
     logger.info("starting %d process%s (%s, ranks %d-%d of %d%s): %s", world.spawn, "es" if world.spawn > 1 else "",
                 world.backend, world.rank, world.rank + world.spawn - 1, world.world_size, restarts, " ".join(command))
     raise SystemExit(supervise(command, world, max_restarts))
+
+
+def check_hang_timeout(value, name: str = "timeout"):
+    """``value`` as seconds (a float > 0), or None when disabled (None or 0); an ArgumentError otherwise."""
+    if value is None or (isinstance(value, Real) and not isinstance(value, bool) and value == 0):
+        return None
+    if isinstance(value, bool) or not isinstance(value, Real) or not 0 < value < math.inf:
+        raise ArgumentError(name, f"must be a number of seconds > 0, or None/0 to disable hang detection, "
+                                  f"got {value!r}")
+    return float(value)
+
+
+def process_group_timeout(hang_timeout):
+    """The ``timedelta`` a run's process group gets for ``hang_timeout`` (None: torch's default)."""
+    seconds = check_hang_timeout(hang_timeout, "hang_timeout")
+    return None if seconds is None else timedelta(seconds=seconds + GROUP_TIMEOUT_MARGIN)
 
 
 @contextlib.contextmanager

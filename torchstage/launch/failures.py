@@ -12,7 +12,7 @@ import re
 import time
 from typing import Optional
 
-from torchstage.launch.collectives import agreement, call_site, first_difference
+from torchstage.launch.flight_recorder import agreement, call_site, first_difference
 
 FAILURE_DIR_ENV = "TORCHSTAGE_FAILURE_DIR"
 #: Words of gloo's and NCCL's own errors when the ranks ran different collectives (or different sizes in one).
@@ -21,7 +21,7 @@ _MISMATCH = ("collective mismatch", "op.preamble.length", "Received data size", 
 
 def record_failure(rank: int, error, position: dict, collectives: list = None) -> None:
     """Write ``rank``'s failure record: ``error`` (an exception, or what happened as text), where, and the last
-    collectives it ran (see :mod:`torchstage.launch.collectives`). Never raises: the run is failing already.
+    collectives it ran (see :mod:`torchstage.launch.flight_recorder`). Never raises: the run is failing already.
 
     An error that says which rank caused it (an ``origin_rank`` attribute: a NaN seen on one rank stops all) keeps
     that rank in the record."""

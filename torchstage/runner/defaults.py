@@ -94,7 +94,6 @@ def default_callbacks(runner, spec=None, *, evaluate: bool = False) -> dict:
         valid_every = ValidEveryCallback(spec.valid_every)
     with named_as(timeout="hang_timeout"):
         watchdog = HangWatchdog(spec.hang_timeout)
-    _check_needs_logdir(spec)
     chain = {"loop": LoopCallback(), "watchdog": watchdog, "even_batches": EvenBatchesCallback(),
              "nonfinite": NonFiniteLossCallback(), "averaging": MetricsAveragingCallback()}
     if any(is_stateful_loader(loader) for stage in spec.stage_specs for loader in (stage.loaders or {}).values()):
@@ -138,16 +137,6 @@ def _pass_chain(runner, evaluate: bool) -> dict:
         if runner.loss_callback is not None and runner.criterion is not None:
             chain["criterion"] = runner.loss_callback()
     return chain
-
-
-def _check_needs_logdir(spec) -> None:
-    """Arguments that only configure a logdir's files are refused without one (they would do nothing)."""
-    if spec.logdir is not None:
-        return
-    if spec.load_best_on_end:
-        raise ValueError("load_best_on_end=True needs a logdir to write best.pth in; pass logdir=...")
-    if spec.log_period is not None:
-        raise ValueError(f"log_period={spec.log_period!r} writes TensorBoard scalars and needs a logdir")
 
 
 def _check_optimizer_args(spec, defaults: dict, chains: list) -> None:

@@ -1,13 +1,9 @@
-"""A trained model out of the runner: ``runner.trace`` (TorchScript or ``torch.export``) and ``runner.infer``
-(a pass of the callback chain over inference loaders), the two Catalyst 20.12 methods with no other home."""
+"""A trained model out of the runner: ``runner.trace`` (TorchScript or ``torch.export``), the Catalyst 20.12 method
+with no other home."""
 import os
 
 import torch
 
-from torchstage.callbacks.base import Callback, CancelStage
-from torchstage.files.checkpoint import load_checkpoint
-from torchstage.runner.chain import merge_chain
-from torchstage.runner.defaults import default_callbacks
 from torchstage.runner.inference import ready
 
 BACKENDS = ("jit", "export")
@@ -94,40 +90,3 @@ def _save(traced, logdir, backend: str, mode: str, requires_grad: bool) -> str:
     else:
         torch.export.save(traced, path)
     return path
-
-
-def use_model(runner, model, resume, what: str) -> None:
-    """``model=`` replaces the runner's model; ``resume=`` loads a checkpoint's model weights into it."""
-    if model is not None:
-        runner.model = model
-    ready(runner, what)
-    if resume is not None:
-        runner.load_state_dict(load_checkpoint(os.fspath(resume)), weights_only=True)
-
-
-def infer(runner, model=None, loaders=None, callbacks=None, resume=None, **unsupported):
-    """Run every loader of ``loaders`` once through ``handle_batch`` and ``callbacks`` (eval mode, no grad).
-
-    Callbacks read ``runner.batch`` (inputs and model outputs) per batch, e.g. to collect predictions.
-    ``resume``: a checkpoint whose model weights are loaded first. Returns the runner.
-    """
-    if unsupported:
-        raise TypeError(f"infer() got argument(s) {sorted(unsupported)} it does not take; it takes model, loaders, "
-                        f"callbacks and resume")
-    if not isinstance(loaders, dict) or not loaders:
-        raise TypeError(f"infer() needs loaders={{name: loader}}, got {loaders!r:.80}")
-    training = [name for name in loaders if str(name).startswith("train")]
-    if training:
-        raise ValueError(f"infer(): loaders {training} would train (their names start with 'train'); rename them, "
-                         f"e.g. 'infer'")
-    use_model(runner, model, resume, "infer")
-    items = callbacks.items() if isinstance(callbacks, dict) else enumerate(callbacks or ())
-    for key, callback in items:
-        if not isinstance(callback, Callback):
-            raise TypeError(f"callbacks[{key!r}] must be a torchstage Callback, got {type(callback).__name__}")
-    runner.set_callbacks(merge_chain(default_callbacks(runner), callbacks))
-    runner.stage_key, runner.num_epochs, runner.epoch, runner.loaders = "infer", 1, 0, dict(loaders)
-    runner.global_epoch_step = runner.global_batch_step = runner.global_sample_step = 0
-    runner.epoch_metrics = {}
-    runner._run_event("stage", runner._run_epochs, CancelStage)
-    return runner

@@ -7,8 +7,8 @@ too, with the line it left from: its peers only see their connections close.
 import sys
 import traceback
 
-from torchstage.launch.collectives import TAIL, recent, write_dump
 from torchstage.launch.failures import record_failure, where
+from torchstage.launch.flight_recorder import TAIL, recent, write_dump
 
 
 def record_run_failure(runner, exc: BaseException) -> None:

@@ -1,11 +1,15 @@
-"""Inference with a runner: model outputs batch by batch, and the metrics of one pass without training."""
+"""Inference with a runner: model outputs batch by batch, the metrics of one pass without training, and
+``runner.infer``'s pass of the callback chain over inference loaders."""
+import os
+
 import torch
 
-from torchstage.callbacks.base import Callback, CancelStage
+from torchstage.callbacks.base import CancelStage
 from torchstage.callbacks.checkpoints.checkpoint_saver import CheckpointCallback
 from torchstage.callbacks.safety.watchdog import HangWatchdog
-from torchstage.named import each
-from torchstage.runner.chain import merge_chain
+from torchstage.files.checkpoint import load_checkpoint
+from torchstage.one_or_many import each
+from torchstage.runner.chain import check_callbacks, merge_chain
 from torchstage.runner.defaults import default_callbacks
 from torchstage.runner.errors import RunnerException
 from torchstage.runner.loop_state import LoopState
@@ -21,6 +25,15 @@ def ready(runner, what: str) -> None:
     if runner.spec is None:  # train() has not placed the models
         for model in each(runner.model):
             model.to(runner.engine.device)
+
+
+def use_model(runner, model, resume, what: str) -> None:
+    """``model=`` replaces the runner's model; ``resume=`` loads a checkpoint's model weights into it."""
+    if model is not None:
+        runner.model = model
+    ready(runner, what)
+    if resume is not None:
+        runner.load_state_dict(load_checkpoint(os.fspath(resume)), weights_only=True)
 
 
 def predict_loader(runner, loader, to_cpu: bool = False):
@@ -46,10 +59,7 @@ def evaluate_loader(runner, loader, callbacks=None, criterion=None) -> dict:
     Returns the loader metrics; the runner's own state (chain, counters, metrics) is left as it was.
     """
     ready(runner, "evaluate_loader")
-    items = callbacks.items() if isinstance(callbacks, dict) else enumerate(callbacks or ())
-    for key, callback in items:
-        if not isinstance(callback, Callback):
-            raise TypeError(f"callbacks[{key!r}] must be a torchstage Callback, got {type(callback).__name__}")
+    for key, callback in check_callbacks(callbacks):
         if isinstance(callback, CheckpointCallback):  # as Catalyst 22 refused it (IRunnerError)
             raise RunnerException(f"callbacks[{key!r}]: a CheckpointCallback has nothing to save in "
                                   f"evaluate_loader, which trains nothing; drop it")
@@ -67,6 +77,31 @@ def evaluate_loader(runner, loader, callbacks=None, criterion=None) -> dict:
     finally:
         runner.loop, runner.callbacks, runner._handlers, runner.criterion = saved
         torch.set_grad_enabled(grad)
+
+
+def infer(runner, model=None, loaders=None, callbacks=None, resume=None, **unsupported):
+    """Run every loader of ``loaders`` once through ``handle_batch`` and ``callbacks`` (eval mode, no grad).
+
+    Callbacks read ``runner.batch`` (inputs and model outputs) per batch, e.g. to collect predictions.
+    ``resume``: a checkpoint whose model weights are loaded first. Returns the runner.
+    """
+    if unsupported:
+        raise TypeError(f"infer() got argument(s) {sorted(unsupported)} it does not take; it takes model, loaders, "
+                        f"callbacks and resume")
+    if not isinstance(loaders, dict) or not loaders:
+        raise TypeError(f"infer() needs loaders={{name: loader}}, got {loaders!r:.80}")
+    training = [name for name in loaders if str(name).startswith("train")]
+    if training:
+        raise ValueError(f"infer(): loaders {training} would train (their names start with 'train'); rename them, "
+                         f"e.g. 'infer'")
+    use_model(runner, model, resume, "infer")
+    check_callbacks(callbacks)
+    runner.set_callbacks(merge_chain(default_callbacks(runner), callbacks))
+    runner.stage_key, runner.num_epochs, runner.epoch, runner.loaders = "infer", 1, 0, dict(loaders)
+    runner.global_epoch_step = runner.global_batch_step = runner.global_sample_step = 0
+    runner.epoch_metrics = {}
+    runner._run_event("stage", runner._run_epochs, CancelStage)
+    return runner
 
 
 def _to_cpu(obj):

@@ -7,22 +7,11 @@ from dataclasses import dataclass, field, fields
 from operator import attrgetter
 from typing import Any, Optional
 
-from torchstage.catalyst.runner import flat_epoch_metric
 from torchstage.stop_request import StopRequest
 
 
 class EpochMetrics(dict):
-    """``{loader: {metric: value}}`` of the current epoch, written by the loop; a key it lacks is read as Catalyst
-    20.12's flat view of them (``["train_loss"]`` is ``["train"]["loss"]``)."""
-
-    def __missing__(self, key):
-        return flat_epoch_metric(self, key)
-
-    def get(self, key, default=None):
-        try:
-            return self[key]
-        except KeyError:
-            return default
+    """``{loader: {metric: value}}`` of the current epoch, written by the loop."""
 
 
 @dataclass
@@ -106,9 +95,10 @@ def expose_loop_state(cls):
 
 
 def _setter(name):
-    if name == "epoch_metrics":  # a dict assigned (a checkpoint's metrics) keeps the flat view
+    if name == "epoch_metrics":  # a dict assigned (a checkpoint's metrics) becomes the runner's mapping type
         def set_metrics(self, value):
-            self.loop.epoch_metrics = value if isinstance(value, EpochMetrics) or value is None else EpochMetrics(value)
+            kind = self.epoch_metrics_type
+            self.loop.epoch_metrics = value if isinstance(value, kind) or value is None else kind(value)
         return set_metrics
 
     def set_field(self, value):

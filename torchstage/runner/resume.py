@@ -17,7 +17,6 @@ from torchstage.data.reshard import order_kind, pass_order, resume_shard
 from torchstage.runner.loop_state import dataset_size
 from torchstage.runner.resume_checks import apply_after_load, check_before_load, report_epochs
 from torchstage.launch.resolve import RESTART_ENV, job_identity, restart_attempt, same_job
-from torchstage.launch.slurm.requeue import resume_after_requeue
 from torchstage.runner.errors import LogdirHoldsRun
 from torchstage.runner.loop_state import ResumePoint
 from torchstage.rng import set_rng_state
@@ -72,11 +71,10 @@ def checkpoint_to_resume(spec, engine, chains):
     return path, checkpoint if checkpoint is not None else load_checkpoint(path)
 
 
-def resume_of_this_attempt(resume, requeue):
-    """``'last'`` for a job that its scheduler or launcher restarted (a SLURM requeue unless ``requeue=False``,
-    ``torchrun --max-restarts``, ``train(max_restarts=...)``) and that names no checkpoint: the unchanged script
-    continues its own run; else ``resume``."""
-    resume = resume_after_requeue(resume, requeue)  # SLURM's requeue, unless requeue=False
+def resume_of_this_attempt(resume):
+    """``'last'`` for a job that its launcher restarted (``torchrun --max-restarts``, ``train(max_restarts=...)``)
+    and that names no checkpoint: the unchanged script continues its own run; else ``resume`` (a SLURM requeue is
+    :func:`~torchstage.launch.slurm.requeue.check_requeue_arg`'s, applied before)."""
     attempt = restart_attempt({name: os.environ.get(name, "") for name in ("TORCHELASTIC_RESTART_COUNT", RESTART_ENV)})
     if resume is None and attempt > 0:
         return "last"

@@ -5,7 +5,7 @@ import logging
 import torch
 
 from torchstage.files.format import CheckpointError, clean_state_dict
-from torchstage.named import named
+from torchstage.one_or_many import named
 
 logger = logging.getLogger("torchstage")
 

@@ -1,25 +1,23 @@
 """The Runner: experiment -> stages -> epochs -> loaders -> batches, each level run by one helper."""
 import logging
-
-import torch
+from collections.abc import Mapping
+from typing import Any, Optional
 
 from torchstage.callbacks.base import (EVENTS, CallbackScope, CancelBatch, CancelEpoch, CancelLoader, CancelRun,
                                        CancelStage)
-from torchstage.catalyst.runner import CatalystAttributes, refuse_ignored_getters
 from torchstage.data.prefetch import prefetch_to_device
 from torchstage.files.lock import LogdirLock
 from torchstage.files.writer import FileWriter
 from torchstage.launch.failures import record_stop
-from torchstage.named import map_named
+from torchstage.one_or_many import map_named
 from torchstage.rng import set_seed
 from torchstage.runner import export, inference
 from torchstage.runner.defaults import default_callbacks
 from torchstage.runner.failure_record import record_run_failure
-from torchstage.runner.loop_state import LoopState, expose_loop_state
-from torchstage.runner.own_hooks import RunnerHooks, overridden_hooks, with_runner_hooks
+from torchstage.runner.loop_state import EpochMetrics, LoopState, expose_loop_state
 from torchstage.runner.resume import loader_batches, remaining_loaders
 from torchstage.runner.setup import train_in_world
-from torchstage.runner.spec import TrainSpec, make_spec
+from torchstage.runner.spec import TrainSpec, make_spec, passes_arguments_as_given
 from torchstage.runner.state import load_runner_state_dict, runner_state_dict
 from torchstage.stop_request import RunStopped
 from torchstage.strategies.engine import Engine
@@ -29,17 +27,13 @@ logger = logging.getLogger("torchstage")
 
 
 @expose_loop_state
-class Runner(CatalystAttributes, RunnerHooks):
+class Runner:
     """Drives a run and fires every event through the callback chain.
 
     Subclass and override :meth:`handle_batch` for custom training steps (GANs, multi-model runs);
     :class:`~torchstage.SupervisedRunner` is the ready-made one for ``model(input) -> output`` tasks.
     The loop's position and counters live in ``runner.loop`` (a :class:`~torchstage.runner.loop_state.LoopState`),
     each field also readable and writable as an attribute (``runner.epoch``, ``runner.batch_step``...).
-    Catalyst 20.12's ``_handle_batch(batch)`` override and attribute names also work, through the one base
-    class :class:`~torchstage.catalyst.runner.CatalystAttributes`. A subclass may also override the event methods
-    (``on_loader_end(self, runner)``...): they run around the callbacks as in Catalyst 22
-    (:mod:`torchstage.runner.own_hooks`).
     """
 
     #: Metric names this runner's handle_batch writes; ``None`` means unknown until the first loader.
@@ -48,10 +42,10 @@ class Runner(CatalystAttributes, RunnerHooks):
     requires = ()
     #: A method making the loss callback that ``evaluate_loader`` adds when there is a criterion (None: no loss).
     loss_callback = None
+    #: The mapping type of ``epoch_metrics``: a dict assigned to it becomes one (a subclass may read keys otherwise).
+    epoch_metrics_type = EpochMetrics
 
     def __init__(self, model=None, engine=None, device=None):
-        if isinstance(engine, (str, torch.device)):  # Catalyst 20.12's Runner(model, device)
-            engine, device = None, engine
         if device is not None:
             if engine is not None:
                 raise TypeError("give engine=... or device=..., not both")
@@ -105,7 +99,7 @@ class Runner(CatalystAttributes, RunnerHooks):
         """Yield :meth:`predict_batch` for each batch of ``loader`` (eval mode, no grad; on CPU if ``to_cpu``);
         ``model=``/``resume=`` (a checkpoint path) set the model first."""
         if model is not None or resume is not None:
-            export.use_model(self, model, resume, "predict_loader")
+            inference.use_model(self, model, resume, "predict_loader")
         return inference.predict_loader(self, loader, to_cpu=to_cpu)
 
     def trace(self, *, model=None, batch=None, loader=None, logdir=None, backend: str = "jit", **options):
@@ -115,13 +109,13 @@ class Runner(CatalystAttributes, RunnerHooks):
 
     def infer(self, *, loaders, model=None, callbacks=None, resume=None, **unsupported) -> "Runner":
         """One pass of ``handle_batch`` and ``callbacks`` over inference ``loaders`` (eval mode, no grad)."""
-        return export.infer(self, model=model, loaders=loaders, callbacks=callbacks, resume=resume, **unsupported)
+        return inference.infer(self, model=model, loaders=loaders, callbacks=callbacks, resume=resume, **unsupported)
 
     def evaluate_loader(self, loader, callbacks=None, criterion=None, *, model=None, seed: int = None) -> dict:
         """The loader metrics of one pass over ``loader`` without training (loss with ``criterion`` or the runner's);
         ``model=`` replaces the runner's model first and ``seed=`` seeds the pass (both Catalyst 22's arguments)."""
         if model is not None:
-            export.use_model(self, model, None, "evaluate_loader")
+            inference.use_model(self, model, None, "evaluate_loader")
         if seed is not None:
             set_seed(seed)
         return inference.evaluate_loader(self, loader, callbacks=callbacks, criterion=criterion)
@@ -142,10 +136,65 @@ class Runner(CatalystAttributes, RunnerHooks):
         return {}
 
     # ---- entry point ---------------------------------------------------------------------
-    def train(self, **kwargs) -> "Runner":
-        """Check every argument, then run all stages; see :class:`~torchstage.runner.spec.TrainSpec`."""
-        refuse_ignored_getters(self)
-        return train_in_world(self, make_spec(self, kwargs))
+    def _train(self, given: dict) -> "Runner":
+        """``train()`` with its keyword arguments as given: check every one, then run all stages."""
+        return train_in_world(self, make_spec(self, given))
+
+    @passes_arguments_as_given(_train)
+    def train(self, *,
+              # data and stages
+              model: Any = None, criterion: Any = None, optimizer: Any = None, scheduler: Any = None,
+              loaders: Optional[Mapping] = None, datasets: Optional[dict] = None, callbacks: Any = None,
+              num_epochs: int = 1, valid_loader: str = "valid", valid_metric: str = "loss",
+              minimize_valid_metric: bool = True, stages: Optional[Mapping] = None,
+              # optimization
+              scheduler_step: str = "epoch", accumulation_steps: int = 1, grad_clip_norm: Optional[float] = None,
+              grad_clip_value: Optional[float] = None, amp: Any = None, compile: Any = False,
+              channels_last: bool = False,
+              # checkpoints and resume
+              logdir: Optional[str] = None, resume: Optional[str] = None, overwrite: bool = False,
+              resume_lr: str = "refuse", checkpoint_period: Any = None, topk: int = 0, load_best_on_end: bool = False,
+              requeue: Optional[bool] = None,
+              # run control
+              seed: int = 42, deterministic: bool = False, verbose: bool = False, check: bool = False,
+              overfit: Any = False, timeit: bool = False, monitor: bool = False, valid_every: int = 1,
+              valid_period: Any = None, log_period: Any = None, loggers: Optional[Mapping] = None,
+              # processes and strategy
+              distributed: Optional[bool] = None, nprocs: Optional[int] = None, strategy: Any = "ddp",
+              engine: Any = None, prefetch: bool = False, hang_timeout: Optional[float] = 300,
+              max_restarts: Optional[int] = None,
+              **more) -> "Runner":
+        """Check every argument (each error names it, before training), then run all stages. docs/api.md has a row
+        per argument; each part of :class:`~torchstage.runner.spec.TrainSpec` checks its own.
+
+        Data and stages: ``model`` (a module or a dict of them), ``criterion``, ``optimizer``, ``scheduler``,
+        ``loaders`` (name -> iterable; ``train*`` loaders train) or ``datasets`` (built in each process),
+        ``callbacks`` (list or name -> callback, added to the default chain), ``num_epochs``, ``valid_loader``,
+        ``valid_metric`` and ``minimize_valid_metric`` (best checkpoint, early stopping), ``stages`` (name -> these
+        keys, each stage inheriting the rest).
+
+        Optimization: ``scheduler_step`` ("epoch" or "batch"), ``accumulation_steps``, ``grad_clip_norm``,
+        ``grad_clip_value``, ``amp`` ("bf16", "fp16", "auto"...), ``compile`` (``torch.compile``, True or its
+        arguments), ``channels_last``.
+
+        Checkpoints and resume: ``logdir``, ``resume`` ("last", "auto" or a path), ``overwrite``, ``resume_lr``
+        ("refuse", "new", "checkpoint"), ``checkpoint_period``, ``topk``, ``load_best_on_end``, ``requeue`` (SLURM).
+
+        Run control: ``seed``, ``deterministic``, ``verbose``, ``check`` (a 2-batch smoke run), ``overfit``,
+        ``timeit``, ``monitor``, ``valid_every``, ``valid_period``, ``log_period``, ``loggers``.
+
+        Processes and strategy: ``distributed`` (None: join a launched world; True: also launch one),
+        ``nprocs``, ``strategy`` ("ddp", "fsdp", "deepspeed" or a strategy object), ``engine``, ``prefetch``,
+        ``hang_timeout``, ``max_restarts``.
+
+        ``**more``: other libraries' names for these (Catalyst's ``fp16=``, ``main_metric=``, ``ddp=``...), which
+        the runner translates; any other name is refused, with the closest accepted one.
+        """
+
+    def translate_train_kwargs(self, kwargs: dict) -> dict:
+        """``train()``'s keyword arguments as torchstage names them (here: as given); a subclass may accept other
+        spellings of train() arguments. ``make_spec`` calls it first, for ``train()`` and a config alike."""
+        return kwargs
 
     def run(self) -> "Runner":
         """Run the prepared experiment; fires ``on_exception`` (then re-raises) if anything fails.
@@ -251,8 +300,12 @@ class Runner(CatalystAttributes, RunnerHooks):
         """Install an ordered name -> callback chain and index its handlers per event."""
         self.callbacks = callbacks
         active = [cb for cb in callbacks.values() if CallbackScope(cb.scope).runs_on(self.engine)]
-        hooks = overridden_hooks(self)  # the runner's own on_* methods, where its class overrides them
-        self._handlers = {event: with_runner_hooks(event, active, hooks) for event in EVENTS}
+        self._handlers = self.chain_handlers(active)
+
+    def chain_handlers(self, active: list) -> dict:
+        """Event -> the methods that handle it, in chain order: those of the ``active`` callbacks that override it
+        (a subclass may add its own methods to them)."""
+        return {event: [getattr(cb, event) for cb in active if cb.handles(event)] for event in EVENTS}
 
     def state_dict(self) -> dict:
         """The whole run as a checkpoint dict (models, optimizers, loop position, RNG...)."""

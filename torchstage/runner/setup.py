@@ -5,25 +5,24 @@ from dataclasses import replace
 
 import torch
 
-from torchstage.callbacks.safety.watchdog import process_group_timeout
 from torchstage.callbacks.training.optimizer import OptimizerCallback
 from torchstage.data.datasets import build_loaders
 from torchstage.data.loaders import distribute_loaders
 from torchstage.data.fork_check import warn_forked_workers
 from torchstage.files.lock import LogdirLock
-from torchstage.launch.collectives import point_dumps_to
-from torchstage.launch.enter import run_in_world
+from torchstage.launch.enter import process_group_timeout, run_in_world
+from torchstage.launch.flight_recorder import point_dumps_to
 from torchstage.launch.resolve import restart_attempt
 from torchstage.launch.world import World
 from torchstage.logging_setup import ensure_console_handler
-from torchstage.named import each, map_named, named
+from torchstage.one_or_many import each, map_named, named
 from torchstage.rng import set_seed
 from torchstage.runner.chain import describe_chain
-from torchstage.runner.component_checks import check_scheduler_steps
-from torchstage.runner.features import compile_models
+from torchstage.runner.compile import compile_models
 from torchstage.runner.loop_state import LoopState
 from torchstage.runner.resume import checkpoint_to_resume, restore
-from torchstage.runner.spec import check_loader_names
+from torchstage.runner.spec_optimization import check_scheduler_steps
+from torchstage.runner.spec_stages import check_built_loaders
 from torchstage.strategies.engine import Engine
 from torchstage.strategies.single import StepPlan
 
@@ -59,9 +58,10 @@ def prepare(runner, spec, world: World = None) -> None:
     ensure_console_handler()
     runner.spec = spec
     world = world or World()
-    if spec.engine is not None and world.is_distributed:
-        raise ValueError(f"train(engine={spec.engine!r}) sets the device of a one-process run, but this run has "
-                         f"{world.world_size} processes, whose devices come from their ranks; drop engine=...")
+    if spec.engine is not None and (spec.distributed or world.is_distributed):  # the one check of this rule
+        why = "distributed=True" if spec.distributed else f"the {world.world_size} processes a launcher started"
+        raise ValueError(f"engine=... sets the device of a one-process run; with {why} each process takes its "
+                         f"device from its rank: drop engine=... (got {spec.engine!r})")
     runner.engine = run_engine(spec.engine or runner.engine, world, spec)
     set_seed(spec.seed + runner.engine.rank, spec.deterministic)
     runner.model = spec.model
@@ -72,7 +72,7 @@ def prepare(runner, spec, world: World = None) -> None:
     compile_models(runner, spec.compile)
     runner.stage_loaders = stage_loaders(spec, runner.engine)
     for stage, loaders in zip(spec.stage_specs, runner.stage_loaders):
-        check_loader_names(stage, loaders)
+        check_built_loaders(stage, loaders)
         check_scheduler_steps(stage, loaders)
     runner.stage_callbacks = spec.stage_chains
     for stage, chain, loaders in zip(spec.stage_specs, runner.stage_callbacks, runner.stage_loaders):

@@ -6,7 +6,7 @@ import torch
 
 from torchstage.files.format import FORMAT, CheckpointError, clean_state_dict
 from torchstage.launch.resolve import job_identity, restart_attempt
-from torchstage.named import named
+from torchstage.one_or_many import named
 from torchstage.rng import get_rng_state, set_rng_state, set_seed
 from torchstage.version import __version__
 

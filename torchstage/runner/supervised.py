@@ -4,7 +4,6 @@ import torch
 from torchstage.callbacks.training.optimizer import OptimizerCallback
 from torchstage.callbacks.training.output_losses import OutputLossesCallback, as_terms
 from torchstage.callbacks.training.loss_checks import missing_key_message
-from torchstage.catalyst.runner import catalyst_target_key
 from torchstage.runner.runner import Runner
 
 
@@ -21,10 +20,8 @@ class SupervisedRunner(Runner):
     _plain = False
 
     def __init__(self, model=None, engine=None, input_key="features", output_key="logits",
-                 target_key="targets", loss_key="loss", device=None, input_target_key=None):
+                 target_key="targets", loss_key="loss", device=None):
         super().__init__(model=model, engine=engine, device=device)
-        if input_target_key is not None:  # Catalyst 20.12's name
-            target_key = catalyst_target_key(target_key, input_target_key)
         self.input_key, self.output_key = input_key, output_key
         self.target_key, self.loss_key = target_key, loss_key
         #: one input and one output name and the stock forward: (x, y) batches take the short path

@@ -9,7 +9,7 @@ import torch
 from tests.helpers import tiny_run
 from torchstage import Callback, HangWatchdog
 from torchstage.callbacks.safety.hang_report import hang_report
-from torchstage.callbacks.safety.watchdog import process_group_timeout
+from torchstage.launch.enter import process_group_timeout
 
 
 def train(**kwargs):

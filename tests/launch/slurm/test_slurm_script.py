@@ -200,3 +200,22 @@ def test_docs_torchrun_job_example_builds_and_passes_bash_n(tmp_path):
     assert "--nproc-per-node=4" in text and "source .venv/bin/activate\nexport OMP_NUM_THREADS=8" in text
     (tmp_path / "job.sbatch").write_text(text)
     assert subprocess.run(["bash", "-n", str(tmp_path / "job.sbatch")]).returncode == 0
+
+
+def test_tasks_that_split_a_nodes_gpus_unevenly_are_refused_with_both_layouts_that_work():
+    with pytest.raises(SlurmScriptError, match=r"ntasks_per_node=2 with gpus_per_node=4: .*ntasks_per_node=4 "
+                                               r"\(one task per GPU\) or 1"):
+        SbatchOptions("python train.py", gpus_per_node=4, ntasks_per_node=2)
+    args = parse(["--gpus-per-node", "4", "--ntasks-per-node", "2", "--", "python", "train.py"])
+    assert run_slurm_command(args) != 0
+    for tasks in (1, 4):  # one task per node (spawning per GPU) or one per GPU
+        assert f"--ntasks-per-node={tasks}" in build_sbatch_script(
+            SbatchOptions("python train.py", gpus_per_node=4, ntasks_per_node=tasks))
+
+
+def test_requeue_without_a_signal_gets_the_warning_that_lets_the_run_checkpoint():
+    lines = build_sbatch_script(SbatchOptions("python train.py", requeue=True)).splitlines()
+    assert "#SBATCH --signal=USR1@120" in lines and "#SBATCH --requeue" in lines
+    lines = build_sbatch_script(SbatchOptions("python train.py", requeue=True, signal="USR2@300")).splitlines()
+    assert [line for line in lines if "--signal" in line] == ["#SBATCH --signal=USR2@300"]
+    assert not any("--signal" in line for line in build_sbatch_script(SbatchOptions("python train.py")).splitlines())

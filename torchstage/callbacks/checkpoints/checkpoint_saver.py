@@ -8,8 +8,6 @@ import json
 import math
 import os
 
-from torchstage.catalyst.callback_args import renamed_argument
-from torchstage.catalyst.checkpoint_args import POSITIONAL_HINT, catalyst22_checkpoint_args
 from torchstage.arguments import ArgumentError
 from torchstage.callbacks.base import Callback, CallbackOrder
 from torchstage.callbacks.training.nonfinite import NonFiniteLossCallback, check_finite_state
@@ -29,32 +27,18 @@ class CheckpointCallback(Callback):
     default none, since the best epoch is ``best.pth`` already (one ``epoch-NNNN.pth`` would be its copy).
     ``load_best_on_end``: load ``best.pth`` weights into the model when the run ends (not after a stop).
     The best score and top-k list are tracked per stage (a new stage may optimise another loss).
-
-    Catalyst 22's arguments (``loader_key``, ``metric_key``, ``minimize``, ``mode``...) are accepted by name: the
-    best epoch is then judged by that loader's metric instead of the run's ``valid_metric``, and ``logdir`` is the
-    checkpoint folder itself (see :mod:`torchstage.catalyst.checkpoint_args` for the file names).
     """
 
     order = CallbackOrder.Checkpoint
     name = "checkpoint"
 
-    def __init__(self, logdir: str = None, period=Epoch(1), topk: int = 0, load_best_on_end: bool = False, *,
-                 save_n_best: int = None, loader_key: str = None, metric_key: str = None, minimize: bool = None,
-                 mode: str = None, save_last: bool = None, save_best: bool = None, resume_model: str = None,
-                 resume_runner: str = None):
-        topk = renamed_argument("CheckpointCallback", "save_n_best", save_n_best, "topk", topk, default=0)
-        #: Catalyst 22's arguments: logdir is the folder itself, the best judged by loader_key/metric_key/minimize
-        self.catalyst22 = catalyst22_checkpoint_args(logdir, loader_key, metric_key, minimize, mode,
-                                                     save_last, save_best, resume_model, resume_runner)
-        self.loader_key, self.metric_key, self.minimize = loader_key, metric_key, minimize
+    #: ``(loader, metric, minimize)`` judging the best epoch instead of the run's valid metric (None: the run's)
+    loader_key = metric_key = minimize = None
+
+    def __init__(self, logdir: str = None, period=Epoch(1), topk: int = 0, load_best_on_end: bool = False):
         if isinstance(topk, bool) or not isinstance(topk, int) or topk < 0:
             raise ArgumentError("topk", f"must be an integer >= 0 (how many epoch-NNNN.pth to keep), got {topk!r}")
-        try:
-            self.logdir, self.periods = logdir, as_periods(period, "period")
-        except ArgumentError as error:
-            if not isinstance(period, str):
-                raise
-            raise ArgumentError("period", error.problem + POSITIONAL_HINT) from None
+        self.logdir, self.periods = logdir, as_periods(period, "period")
         self.topk, self.load_best_on_end = topk, bool(load_best_on_end)
         self.best, self.kept = None, []
         #: each epoch's entry as a line of JSON, made once: the checkpoint and metrics.json of a long run join
@@ -67,8 +51,8 @@ class CheckpointCallback(Callback):
         return self.folder_of(runner.spec.logdir)
 
     def folder_of(self, run_logdir) -> str:
-        """The checkpoint folder for a run writing ``run_logdir`` (Catalyst 22's arguments: ``logdir`` itself)."""
-        return self.logdir if self.catalyst22 else checkpoint_folder(self.logdir or run_logdir)
+        """The checkpoint folder for a run writing ``run_logdir``: ``<logdir>/checkpoints``, of its own or the run's."""
+        return checkpoint_folder(self.logdir or run_logdir)
 
     def needs(self, stage) -> tuple:
         return ((self.loader_key, self.metric_key),) if self.metric_key is not None else ()

@@ -4,14 +4,13 @@ import itertools
 import logging
 import torch
 
-from torchstage.catalyst.callback_args import renamed_argument
 from torchstage.arguments import ArgumentError, check_int
 from torchstage.callbacks.base import Callback, CallbackOrder, CancelLoader, CancelStage
 from torchstage.callbacks.checkpoints.checkpoint_saver import checkpoint_folders
 from torchstage.files.checkpoint import load_checkpoint
 from torchstage.files.checkpoint_file import serialize
 from torchstage.files.format import CheckpointError, checkpoint_path
-from torchstage.named import named
+from torchstage.one_or_many import named
 
 logger = logging.getLogger("torchstage")
 
@@ -131,8 +130,7 @@ class CheckRunCallback(Callback):
     order = CallbackOrder.External
     name = "check"
 
-    def __init__(self, num_epochs: int = None, num_batch_steps: int = 3, *, num_epoch_steps: int = None):
-        num_epochs = renamed_argument("CheckRunCallback", "num_epoch_steps", num_epoch_steps, "num_epochs", num_epochs)
+    def __init__(self, num_epochs: int = None, num_batch_steps: int = 3):
         num_epochs = 2 if num_epochs is None else num_epochs
         for name, value in (("num_epochs", num_epochs), ("num_batch_steps", num_batch_steps)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):

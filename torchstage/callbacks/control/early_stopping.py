@@ -2,7 +2,6 @@
 import logging
 import math
 
-from torchstage.catalyst.callback_args import renamed_argument
 from torchstage.callbacks.base import Callback, CallbackOrder, CancelRun
 
 logger = logging.getLogger("torchstage")
@@ -24,8 +23,7 @@ class EarlyStoppingCallback(Callback):
     name = "early_stopping"
 
     def __init__(self, patience: int, metric_key: str = None, loader_key: str = None, minimize: bool = None,
-                 min_delta: float = 0.0, *, metric: str = None):
-        metric_key = renamed_argument("EarlyStoppingCallback", "metric", metric, "metric_key", metric_key)
+                 min_delta: float = 0.0):
         for name, value in (("metric_key", metric_key), ("loader_key", loader_key)):
             if value is not None and not isinstance(value, str):
                 raise TypeError(f"EarlyStoppingCallback: {name} must be a str, got {value!r} (Catalyst 20.12's "

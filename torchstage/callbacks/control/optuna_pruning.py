@@ -6,7 +6,6 @@ decision is broadcast, so every rank stops after the same epoch.
 import logging
 
 from torchstage.callbacks.base import Callback, CallbackOrder, CancelRun
-from torchstage.catalyst.callback_args import renamed_argument
 
 logger = logging.getLogger("torchstage")
 
@@ -19,18 +18,12 @@ class OptunaPruningCallback(Callback):
     ``optuna.TrialPruned``. ``best`` holds the best reported value (the objective of the trial), also set as
     ``trial.best_score`` at each report. ``minimize`` defaults to ``minimize_valid_metric``; a value counts as
     better when it beats the best by more than ``min_delta``.
-    Catalyst 22's ``OptunaPruningCallback(trial, loader_key, metric_key, minimize, min_delta=1e-6)`` also works.
     """
 
     order = CallbackOrder.External
 
     def __init__(self, trial=None, loader: str = None, metric: str = None, minimize: bool = None,
-                 min_delta: float = None, *, loader_key: str = None, metric_key: str = None):
-        catalyst22 = loader_key is not None or metric_key is not None
-        owner = "OptunaPruningCallback"
-        loader = renamed_argument(owner, "loader_key", loader_key, "loader", loader, version="22")
-        metric = renamed_argument(owner, "metric_key", metric_key, "metric", metric, version="22")
-        min_delta = (1e-6 if catalyst22 else 0.0) if min_delta is None else min_delta
+                 min_delta: float = 0.0):
         if isinstance(min_delta, bool) or not isinstance(min_delta, (int, float)) or min_delta < 0:
             raise ValueError(f"OptunaPruningCallback: min_delta must be a number >= 0, got {min_delta!r}")
         if minimize is not None and not isinstance(minimize, bool):
@@ -53,7 +46,7 @@ class OptunaPruningCallback(Callback):
         value, step = metrics[metric], runner.global_epoch_step
         minimize = runner.minimize_valid_metric if self.minimize is None else self.minimize
         delta = self.min_delta
-        if delta:  # Catalyst 22's comparison
+        if delta:
             better = (lambda a, b: a <= b - delta) if minimize else (lambda a, b: a >= b + delta)
         else:
             better = (lambda a, b: a < b) if minimize else (lambda a, b: a > b)

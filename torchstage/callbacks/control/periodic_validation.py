@@ -7,7 +7,7 @@ from torchstage.callbacks.base import Callback
 from torchstage.callbacks.loggers.console import format_metrics
 from torchstage.callbacks.loggers.logger_base import PERIODIC, log_metrics
 from torchstage.callbacks.metrics.metric import MetricCallback
-from torchstage.named import each
+from torchstage.one_or_many import each
 from torchstage.periods import Batch, as_periods, batch_due
 
 logger = logging.getLogger("torchstage")

@@ -76,7 +76,7 @@ class LoggerCallback(Callback):
         self.log_hparams(run_hparams(runner), runner)
         attempt = restart_attempt()
         if attempt:  # a restarted job: the count, at the global epoch it goes on from, under loader "run"
-            self.log_metrics({"restarts": float(attempt)}, runner.global_epoch_step, RUN, EPOCH, runner)
+            self.log_metrics({"restarts": attempt}, runner.global_epoch_step, RUN, EPOCH, runner)
 
     def on_batch_end(self, runner):
         if self.periods and batch_due(self.periods, runner):

@@ -10,7 +10,7 @@ import socket
 import time
 
 from torchstage.callbacks.loggers.logger_base import EPOCH, LoggerCallback
-from torchstage.files.plot import plot_logs
+from torchstage.files.reports.plot import plot_logs
 from torchstage.version import __version__
 
 logger = logging.getLogger("torchstage")

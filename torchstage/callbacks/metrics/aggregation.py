@@ -1,6 +1,5 @@
 """One batch metric made of others, e.g. ``loss = 0.7 * loss_ce + 0.3 * loss_dice`` (Catalyst 20.12's callback)."""
 from torchstage.callbacks.base import Callback, CallbackOrder
-from torchstage.catalyst.callback_args import renamed_argument
 
 _MODES = ("sum", "mean", "weighted_sum", "weighted_mean")
 
@@ -16,9 +15,7 @@ class MetricAggregationCallback(Callback):
     order = CallbackOrder.MetricAggregation - 1
 
     def __init__(self, prefix: str = None, metrics=None, mode: str = "mean", scope: str = "batch",
-                 multiplier: float = 1.0, *, metric_key: str = None):
-        prefix = renamed_argument("MetricAggregationCallback", "metric_key", metric_key, "prefix", prefix,
-                                  version="22")
+                 multiplier: float = 1.0):
         if not isinstance(prefix, str) or not prefix:
             raise TypeError(f"MetricAggregationCallback: prefix must be the new metric's name, got {prefix!r}")
         if mode not in _MODES:

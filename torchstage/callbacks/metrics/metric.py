@@ -2,9 +2,7 @@
 import torch
 
 from torchstage.callbacks.base import Callback, CallbackOrder
-from torchstage.catalyst.callback_args import accuracy_callback_args, metric_args, resolve_keys
-from torchstage.catalyst.callback_args22 import functional_metric_args
-from torchstage.metrics import (AccuracyMetric, AUCMetric, Metric, MultiLabelAccuracyMetric,
+from torchstage.metrics import (AccuracyMetric, AUCMetric, FunctionalMetric, Metric, MultiLabelAccuracyMetric,
                                 PrecisionRecallF1Metric)
 
 
@@ -13,21 +11,15 @@ class MetricCallback(Callback):
 
     Updates stay on the device; at loader end the state is reduced across ranks once and turned into
     floats with one host copy. ``loaders`` limits it to some loaders (default: all).
-    Catalyst 20.12's ``MetricCallback(prefix, metric_fn, input_key=<target>, output_key=<model output>,
-    multiplier=1.0, **metric_kwargs)`` also works: ``metric_fn`` averaged over the loader by batch size.
     """
 
     order = CallbackOrder.Metric
     state_per_rank = True  # the partial state of a mid-loader checkpoint differs between ranks
 
-    def __init__(self, metric: Metric = None, input_key: str = None, target_key: str = None, loaders=None, *,
-                 metric_fn=None, output_key: str = None, prefix: str = None, multiplier: float = 1.0,
-                 **metric_kwargs):
-        metric, input_key, target_key, loaders = metric_args(  # Catalyst 20.12's spelling translated
-            type(self).__name__, metric, input_key, target_key, loaders, metric_fn, output_key, prefix, multiplier,
-            metric_kwargs)
+    def __init__(self, metric: Metric, input_key: str = "logits", target_key: str = "targets", loaders=None):
         if not isinstance(metric, Metric):
             raise TypeError(f"metric must be a torchstage.metrics.Metric, got {type(metric).__name__}")
+        _check_keys(type(self).__name__, input_key, target_key)
         self.metric, self.input_key, self.target_key = metric, input_key, target_key
         self.loaders = None if loaders is None else ({loaders} if isinstance(loaders, str) else set(loaders))
         self._in_loader, self._resumed = False, None
@@ -73,28 +65,22 @@ class MetricCallback(Callback):
 
 class AccuracyCallback(MetricCallback):
     """Top-k accuracy (multi-class logits) or thresholded binary accuracy: ``accuracy``, ``accuracy_top{k}``
-    (``topk`` default ``(1,)``). Catalyst 20.12's and 22's arguments also work: see
-    :func:`~torchstage.catalyst.callback_args.accuracy_callback_args`."""
+    (``topk`` default ``(1,)``)."""
 
-    def __init__(self, input_key=None, target_key=None, topk=None, threshold=0.5, from_logits=True,
-                 prefix="", loaders=None, *, output_key=None, num_classes=None, accuracy_args=None, topk_args=None,
-                 suffix=None, log_on_batch=None):
-        metric, input_key, target_key = accuracy_callback_args(  # Catalyst 20.12's and 22's spellings translated
-            topk, prefix, input_key, target_key, output_key, num_classes, accuracy_args, topk_args, suffix,
-            log_on_batch, lambda: AccuracyMetric(topk=topk or (1,), threshold=threshold, from_logits=from_logits,
-                                                 prefix=prefix))
-        super().__init__(metric, input_key, target_key, loaders)
+    def __init__(self, input_key="logits", target_key="targets", topk=None, threshold=0.5, from_logits=True,
+                 prefix="", loaders=None):
+        super().__init__(AccuracyMetric(topk=topk or (1,), threshold=threshold, from_logits=from_logits,
+                                        prefix=prefix), input_key, target_key, loaders)
 
 
 class MultiLabelAccuracyCallback(MetricCallback):
     """Share of (sample, label) pairs right, ``activation(outputs) > threshold`` vs 0/1 targets ``(N, K)``:
-    ``multilabel_accuracy`` (Catalyst 20.12's spelling with ``output_key=``: ``prefix`` is the whole name)."""
+    ``{prefix}multilabel_accuracy``."""
 
-    def __init__(self, input_key=None, target_key=None, threshold=0.5, activation="sigmoid", prefix="",
-                 loaders=None, *, output_key=None):
-        name = (prefix or "multilabel_accuracy") if output_key is not None else prefix + "multilabel_accuracy"
-        super().__init__(MultiLabelAccuracyMetric(threshold=threshold, activation=activation, name=name),
-                         *resolve_keys("MultiLabelAccuracyCallback", input_key, target_key, output_key), loaders)
+    def __init__(self, input_key="logits", target_key="targets", threshold=0.5, activation="sigmoid", prefix="",
+                 loaders=None):
+        super().__init__(MultiLabelAccuracyMetric(threshold=threshold, activation=activation,
+                                                  name=prefix + "multilabel_accuracy"), input_key, target_key, loaders)
 
 
 class PrecisionRecallF1Callback(MetricCallback):
@@ -117,14 +103,21 @@ class AUCCallback(MetricCallback):
 
 
 class FunctionalMetricCallback(MetricCallback):
-    """Any ``fn(outputs, targets) -> tensor`` (a batch mean), averaged over the loader by batch size, as ``name``.
+    """Any ``fn(outputs, targets) -> tensor`` (a batch mean), averaged over the loader by batch size, as ``name``."""
 
-    Catalyst 22's ``FunctionalMetricCallback(input_key, target_key, metric_fn, metric_key, prefix=, suffix=)``
-    also works (by position or by name)."""
+    def __init__(self, fn, name: str, input_key="logits", target_key="targets", prefix="", loaders=None):
+        if not callable(fn):
+            raise TypeError(f"FunctionalMetricCallback: the metric function must be callable (outputs, targets) -> "
+                            f"tensor, got {fn!r}")
+        super().__init__(FunctionalMetric(fn, name=name, prefix=prefix or ""), input_key, target_key, loaders)
 
-    def __init__(self, fn=None, name: str = None, input_key=None, target_key=None, prefix="", loaders=None, *,
-                 metric_fn=None, metric_key: str = None, suffix: str = None, compute_on_call: bool = True,
-                 log_on_batch: bool = True):
-        metric, input_key, target_key = functional_metric_args(  # Catalyst 22's spelling translated
-            fn, name, input_key, target_key, metric_fn, metric_key, prefix, suffix)
-        super().__init__(metric, input_key, target_key, loaders)
+
+def _check_keys(owner: str, input_key, target_key) -> None:
+    """Both keys name entries of ``runner.batch`` (strings), and not the same one."""
+    for name, value in (("input_key", input_key), ("target_key", target_key)):
+        if not isinstance(value, str):
+            raise TypeError(f"{owner}: {name} must be a str (a key of runner.batch), got {value!r}")
+    if input_key == target_key:
+        raise ValueError(f"{owner}(input_key={input_key!r}, target_key={target_key!r}) would compare batch"
+                         f"[{input_key!r}] with itself: input_key names the model output, target_key the target (where "
+                         f"Catalyst 20.12's input_key named the target)")

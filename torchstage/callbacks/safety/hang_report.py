@@ -6,7 +6,7 @@ stopped anywhere else (user code, a data loader, a lock) is what the others wait
 import os
 import time
 
-from torchstage.launch.collectives import TORCH_FILES
+from torchstage.launch.flight_recorder import TORCH_FILES
 
 #: Rows of the per-rank table in a report; the rest are counted.
 REPORT_ROWS = 16

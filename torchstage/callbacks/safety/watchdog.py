@@ -9,27 +9,21 @@ the others. A rank waiting in a collective for a stuck peer fires too, but gives
 to report first.
 """
 import json
-import math
 import os
 import sys
 import threading
 import time
 import traceback
-from datetime import timedelta
-from numbers import Real
 
-from torchstage.arguments import ArgumentError
 from torchstage.callbacks.base import Callback, CallbackOrder, CallbackScope
 from torchstage.callbacks.safety.hang_report import describe, hang_report, position, where
-from torchstage.launch.collectives import TAIL, compare, recent, write_dump
+from torchstage.launch.enter import check_hang_timeout
 from torchstage.launch.failures import record_failure
+from torchstage.launch.flight_recorder import TAIL, compare, recent, write_dump
 
 
 #: Exit code of a rank ended by the watchdog (the convention of GNU ``timeout``).
 HANG_EXIT_CODE = 124
-#: The process group's collective timeout is ``hang_timeout`` plus this: the watchdog, which names the rank
-#: and shows its stack, speaks first; the group's timeout ends collectives no watchdog watches.
-GROUP_TIMEOUT_MARGIN = 60.0
 #: Firing ranks that read every rank's state from the store: rank 0 and the first few stopped outside a
 #: collective (the ones the others wait for). The rest report only themselves: with thousands of ranks, each
 #: reading every other's state would be N² reads of one store.
@@ -37,22 +31,6 @@ FULL_REPORTS = 4
 _REPORTERS = "torchstage/watchdog/reporters"
 _BEAT, _FIRED, _COLLECTIVES = ("torchstage/watchdog/beat{}", "torchstage/watchdog/fired{}",
                                "torchstage/watchdog/collectives{}")
-
-
-def check_hang_timeout(value, name: str = "timeout"):
-    """``value`` as seconds (a float > 0), or None when disabled (None or 0); an ArgumentError otherwise."""
-    if value is None or (isinstance(value, Real) and not isinstance(value, bool) and value == 0):
-        return None
-    if isinstance(value, bool) or not isinstance(value, Real) or not 0 < value < math.inf:
-        raise ArgumentError(name, f"must be a number of seconds > 0, or None/0 to disable hang detection, "
-                                  f"got {value!r}")
-    return float(value)
-
-
-def process_group_timeout(hang_timeout):
-    """The ``timedelta`` a run's process group gets for ``hang_timeout`` (None: torch's default)."""
-    seconds = check_hang_timeout(hang_timeout, "hang_timeout")
-    return None if seconds is None else timedelta(seconds=seconds + GROUP_TIMEOUT_MARGIN)
 
 
 class HangWatchdog(Callback):

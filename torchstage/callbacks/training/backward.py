@@ -5,7 +5,7 @@ import functools
 import torch
 
 from torchstage.callbacks.base import Callback, CallbackOrder
-from torchstage.named import each
+from torchstage.one_or_many import each
 
 #: ``grad_clip_fn`` given by name -> the torch function.
 CLIP_FUNCTIONS = {"clip_grad_norm_": torch.nn.utils.clip_grad_norm_,

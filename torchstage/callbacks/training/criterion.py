@@ -2,7 +2,6 @@
 import warnings
 
 from torchstage.callbacks.base import Callback, CallbackOrder
-from torchstage.catalyst.callback_args import criterion_args
 from torchstage.callbacks.training.loss_checks import check_loss_inputs, explain_failure, missing_key_message
 
 
@@ -10,18 +9,19 @@ class CriterionCallback(Callback):
     """Computes the loss on every batch; it stays a tensor until the optimizer callback backpropagates it.
 
     ``criterion(batch[input_key], batch[target_key])`` (defaults ``"logits"``, ``"targets"``) lands in
-    ``batch_metrics[metric_key]`` (default ``"loss"``). Catalyst 20.12's spelling also works:
-    ``input_key=<target>, output_key=<model output>, prefix=<metric name>, multiplier=<scale>``.
+    ``batch_metrics[metric_key]`` (default ``"loss"``), times ``multiplier``.
     """
 
     order = CallbackOrder.Metric
     name = "criterion"
 
-    def __init__(self, input_key: str = None, target_key: str = None, metric_key: str = None,
-                 criterion_key: str = None, *, output_key: str = None, prefix: str = None, multiplier: float = 1.0):
+    def __init__(self, input_key: str = "logits", target_key: str = "targets", metric_key: str = "loss",
+                 criterion_key: str = None, *, multiplier: float = 1.0):
         owner = type(self).__name__
-        self.input_key, self.target_key, self.metric_key = criterion_args(owner, input_key, target_key, output_key,
-                                                                          metric_key, prefix)
+        for name, value in (("input_key", input_key), ("target_key", target_key), ("metric_key", metric_key)):
+            if not isinstance(value, str):
+                raise TypeError(f"{owner}: {name} must be a str (a key of runner.batch), got {value!r}")
+        self.input_key, self.target_key, self.metric_key = input_key, target_key, metric_key
         self.criterion_key = criterion_key
         if isinstance(multiplier, bool) or not isinstance(multiplier, (int, float)):
             raise TypeError(f"{owner}: multiplier must be a number, got {multiplier!r}")

@@ -2,7 +2,7 @@
 import torch
 
 from torchstage.callbacks.base import Callback, CallbackOrder
-from torchstage.named import each
+from torchstage.one_or_many import each
 
 
 _SEQUENCES = (tuple, list)

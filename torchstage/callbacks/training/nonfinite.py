@@ -14,7 +14,7 @@ import math
 import torch
 
 from torchstage.callbacks.base import Callback, CallbackOrder
-from torchstage.named import named
+from torchstage.one_or_many import named
 
 logger = logging.getLogger("torchstage")
 #: The all-reduced first step of a non-finite loss when no rank has seen one.

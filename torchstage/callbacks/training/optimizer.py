@@ -2,7 +2,6 @@
 from torchstage.arguments import check_int, check_positive
 from torchstage.callbacks.base import Callback, CallbackOrder
 from torchstage.callbacks.training.backward import BackwardCallback
-from torchstage.catalyst.callback_args import optimizer_args
 
 
 class OptimizerCallback(Callback):
@@ -31,19 +30,7 @@ class OptimizerCallback(Callback):
     train_batches_only = True
 
     def __init__(self, metric_key: str = "loss", optimizer_key: str = None, accumulation_steps: int = 1,
-                 grad_clip_norm: float = None, grad_clip_value: float = None, *, grad_clip_params: dict = None,
-                 loss_key: str = None, decouple_weight_decay: bool = False, use_fast_zero_grad: bool = False,
-                 use_amp: bool = None, use_apex: bool = None, grad_clip_fn=None):
-        if grad_clip_fn is not None:  # Catalyst 22 kept it and never applied it
-            raise TypeError("OptimizerCallback(grad_clip_fn=...) is Catalyst 22's argument, which it never applied; "
-                            "clip with BackwardCallback(metric_key, grad_clip_fn=..., grad_clip_params=...) or "
-                            "OptimizerCallback(grad_clip_norm=... / grad_clip_value=...)")
-        if callable(grad_clip_norm) or isinstance(grad_clip_norm, str):  # 22's fourth positional argument
-            raise TypeError(f"OptimizerCallback: the fourth argument is grad_clip_norm (a number), got "
-                            f"{grad_clip_norm!r}; Catalyst 22's grad_clip_fn belongs to BackwardCallback")
-        metric_key, grad_clip_norm, grad_clip_value = optimizer_args(  # Catalyst 20.12's arguments translated
-            metric_key, loss_key, grad_clip_norm, grad_clip_value, grad_clip_params, decouple_weight_decay, use_amp,
-            use_apex)
+                 grad_clip_norm: float = None, grad_clip_value: float = None):
         check_int("accumulation_steps", accumulation_steps)
         check_positive("grad_clip_norm", grad_clip_norm)
         check_positive("grad_clip_value", grad_clip_value)

@@ -91,9 +91,20 @@ class SbatchOptions:
             raise SlurmScriptError(f"ntasks_per_node={self.ntasks_per_node!r} with launcher='torchrun': srun starts "
                                    f"one torchrun per node (ntasks_per_node=1), torchrun starts nproc_per_node "
                                    f"processes; use launcher='srun' for one task per GPU")
+        if (self.launcher == "srun" and self.gpus_per_node is not None
+                and self.ntasks_per_node not in (1, self.gpus_per_node)):
+            raise SlurmScriptError(f"ntasks_per_node={self.ntasks_per_node!r} with gpus_per_node="
+                                   f"{self.gpus_per_node!r}: each task must own one GPU or a whole node, so use "
+                                   f"ntasks_per_node={self.gpus_per_node} (one task per GPU) or 1 (one task per "
+                                   f"node, spawning a process per GPU)")
         if self.nproc_per_node is not None and self.launcher != "torchrun":
             raise SlurmScriptError(f"nproc_per_node={self.nproc_per_node!r} is for launcher='torchrun'; with srun "
                                    f"use ntasks_per_node")
+
+
+#: ``--requeue`` without ``--signal``: SIGUSR1 two minutes before the time limit, which the run's requeue
+#: callback turns into a checkpoint, a graceful stop and ``scontrol requeue``.
+REQUEUE_SIGNAL = "USR1@120"
 
 
 def build_sbatch_script(opts: SbatchOptions) -> str:
@@ -108,6 +119,8 @@ def build_sbatch_script(opts: SbatchOptions) -> str:
     lines += [f"#SBATCH {d}" for d in opts.sbatch]
     if opts.requeue:  # a requeued job restarts the script: append to its log instead of truncating it
         lines += ["#SBATCH --requeue", "#SBATCH --open-mode=append"]
+        if opts.signal is None:  # the warning before the time limit that lets the run checkpoint and requeue
+            lines.append(f"#SBATCH --signal={REQUEUE_SIGNAL}")
     lines += ["", "set -eo pipefail"]
     lines += [f"module load {m}" for m in opts.modules]
     if opts.setup.strip():

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from tests.helpers import ROOT
-from torchstage.launch.collectives import agreement, first_difference, point_dumps_to, read_dumps, write_dump
+from torchstage.launch.flight_recorder import agreement, first_difference, point_dumps_to, read_dumps, write_dump
 
 
 def entry(seq, op="all_reduce", size=(10,), dtype="Float", site="train.py:5 in step", group="default_pg"):

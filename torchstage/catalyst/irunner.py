@@ -2,7 +2,7 @@
 starts with ``run()``, which becomes one ``train(...)`` call (its arguments checked before training, as always)."""
 from torchstage.logging_setup import note_alias
 from torchstage.rng import set_seed
-from torchstage.runner.runner import Runner
+from torchstage.catalyst.runners import Runner
 
 
 class IRunner(Runner):

@@ -1,16 +1,42 @@
-"""Checks of what ``train()`` is given that would otherwise fail silently: an optimizer on another model's
-parameters, a scheduler on another optimizer, a class instead of an instance, a plateau scheduler that
-cuts the lr in the wrong direction, a logdir that is a file, a ``resume`` that names nothing."""
-import difflib
-import glob
-import os
+"""The optimization part of ``train()``'s arguments: how the weights are stepped (``scheduler_step``, accumulation,
+clipping) and how fast a step computes (``amp``, ``compile``, ``channels_last``); and the checks of each stage's
+criterion, optimizer and scheduler against the model and each other that would otherwise fail silently (an
+optimizer on another model's parameters, a scheduler on another optimizer, a class instead of an instance, a
+plateau scheduler that cuts the lr in the wrong direction)."""
 from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Optional
 
 import torch
 from torch.optim.lr_scheduler import CyclicLR, OneCycleLR, ReduceLROnPlateau
 
+from torchstage.strategies.precision import amp_dtype
+
 #: Schedulers whose one cycle spans a number of optimizer steps: stepped once per train batch.
 PER_BATCH_SCHEDULERS = (OneCycleLR, CyclicLR)
+
+
+@dataclass
+class Optimization:
+    """The step's arguments. ``scheduler_step`` and the accumulation and clipping arguments configure the default
+    SchedulerCallback and OptimizerCallback, which check their values (:mod:`torchstage.runner.defaults`)."""
+
+    scheduler_step: str = "epoch"
+    accumulation_steps: int = 1
+    grad_clip_norm: Optional[float] = None
+    grad_clip_value: Optional[float] = None
+    amp: Any = None
+    compile: Any = False
+    channels_last: bool = False
+
+    def validate(self, runner) -> None:
+        """``amp`` and ``compile``, then each resolved stage's criterion, optimizer and scheduler."""
+        amp_dtype(self.amp)
+        if not isinstance(self.compile, (bool, dict)):
+            raise TypeError(f"compile must be True/False or a dict of torch.compile arguments "
+                            f"(e.g. {{'mode': 'reduce-overhead'}}), got {self.compile!r}")
+        for stage in self.stage_specs:
+            check_components(stage, self.model, self.scheduler_step)
 
 
 def check_components(stage, model, scheduler_step: str) -> None:
@@ -83,40 +109,6 @@ def _check_instances(prefix: str, name: str, value) -> None:
         if name == "optimizer" and not (hasattr(item, "step") and hasattr(item, "zero_grad")):
             raise TypeError(f"{prefix}{key} must be a torch.optim.Optimizer (with step and zero_grad), got "
                             f"{type(item).__name__}")
-
-
-def check_logdir(logdir) -> None:
-    """``logdir`` must be a directory or not exist yet (it is created), under a directory this process can write."""
-    if logdir is None:
-        return
-    if os.path.exists(logdir) and not os.path.isdir(logdir):
-        raise ValueError(f"logdir={os.fspath(logdir)!r} is an existing file, not a directory; pass the path of a "
-                         f"directory (created if missing) for checkpoints and logs")
-    existing = os.path.abspath(os.fspath(logdir))
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-    if not os.path.isdir(existing):
-        raise ValueError(f"logdir={os.fspath(logdir)!r} lies under {existing!r}, which is a file, not a directory; "
-                         f"pass a logdir in a directory")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise PermissionError(f"logdir={os.fspath(logdir)!r}: this process cannot write in {existing!r} (permission "
-                              f"denied, or a read-only file system); pass a logdir where it can create files")
-
-
-def check_resume(resume, logdir) -> None:
-    """``resume`` is None, ``"last"``, ``"auto"`` or an existing checkpoint (a file, or a sharded checkpoint's
-    directory); else say what was probably meant."""
-    if resume in (None, "last", "auto") or (isinstance(resume, (str, os.PathLike)) and os.path.exists(resume)):
-        return
-    if not isinstance(resume, (str, os.PathLike)):
-        raise TypeError(f"resume must be None, 'last' or the path of a checkpoint file, got {type(resume).__name__}")
-    resume = os.fspath(resume)
-    folder = os.path.dirname(resume) or (os.path.join(logdir, "checkpoints") if logdir is not None else ".")
-    candidates = ["last", "auto"] + sorted(glob.glob(os.path.join(folder, "*.pth")))
-    close = difflib.get_close_matches(resume, candidates, n=1, cutoff=0.5)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    raise ValueError(f"resume={resume!r} is neither 'last' (continue the logdir's run) nor an existing checkpoint "
-                     f"file{hint}; 'auto' continues the logdir's run when it is this job's, else starts one")
 
 
 def _values(value) -> list:

@@ -8,7 +8,7 @@ import json
 import os
 
 from torchstage.files.checkpoint import load_checkpoint
-from torchstage.files.plot import read_logs
+from torchstage.files.reports.plot import read_logs
 
 #: Table columns: (key, header, format).
 COLUMNS = (("world_size", "world size", "{:d}"), ("epoch_time", "epoch time (s)", "{:.3f}"),

@@ -1,0 +1,1 @@
+"""Presentation read from logdirs: training curves (plot) and scalability reports (report)."""
