@@ -36,7 +36,7 @@ section() {  # section TITLE COMMAND...: run, keep the output's tail in the repo
 }
 
 section "GPU tests" python3 -m pytest -q -rs tests/gpu tests/runner/test_amp.py tests/runner/test_pipeline.py \
-  tests/metrics/test_base.py tests/test_host_syncs.py tests/test_resume_kill.py || status=1
+  tests/metrics/test_base.py tests/runner/test_host_syncs.py tests/runner/test_resume_kill.py || status=1
 section "GPU benchmarks" python3 scripts/bench/gpu.py --out "$out/benchmarks.md" || status=1
 section "ResNet, fp32" python3 scripts/bench/resnet.py --device cuda --batches 50 --batch-size 256 --repeats 5 || status=1
 section "DDP scaling" python3 scripts/bench/ddp_scaling.py || status=1

@@ -36,3 +36,13 @@ def _quiet_torchstage_logs():
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU; run by scripts/gpu_check.sh, skipped without CUDA")
+    config.addinivalue_line("markers", "distributed: starts several processes (gloo worlds, torchrun, the launcher)")
+    config.addinivalue_line("markers", "slurm: a SLURM test (tests/launch/slurm, or any test on the local cluster)")
+    config.addinivalue_line("markers", "mpi: runs a real mpirun or mpiexec")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test under tests/launch/slurm, and any test that uses the cluster fixture, is a SLURM test."""
+    for item in items:
+        if "tests/launch/slurm/" in item.nodeid.replace("\\", "/") or "slurm_cluster" in item.fixturenames:
+            item.add_marker(pytest.mark.slurm)

@@ -6,7 +6,7 @@ import sys
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = os.path.join(ROOT, "tests", "resume_scripts", "tiny_run.py")
+TINY = os.path.join(ROOT, "tests", "runner", "scripts", "tiny_run.py")
 #: The parts of a checkpoint that must be bitwise equal between a resumed and an uninterrupted run.
 EXACT_KEYS = ("models", "optimizers", "schedulers", "loop", "metrics", "callbacks", "rng")
 

@@ -3,7 +3,7 @@
 Catalyst 22: ``from catalyst import dl``. ``handle_batch`` backpropagates with ``self.engine.backward(loss)`` and
 steps the optimizer itself; the runner's own ``on_loader_start``/``on_loader_end`` keep sample-weighted means and
 write them to ``self.loader_metrics``. Then the notebook's ``predict_loader`` and ``utils.trace_model`` steps. Synthetic 8x8 digits stand in for MNIST, unshuffled, so the run is the same
-computation on Catalyst 22.04 and on torchstage (tests/catalyst22/test_runner_parity.py compares them).
+computation on Catalyst 22.04 and on torchstage (tests/catalyst/test_runner_parity.py compares them).
 
 Run: python scripts/catalyst22/custom_runner.py [LOGDIR]
 """

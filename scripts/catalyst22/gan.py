@@ -3,7 +3,7 @@ OptimizerCallback, so both losses back-propagate before either optimizer steps. 
 
 Catalyst 22: ``from catalyst import dl``. 2-D points stand in for MNIST, and the random latent vectors and label
 noise that the README draws inside ``handle_batch`` come with each batch instead, so the run is the same
-computation on Catalyst 22.04 and on torchstage (tests/catalyst22/test_runner_parity.py compares them).
+computation on Catalyst 22.04 and on torchstage (tests/catalyst/test_runner_parity.py compares them).
 
 Run: python scripts/catalyst22/gan.py [LOGDIR]
 """

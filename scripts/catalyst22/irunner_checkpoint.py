@@ -3,7 +3,7 @@ optimizer, scheduler and callbacks through ``get_*`` methods, with ``CheckpointC
 metric_key, minimize, topk)``; started with ``runner.run()``. Moved by changing the import only.
 
 Catalyst 22: ``from catalyst import dl``. Linear regression on fixed data, unshuffled, so the run is the same
-computation on Catalyst 22.04 and on torchstage (tests/catalyst22/test_runner_parity.py compares them). The
+computation on Catalyst 22.04 and on torchstage (tests/catalyst/test_runner_parity.py compares them). The
 checkpoint folder's files are named differently (see docs/migrating-from-catalyst.md).
 
 Run: python scripts/catalyst22/irunner_checkpoint.py [LOGDIR]

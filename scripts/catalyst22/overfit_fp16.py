@@ -3,7 +3,7 @@ and a scheduler: two settings whose results torchstage used to change silently. 
 
 Catalyst 22: ``from catalyst import dl``. On a CPU Catalyst trains ``fp16=True`` in float32, and the overfit
 callback repeats each loader's first batches for the loader's whole length; torchstage does both the same way
-(tests/catalyst22/test_runner_parity.py compares the weights with Catalyst 22.04's).
+(tests/catalyst/test_runner_parity.py compares the weights with Catalyst 22.04's).
 
 Run: python scripts/catalyst22/overfit_fp16.py [LOGDIR]
 """

@@ -4,7 +4,9 @@ import os
 import subprocess
 import sys
 
-from tests.slurm_cluster import slurm_cluster  # noqa: F401
+import pytest
+
+from tests.launch.slurm.slurm_cluster import slurm_cluster  # noqa: F401
 
 TORCHSTAGE = [sys.executable, "-m", "torchstage"]
 CLEAN = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHSTAGE_", "RANK", "WORLD_SIZE",
@@ -63,6 +65,7 @@ def test_every_task_of_a_real_srun_step_sees_its_rank_and_one_master(slurm_clust
     assert len({(i["master_addr"], i["master_port"]) for i in infos}) == 1
 
 
+@pytest.mark.mpi
 def test_real_mpirun_ranks_see_openmpi_and_why():
     import shutil
 

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from tests.distributed.multiproc import ROOT, run
+from tests.helpers import ROOT, run
 from torchstage.cli import main
 
 SCRIPT = ROOT / "scripts" / "observability.py"
@@ -32,6 +32,7 @@ def expected(logdir):
             "throughput": float(train["samples_per_s"]), "data_wait": float(train["data_wait"])}
 
 
+@pytest.mark.distributed
 def test_table_matches_the_logs(runs, tmp_path, capsys):
     out = tmp_path / "report"
     assert main(["report", str(runs / "ws2"), str(runs / "ws1"), "-o", str(out)]) == 0
@@ -54,6 +55,7 @@ def test_table_matches_the_logs(runs, tmp_path, capsys):
     assert imread(out / "report.png").shape[:2] == (700, 1300)
 
 
+@pytest.mark.distributed
 def test_the_example_writes_every_view(runs):
     logdir = runs / "ws2"
     assert json.load(open(logdir / "logs" / "hparams.json"))["world_size"] == 2

@@ -186,6 +186,7 @@ def test_config_errors_in_process(tmp_path, monkeypatch, capsys, args, message):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.distributed
 def test_distributed_config_on_two_cpu_processes(tmp_path):
     (tmp_path / "base.yml").write_text(FOUNDATION)
     (tmp_path / "ddp.yml").write_text("distributed: true\nnprocs: 2\nnum_epochs: 2\nlogdir: ddp\nverbose: false\n")
@@ -196,6 +197,7 @@ def test_distributed_config_on_two_cpu_processes(tmp_path):
     assert (tmp_path / "ddp" / "config.yml").exists()
 
 
+@pytest.mark.distributed
 def test_distributed_config_under_torchrun(tmp_path):
     (tmp_path / "base.yml").write_text(FOUNDATION)
     (tmp_path / "ddp.yml").write_text("distributed: true\nnum_epochs: 1\nlogdir: ddp\nverbose: false\n")

@@ -1,24 +1,15 @@
 """Small models and loaders for the GPU tests: pinned host memory, seeded, a few batches."""
+from functools import partial
+
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
+from tests import helpers
 
-def classification_loaders(n=512, features=32, classes=10, batch_size=64, images=False, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    if images:  # the class is the quadrant of the image that is brightest
-        x = torch.randn(n, 3, 16, 16, generator=g)
-        y = torch.randint(0, 4, (n,), generator=g)
-        for q in range(4):
-            rows, cols = slice(8 * (q // 2), 8 * (q // 2) + 8), slice(8 * (q % 2), 8 * (q % 2) + 8)
-            x[y == q, :, rows, cols] += 1.0
-    else:  # the class is the argmax of a fixed linear map: learnable in a few epochs
-        x = torch.randn(n, features, generator=g)
-        y = (x @ torch.randn(features, classes, generator=g)).argmax(1)
-    data = TensorDataset(x, y)
-    return {"train": DataLoader(data, batch_size=batch_size, shuffle=True, pin_memory=True,
-                                generator=torch.Generator().manual_seed(seed)),
-            "valid": DataLoader(data, batch_size=batch_size, pin_memory=True)}
+#: The GPU tests' task: 512 samples of 32 features, 10 classes from a linear map (or labels="images"), loaders in
+#: pinned memory.
+classification_loaders = partial(helpers.classification_loaders, n=512, features=32, classes=10, batch_size=64,
+                                 labels="linear", pinned=True)
 
 
 def mlp(features=32, classes=10, seed=0):

@@ -4,13 +4,14 @@ import torch
 from torch import nn
 
 from tests.gpu.helpers import classification_loaders, convnet, mlp, weights
+from tests.helpers import tiny_run
 from torchstage import Callback, CallbackOrder, SupervisedRunner
 
 
 def train(model, loaders, lr=0.05, **kwargs):
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-    return SupervisedRunner().train(model=model, criterion=nn.CrossEntropyLoss(), optimizer=optimizer,
-                                    loaders=loaders, **{"num_epochs": 2, **kwargs})
+    return tiny_run(model, criterion=nn.CrossEntropyLoss(), optimizer=optimizer, loaders=loaders,
+                    **{"num_epochs": 2, **kwargs})
 
 
 class Scale(nn.Module):
@@ -98,7 +99,7 @@ class InputLayout(Callback):
 
 def test_channels_last_moves_model_and_images_to_nhwc_and_learns():
     model, layout = convnet(), InputLayout()
-    runner = train(model, classification_loaders(images=True), channels_last=True, callbacks=[layout],
+    runner = train(model, classification_loaders(labels="images"), channels_last=True, callbacks=[layout],
                    num_epochs=4, lr=0.1)
     assert all(layout.channels_last)
     conv = model[0].weight

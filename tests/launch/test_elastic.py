@@ -6,23 +6,20 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 import pytest
 
+from tests.helpers import free_port
 from tests.resume_helpers import ROOT, child_env
 from torchstage import load_checkpoint
 
-SCRIPT = os.path.join(ROOT, "tests", "resume_scripts", "elastic_run.py")
+pytestmark = pytest.mark.distributed
 
+SCRIPT = os.path.join(ROOT, "tests", "launch", "scripts", "elastic_run.py")
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _descendants(pid: int) -> list:
@@ -51,7 +48,7 @@ def _rows(logdir, attempt) -> list:
 def test_losing_a_node_mid_epoch_goes_on_with_the_nodes_left(tmp_path):
     logdir = tmp_path / "run"
     args = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1:2", "--nproc-per-node=2",
-            "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{_free_port()}", "--rdzv-id=elastic-test",
+            "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-id=elastic-test",
             "--max-restarts=2", "--rdzv-conf=last_call_timeout=3", "--monitor-interval=0.5", SCRIPT, str(logdir)]
     first = subprocess.Popen(args, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                              start_new_session=True)

@@ -5,7 +5,7 @@ import pickle
 import subprocess
 import sys
 
-from tests.distributed.multiproc import ROOT
+from tests.helpers import ROOT
 from torchstage.launch.flight_recorder import agreement, first_difference, point_dumps_to, read_dumps, write_dump
 
 

@@ -10,7 +10,7 @@ from tests.resume_helpers import ROOT, child_env
 from torchstage import load_checkpoint
 
 EXAMPLE = os.path.join(ROOT, "scripts", "examples", "never_stop.py")
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
 
 
 def example(*args):

@@ -1,6 +1,6 @@
 """Restarts inside the job: a rank dies, the launcher ends the world and starts it again, and the run goes on.
 
-Real processes on gloo (tests/resume_scripts/restart_run.py, ``distributed=True`` with ``max_restarts``): the
+Real processes on gloo (tests/launch/scripts/restart_run.py, ``distributed=True`` with ``max_restarts``): the
 restarted run ends bitwise equal to an uninterrupted one; a failure that repeats at the same batch is not
 retried; a run killed before its first checkpoint starts over; one process is watched the same way.
 """
@@ -15,8 +15,8 @@ import pytest
 from tests.resume_helpers import ROOT, checkpoint_differences, child_env
 from torchstage import load_checkpoint
 
-SCRIPT = os.path.join(ROOT, "tests", "resume_scripts", "restart_run.py")
-pytestmark = pytest.mark.timeout(600)
+SCRIPT = os.path.join(ROOT, "tests", "launch", "scripts", "restart_run.py")
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
 
 
 def run(logdir, max_restarts, nproc=2, **env):

@@ -1,7 +1,7 @@
 """Resume at any world size: a run interrupted mid-epoch by N processes goes on with M, each sample of the
 interrupted epoch trained once (apart from the padding that gives every rank as many batches).
 
-Real gloo processes (tests/resume_scripts/world_run.py): 40 shuffled samples whose first feature is their id,
+Real gloo processes (tests/launch/scripts/world_run.py): 40 shuffled samples whose first feature is their id,
 4 per batch per rank, a checkpoint every 2 train batches, every rank SIGKILLed one batch after one.
 """
 import collections
@@ -16,8 +16,8 @@ import pytest
 from tests.resume_helpers import ROOT, child_env
 from torchstage import load_checkpoint
 
-SCRIPT = os.path.join(ROOT, "tests", "resume_scripts", "world_run.py")
-pytestmark = pytest.mark.timeout(600)
+SCRIPT = os.path.join(ROOT, "tests", "launch", "scripts", "world_run.py")
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
 #: (processes before, kill after global batch, processes after, padding of the resumed pass, epoch interrupted)
 CASES = {"2 -> 3": (2, 13, 3, 0, 3), "3 -> 2": (3, 7, 2, 2, 2), "1 -> 2": (1, 13, 2, 0, 2)}
 

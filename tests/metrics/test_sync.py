@@ -1,5 +1,4 @@
 """Real 2-process gloo runs: uneven shards synced must equal one process on the whole data."""
-import socket
 
 import pytest
 import torch
@@ -7,8 +6,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from torchstage import Engine
+from tests.helpers import free_port
 from tests.metrics.helpers import batches, values
 from tests.metrics.test_base import _cases
+
+pytestmark = pytest.mark.distributed
 
 N = 100
 SHARDS = {"uneven": (37, 63), "one_rank_empty": (N, 0)}
@@ -50,16 +52,11 @@ def _worker(rank, port, out):
         dist.destroy_process_group()
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("sync")
-    mp.spawn(_worker, args=(_free_port(), str(out)), nprocs=2, join=True)
+    mp.spawn(_worker, args=(free_port(), str(out)), nprocs=2, join=True)
     return [torch.load(out / f"rank{r}.pt") for r in range(2)]
 
 

@@ -3,7 +3,8 @@ import pytest
 import torch
 
 from tests.conftest import regression_loaders
-from torchstage import Callback, SupervisedRunner
+from tests.helpers import tiny_run
+from torchstage import Callback
 
 
 class NoBatch(Callback):
@@ -12,11 +13,7 @@ class NoBatch(Callback):
 
 
 def train(**overrides):
-    model = overrides.pop("model", None) or torch.nn.Linear(4, 1)
-    kwargs = dict(model=model, criterion=torch.nn.MSELoss(), optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-                  loaders=regression_loaders(), num_epochs=1, callbacks=[NoBatch()])
-    kwargs.update(overrides)
-    return SupervisedRunner().train(**kwargs)
+    return tiny_run(**{"callbacks": [NoBatch()], **overrides})
 
 
 def test_optimizer_on_another_models_parameters():

@@ -4,7 +4,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from torchstage import SupervisedRunner, load_checkpoint
+from tests.helpers import tiny_run
+from torchstage import load_checkpoint
 
 g = torch.Generator().manual_seed(0)
 X, Y = torch.randn(64, 4, generator=g), torch.randn(64, 1, generator=g)
@@ -13,8 +14,7 @@ LOADERS = {"train": DataLoader(TensorDataset(X, Y), batch_size=16),
 
 
 def train(model, **kwargs):
-    return SupervisedRunner().train(model=model, criterion=nn.MSELoss(), loaders=LOADERS, num_epochs=2,
-                                    optimizer=torch.optim.SGD(model.parameters(), lr=0.05), **kwargs)
+    return tiny_run(model, loaders=LOADERS, num_epochs=2, sgd_lr=0.05, **kwargs)
 
 
 def linear():

@@ -89,6 +89,7 @@ def test_num_epochs_already_reached_says_so_and_exits_0(tmp_path):
                                                  before["models"]["model"].values()))
 
 
+@pytest.mark.distributed
 def test_another_world_size_resumes_and_says_what_changed(tmp_path):
     """An end-of-epoch checkpoint of one process goes on with two (it was refused before): the log names both
     world sizes, the global batch size and the lr scaling to consider."""

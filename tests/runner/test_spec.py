@@ -4,6 +4,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from tests.conftest import regression_data, regression_loaders
+from tests.helpers import tiny_run
 from torchstage import Callback, SupervisedRunner
 
 
@@ -13,11 +14,9 @@ class NeverRuns(Callback):
 
 
 def train(**overrides):
-    model = torch.nn.Linear(4, 1)
-    kwargs = dict(model=model, criterion=torch.nn.MSELoss(), optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-                  loaders=regression_loaders(), num_epochs=1, callbacks=[NeverRuns()])
-    kwargs.update(overrides)
-    return SupervisedRunner().train(**kwargs)
+    model = torch.nn.Linear(4, 1)  # the optimizer's, also when a test replaces the model
+    return tiny_run(**{"model": model, "optimizer": torch.optim.SGD(model.parameters(), lr=0.1),
+                       "callbacks": [NeverRuns()], **overrides})
 
 
 @pytest.mark.parametrize("overrides, error, message", [

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -73,8 +74,9 @@ def test_named_models_optimizers_schedulers_resume_exactly(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(fresh.parameters(), resumed.model["generator"].parameters()))
 
 
+@pytest.mark.distributed
 def test_gan_trains_with_each_model_sharded_by_fsdp_on_two_processes(tmp_path):
-    from tests.distributed.multiproc import run
+    from tests.helpers import run
     done = run([SCRIPT, "--logdir", tmp_path, "--epochs", "2", "--nprocs", "2", "--strategy", "fsdp"], timeout=400)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     distances = re.findall(r"\[rank(\d)\]: mode distance: before ([\d.]+) after ([\d.]+)", done.stdout)

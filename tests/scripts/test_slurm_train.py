@@ -1,6 +1,6 @@
 """scripts/slurm_train.py on one machine, the first steps of docs/local-to-cluster.md: a --check smoke run,
 then TORCHSTAGE_NPROC=2 processes that train to the single-process metrics (the SLURM steps are in
-tests/test_slurm_training.py). About 10 s on 2 cores."""
+tests/launch/slurm/test_slurm_training.py). About 10 s on 2 cores."""
 import json
 import os
 import runpy
@@ -36,6 +36,7 @@ def test_check_flag_is_a_short_smoke_run(tmp_path):
     assert loop["epoch"] <= 2 and loop["global_batch_step"] < 2 * 32  # a few batches, not 3 full epochs
 
 
+@pytest.mark.distributed
 @pytest.mark.timeout(180)
 def test_two_local_processes_train_like_one(tmp_path, monkeypatch):
     monkeypatch.delenv("TORCHSTAGE_NPROC", raising=False)

@@ -1,0 +1,108 @@
+"""What many tests share: running scripts and multi-process runs with this checkout on the path, a free port,
+seeded classification loaders and a tiny run (one import instead of a copy per test file)."""
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from tests.conftest import regression_loaders
+from torchstage import SupervisedRunner
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def script_env(nproc=None, **extra) -> dict:
+    """The environment of a test run: this checkout first on PYTHONPATH, no inherited world variables."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHSTAGE_NPROC",
+                        "TORCHSTAGE_LAUNCHED", "TORCHSTAGE_PARENT_PID") and not k.startswith("SLURM_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["CUDA_VISIBLE_DEVICES"] = ""  # CPU/gloo in tests, also on a GPU machine
+    if nproc is not None:
+        env["TORCHSTAGE_NPROC"] = str(nproc)
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def run(args, nproc=None, timeout=120, **extra) -> subprocess.CompletedProcess:
+    """Run ``python *args`` (or a full command when args[0] is '-m') in the repo root; capture output."""
+    return subprocess.run([sys.executable, *map(str, args)], cwd=ROOT, env=script_env(nproc, **extra),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def alive(pid: int) -> bool:
+    """True if process ``pid`` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for a test's own rendezvous)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_script(path, *args, timeout=300, env=None) -> subprocess.CompletedProcess:
+    """Run ``scripts/<path>`` (an example of this repository) with this checkout first on PYTHONPATH, not an
+    install, and ``env`` added; assert it exits 0, showing the ends of its output if not."""
+    pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / path), *map(str, args)], capture_output=True,
+                            text=True, timeout=timeout, env={**os.environ, "PYTHONPATH": pythonpath, **(env or {})})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+def classification_loaders(n=96, features=6, classes=3, batch_size=16, labels="rule", pinned=False, seed=0):
+    """Seeded loaders of a classification task. ``labels``: "rule" (3 classes from the first three features),
+    "random" (uniform over ``classes``), "linear" (the argmax of a fixed linear map: learnable in a few epochs) or
+    "images" (3x16x16 images whose class, of 4, is the brightest quadrant). One unshuffled loader serves as train
+    and valid, or with ``pinned`` (the GPU tests) a shuffled train and a valid loader, both in pinned memory."""
+    g = torch.Generator().manual_seed(seed)
+    if labels == "images":
+        x = torch.randn(n, 3, 16, 16, generator=g)
+        y = torch.randint(0, 4, (n,), generator=g)
+        for q in range(4):
+            rows, cols = slice(8 * (q // 2), 8 * (q // 2) + 8), slice(8 * (q % 2), 8 * (q % 2) + 8)
+            x[y == q, :, rows, cols] += 1.0
+    else:
+        x = torch.randn(n, features, generator=g)
+        if labels == "rule":
+            y = (x[:, 0] + x[:, 1] > 0).long() + (x[:, 2] > 1).long()
+        elif labels == "random":
+            y = torch.randint(0, classes, (n,), generator=g)
+        else:
+            assert labels == "linear", labels
+            y = (x @ torch.randn(features, classes, generator=g)).argmax(1)
+    data = TensorDataset(x, y)
+    if not pinned:
+        loader = DataLoader(data, batch_size=batch_size)
+        return {"train": loader, "valid": loader}
+    return {"train": DataLoader(data, batch_size=batch_size, shuffle=True, pin_memory=True,
+                                generator=torch.Generator().manual_seed(seed)),
+            "valid": DataLoader(data, batch_size=batch_size, pin_memory=True)}
+
+
+_DEFAULT = object()  # "not given": a test may pass None on purpose (train() must refuse it)
+
+
+def tiny_run(model=_DEFAULT, *, runner=None, loaders=_DEFAULT, criterion=_DEFAULT, optimizer=_DEFAULT, sgd_lr=0.1,
+             num_epochs=1, torch_seed=None, **kwargs):
+    """A tiny supervised run, in process: ``Linear(4, 1)`` on conftest's regression loaders with MSE and
+    SGD(sgd_lr) where not given (``torch_seed`` seeds torch first); every other keyword, ``seed`` and unknown ones
+    included, goes to ``train()``. Returns the runner."""
+    if torch_seed is not None:
+        torch.manual_seed(torch_seed)
+    model = nn.Linear(4, 1) if model is _DEFAULT else model
+    optimizer = torch.optim.SGD(model.parameters(), lr=sgd_lr) if optimizer is _DEFAULT else optimizer
+    return (runner or SupervisedRunner()).train(
+        model=model, criterion=nn.MSELoss() if criterion is _DEFAULT else criterion, optimizer=optimizer,
+        loaders=regression_loaders() if loaders is _DEFAULT else loaders, num_epochs=num_epochs, **kwargs)

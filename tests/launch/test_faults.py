@@ -1,0 +1,90 @@
+"""Five faults of one rank among 4 real gloo processes (hang_timeout=30): each ends the job non-zero, fast, and the
+launcher's summary names the rank, where it was and, for collectives, the collective and its call site."""
+from pathlib import Path
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.helpers import ROOT, alive, run
+
+pytestmark = pytest.mark.distributed
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+
+FAULTS = SCRIPTS / "faults.py"
+SOURCE = FAULTS.read_text().splitlines()
+
+
+def line_of(marker: str) -> str:
+    """``faults.py:N`` of the script line holding ``marker``."""
+    return f"faults.py:{next(n for n, text in enumerate(SOURCE, 1) if marker in text)}"
+
+
+def faulty_run(logdir, fault):
+    result = run([FAULTS, logdir], nproc=4, timeout=240, FAULT=fault, HANG_TIMEOUT=30)
+    ended = time.time()
+    out = result.stdout + result.stderr
+    summary = "\n".join(line for line in out.splitlines() if not line.startswith("[rank"))  # the launcher's own
+    took = ended - float((logdir / "fault-at").read_text())
+    pids = [int((logdir / f"started-{rank}").read_text()) for rank in range(4)]
+    deadline = time.monotonic() + 5
+    while any(map(alive, pids)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(map(alive, pids)), out
+    return result.returncode, out, summary, took
+
+
+@pytest.mark.timeout(300)
+def test_an_extra_collective_on_one_rank_is_named_with_its_call_site(tmp_path):
+    code, out, summary, took = faulty_run(tmp_path, "extra_collective")
+    assert code != 0 and took < 90, out
+    # gloo aborts the rank that received more bytes than its extra all_reduce expected: its fault handler's stack
+    # names the collective and the line; the others say where they were
+    assert "inside torch.distributed.all_reduce called from" in summary and line_of("# the extra all_reduce") in summary, summary
+    assert "The process group aborted because the ranks ran different collectives" in summary, summary
+
+
+@pytest.mark.timeout(300)
+def test_a_shape_mismatch_names_the_collective_each_rank_was_in(tmp_path):
+    code, out, summary, took = faulty_run(tmp_path, "shape_mismatch")
+    assert code == 124 and took < 90, out
+    site = line_of("# the mismatched all_reduce")
+    assert "First collective where the ranks differ (group 'default_pg', #" in summary, summary
+    assert "ranks 0, 2, 3 in all_reduce(Float[1]) " in summary and "rank 1 in all_reduce(Float[3]) " in summary, summary
+    assert summary.count(site) >= 2, summary
+
+
+@pytest.mark.timeout(300)
+def test_a_stalled_data_loader_is_named_and_diagnose_shows_who_is_behind(tmp_path):
+    code, out, summary, took = faulty_run(tmp_path, "stalled_loader")
+    assert code == 124 and took < 90, out
+    assert ("The first error, on rank 1 at stage 'main', epoch 1, batch 3 of loader 'train' (global batch 3): hang: "
+            "no progress for 30 s") in summary, summary
+    assert "stopped in " in summary and f"{line_of('time.sleep(3600)')} in __getitem__" in summary, summary
+    assert "which rank 1 never reached" in summary, summary
+    diagnose = subprocess.run([sys.executable, "-m", "torchstage", "diagnose", str(tmp_path)], cwd=ROOT,
+                              capture_output=True, text=True, timeout=60)
+    assert diagnose.returncode == 1, diagnose.stdout + diagnose.stderr
+    assert "collective records of 4 ranks" in diagnose.stdout
+    assert ("ranks 0, 2, 3 entered all_reduce(" in diagnose.stdout and "which rank 1 never reached; rank 1 last ran"
+            in diagnose.stdout), diagnose.stdout
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_rank_ends_all_within_30_s_naming_it(tmp_path):
+    code, out, summary, took = faulty_run(tmp_path, "sigkill")
+    assert code == 137 and took < 30, out
+    assert "rank 1 was killed by signal 9; stopped the other ranks." in summary, summary
+    assert "Rank 1 died without recording its collectives." in summary, summary
+
+
+@pytest.mark.timeout(300)
+def test_a_rank_that_exits_0_mid_epoch_is_named_with_its_line(tmp_path):
+    code, out, summary, took = faulty_run(tmp_path, "exit0")
+    assert code != 0 and took < 90, out
+    assert ("The first error, on rank 1 at stage 'main', epoch 1, batch 3 of loader 'train' (global batch 3): left "
+            f"the run: SystemExit(0) raised at ") in summary, summary
+    assert f"{line_of('# the rank leaves')} in on_batch_end" in summary, summary
+    assert "Rank 1 had exited with code 0" in summary, summary
