@@ -16,7 +16,7 @@ from torch.distributed import TCPStore
 from torch.utils.cpp_extension import get_default_build_root
 from torch.utils.file_baton import FileBaton
 
-from tests.distributed.multiproc import ROOT, run
+from tests.helpers import ROOT, run
 from torchstage.launch import startup_watch
 from torchstage.launch.local_launcher import free_port
 from torchstage.launch.startup_waits import Arrivals, build_progress, format_age, lock_wait, ranges
