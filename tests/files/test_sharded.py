@@ -164,3 +164,30 @@ def test_plain_values_in_data_files_still_load(tmp_path):
         dcp.save({"format": FORMAT, "loop": values}, storage_writer=dcp.FileSystemWriter(str(tmp_path / "ok")),
                  no_dist=True)
     assert load_checkpoint(str(tmp_path / "ok"))["loop"] == values
+
+
+def test_empty_dicts_survive_a_sharded_checkpoint(tmp_path):
+    """DCP keeps no empty dict: a run without a scheduler, or whose optimizer has no state yet, could not resume."""
+    from torchstage.files.sharded import EMPTY_DICTS, save_sharded
+    from torchstage.strategies.engine import Engine
+    checkpoint = {"format": FORMAT, "models": {"model": {"w": torch.ones(2)}}, "schedulers": {}, "scaler": {},
+                  "optimizers": {"optimizer": {"state": {}, "param_groups": [{"params": [0], "lr": 0.1}]}},
+                  "callbacks": {"early_stopping": {}, "checkpoint": {"best": {"epoch": 1}, "kept": {}}}, "meta": {}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        save_sharded(checkpoint, [str(tmp_path / "last.pth")], Engine(device="cpu"))
+    loaded = load_checkpoint(str(tmp_path / "last.pth"))
+    assert EMPTY_DICTS not in loaded and loaded["meta"] == {"sharded": True}
+    assert {key: value for key, value in loaded.items() if key not in ("models", "meta")} == \
+           {key: value for key, value in checkpoint.items() if key not in ("models", "meta")}
+
+
+def test_a_sharded_checkpoint_written_before_empty_dicts_were_kept_gets_the_formats_containers(tmp_path):
+    import torch.distributed.checkpoint as dcp
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # as an earlier torchstage wrote it: no record of its empty dicts
+        dcp.save({"format": FORMAT, "models": {"model": {"w": torch.ones(1)}},
+                  "optimizers": {"optimizer": {"state": {}, "param_groups": [{"params": [0]}]}}, "schedulers": {}},
+                 storage_writer=dcp.FileSystemWriter(str(tmp_path / "old")), no_dist=True)
+    loaded = load_checkpoint(str(tmp_path / "old"))
+    assert loaded["schedulers"] == {} and loaded["callbacks"] == {} and loaded["optimizers"]["optimizer"]["state"] == {}

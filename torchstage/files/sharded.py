@@ -25,6 +25,8 @@ from torchstage.files.format import FORMAT, CheckpointError
 from torchstage.files.writer import hand_over
 
 DATA_PREFIX = ".sharded-"
+#: The key under which a sharded checkpoint lists the key paths of its empty dicts (DCP keeps no empty dict).
+EMPTY_DICTS = "empty_dicts"
 
 
 def is_sharded(path: str) -> bool:
@@ -48,7 +50,8 @@ def save_sharded(checkpoint: dict, paths: list, engine, before_last=None, writer
     if engine.is_main:
         os.makedirs(data, exist_ok=True)
     engine.barrier()
-    checkpoint = {**checkpoint, "meta": {**checkpoint.get("meta", {}), "sharded": True}}
+    checkpoint = {**checkpoint, "meta": {**checkpoint.get("meta", {}), "sharded": True},
+                  EMPTY_DICTS: _empty_dict_paths(checkpoint)}
     storage = dcp.FileSystemWriter(data, sync_files=True)
     if writer is not None:
         future = dcp.async_save(checkpoint, storage_writer=storage, process_group=group,
@@ -162,7 +165,30 @@ def load_sharded(path: str) -> dict:
     if checkpoint.get("format") != FORMAT:
         raise CheckpointError(f"{path!r} is not a torchstage checkpoint: format is {checkpoint.get('format')!r}, "
                               f"expected {FORMAT!r}")
+    _restore_empty_dicts(checkpoint, checkpoint.pop(EMPTY_DICTS, None))
     return checkpoint
+
+
+def _empty_dict_paths(node, path=()) -> list:
+    """The key paths of the empty dicts in ``node`` (a run without a scheduler, an optimizer with no state yet),
+    which DCP does not keep."""
+    if not isinstance(node, dict):
+        return []
+    if not node:
+        return [list(path)]
+    return [found for key, value in node.items() for found in _empty_dict_paths(value, (*path, key))]
+
+
+def _restore_empty_dicts(checkpoint: dict, paths) -> None:
+    """Put back the empty dicts DCP left out: at ``paths``, or (a checkpoint written before they were recorded)
+    the format's own containers and each optimizer's ``state``."""
+    if paths is None:
+        paths = [[key] for key in ("models", "optimizers", "schedulers", "callbacks", "scaler", "metrics")]
+        paths += [["optimizers", name, "state"] for name in checkpoint.get("optimizers", {})]
+    for keys in paths:
+        node = checkpoint
+        for key in keys:
+            node = node.setdefault(key, {})
 
 
 def read_metadata(path: str):

@@ -5,7 +5,8 @@ Environment: STRATEGY (fsdp | ddp | fsdp-units | deepspeed1 | deepspeed2 | deeps
 checkpoints, 0: epochs only), CLIP (grad_clip_norm), ACC (accumulation_steps), AMP, KILL_AT_BATCH=n and
 KILL_RANK=r (SIGKILL rank r after global train batch n, once every rank's saves landed), KILL_IN_SAVE=n
 (SIGKILL the main rank when it switches the n-th checkpoint name, after every shard was written),
-KILL_IN_FSYNC=n (SIGKILL rank KILL_RANK in its n-th fsync, while it writes its shards of a checkpoint).
+KILL_IN_FSYNC=n (SIGKILL rank KILL_RANK in its n-th fsync, while it writes its shards of a checkpoint), BARE=1
+(plain SGD, whose state stays empty, and no scheduler).
 Each rank writes LOGDIR/report-rank<R>.json.
 """
 import json
@@ -96,10 +97,11 @@ if env.get("KILL_IN_FSYNC") and env.get("RANK") == env.get("KILL_RANK") and env.
 
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 1))
-OPTIMIZER = torch.optim.AdamW([{"params": model[0].parameters(), "lr": 0.02},
-                               {"params": list(model[3].parameters()) + list(model[5].parameters()), "lr": 0.005,
-                                "weight_decay": 0.0}], weight_decay=0.1)
-scheduler = torch.optim.lr_scheduler.StepLR(OPTIMIZER, step_size=1, gamma=0.5)
+GROUPS = [{"params": model[0].parameters(), "lr": 0.02},
+          {"params": list(model[3].parameters()) + list(model[5].parameters()), "lr": 0.005, "weight_decay": 0.0}]
+# BARE=1: plain SGD (its state stays empty) and no scheduler, what a run may hold that checkpoints drop easily
+OPTIMIZER = torch.optim.SGD(GROUPS, lr=0.01) if env.get("BARE") else torch.optim.AdamW(GROUPS, weight_decay=0.1)
+scheduler = None if env.get("BARE") else torch.optim.lr_scheduler.StepLR(OPTIMIZER, step_size=1, gamma=0.5)
 g = torch.Generator().manual_seed(1)
 x, y = torch.randn(96, 6, generator=g), torch.randn(96, 1, generator=g)
 loaders = {"valid": DataLoader(TensorDataset(x[80:], y[80:]), batch_size=4),
