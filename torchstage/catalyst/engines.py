@@ -3,7 +3,7 @@ its distributed engines are refused with torchstage's spelling (``train(distribu
 from collections.abc import Mapping
 
 from torchstage.logging_setup import note_alias
-from torchstage.strategies.engine import Engine
+from torchstage.runner.engine import Engine
 
 DISTRIBUTED = ("DataParallelEngine", "DistributedDataParallelEngine", "DistributedXLAEngine", "XLAEngine")
 

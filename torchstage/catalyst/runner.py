@@ -3,7 +3,7 @@ metric keys and its ``train()`` argument names (``fp16``, ``main_metric``...), e
 one-time note; also Catalyst 22's attribute names (``epoch_step``, ``sample_step``, ``loader_batch_len``).
 """
 from torchstage.logging_setup import note_alias
-from torchstage.strategies.engine import Engine
+from torchstage.runner.engine import Engine
 from torchstage.strategies.precision import FP16_OR_FULL
 
 #: train() arguments Catalyst 20.12 spelled differently -> torchstage's name.

@@ -9,7 +9,7 @@ from torchstage.runner.chain import merge_chain
 from torchstage.runner.defaults import default_callbacks
 from torchstage.runner.errors import RunnerException
 from torchstage.runner.loop_state import LoopState
-from torchstage.strategies.engine import Engine
+from torchstage.runner.engine import Engine
 
 
 def ready(runner, what: str) -> None:

@@ -141,9 +141,7 @@ def make_spec(runner, kwargs: dict, config_text: str = None) -> TrainSpec:
     check_resume(spec.resume, spec.logdir)
     spec.stage_specs = _resolve_stages(spec)
     for stage in spec.stage_specs:
-        if stage.optimizer is None:  # a strategy's config may name the optimizer (DeepSpeed's)
-            stage.optimizer = spec.strategy.make_optimizer(spec.model)
-        _check_stage(runner, stage)
+        _check_stage(runner, stage, spec.strategy)
         check_components(stage, spec.model, spec.scheduler_step)
     spec.config_text = config_text
     spec.stage_chains = stage_chains(runner, spec)
@@ -173,7 +171,7 @@ def _resolve_stages(spec: TrainSpec) -> list:
     return stages
 
 
-def _check_stage(runner, stage: StageSpec) -> None:
+def _check_stage(runner, stage: StageSpec, strategy) -> None:
     where = "num_epochs" if stage.name == "main" else f"stages[{stage.name!r}]['num_epochs']"
     if isinstance(stage.num_epochs, bool) or not isinstance(stage.num_epochs, int) or stage.num_epochs < 1:
         raise ValueError(f"{where} must be an integer >= 1, got {stage.num_epochs!r}")
@@ -192,7 +190,7 @@ def _check_stage(runner, stage: StageSpec) -> None:
     trains = names is None or any(str(name).startswith("train") for name in names)
     if runner.requires and trains:  # a stage of evaluation loaders only needs no optimizer (as in Catalyst 22)
         for name in runner.requires:
-            if getattr(stage, name) is None:
+            if getattr(stage, name) is None and not (name == "optimizer" and strategy.supplies_optimizer):
                 raise ValueError(f"{prefix}{type(runner).__name__} needs {name}=...; got {name}=None (a stage "
                                  f"whose loaders are all evaluation loaders, not 'train*', needs none)")
     if stage.callbacks is not None and not isinstance(stage.callbacks, (list, tuple, Mapping)):
