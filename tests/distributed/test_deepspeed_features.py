@@ -47,6 +47,8 @@ def test_check_run_with_the_optimizer_of_the_deepspeed_config_offloaded(tmp_path
     assert code == 0, out[-3000:]
     assert "check run passed" in out and report["optimizer"] == "AdamW"
     assert os.path.islink(tmp_path / "check" / "checkpoints" / "last.pth")
+    # the optimizer callback stepped the optimizer the strategy's setup built (its lr logged)
+    assert load_checkpoint(str(tmp_path / "check" / "checkpoints" / "last.pth"))["metrics"]["train"]["lr"] == 0.01
 
 
 @pytest.mark.timeout(900)
