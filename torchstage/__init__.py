@@ -55,11 +55,12 @@ from torchstage.files.lock import LogdirLocked
 from torchstage.launch.enter import distributed_cmd_run
 from torchstage.periods import Batch, Epoch
 from torchstage.rng import set_seed
+from torchstage.runner.engine import Engine
 from torchstage.runner.errors import RunnerException
 from torchstage.stop_request import RunStopped, StopRequest, request_stop
+from torchstage.strategies.base import Strategy
 from torchstage.strategies.ddp import DDP
 from torchstage.strategies.deepspeed import DeepSpeed
-from torchstage.strategies.engine import Engine
 from torchstage.strategies.fsdp import FSDP
 from torchstage.strategies.single import SingleDevice
 from torchstage.version import __version__
@@ -114,7 +115,7 @@ __all__ = [
     "DDP", "DeepSpeed", "Engine", "FSDP", "LoopCallback", "MetricsAveragingCallback", "OptimizerCallback", "ProgressBar", "Runner",
     "SchedulerCallback", "SupervisedRunner", "TensorBoardLogger", "distributed_cmd_run", "load_checkpoint",
     "load_model_weights", "set_seed", "Batch", "Epoch", "RunStopped", "StopCallback", "StopRequest", "request_stop",
-    "SingleDevice", "ConfigError", "load_config", "train_from_config", "RequeueCallback",
+    "SingleDevice", "Strategy", "ConfigError", "load_config", "train_from_config", "RequeueCallback",
     "BatchOverfitCallback", "MetricAggregationCallback", "MultiLabelAccuracyCallback", "RunnerException",
     "LoggerCallback", "MLflowLogger", "ProfilerCallback", "ThroughputMonitor",
     "TorchMetricsCallback", "EMACallback", "SWACallback", "WeightAveragingCallback", "OptunaPruningCallback", "tune",

@@ -1,7 +1,7 @@
 """How long a checkpoint blocks the training thread, for a model of about 300 MB (864 MiB with Adam): sync, async.
 
 ``sync`` does the whole save in the training thread, as a loop calling ``torch.save`` would: serialize, write
-and fsync ``last.pth`` and ``best.pth``. ``async`` is torchstage's save (``SingleDevice.save_checkpoint`` with a
+and fsync ``last.pth`` and ``best.pth``. ``async`` is torchstage's save (``Strategy.save_checkpoint`` with a
 ``FileWriter``): the training thread copies the state to host memory (the snapshot) and hands it over; the
 writer's thread serializes it into the files. Between two saves the training thread works (matrix products)
 for ``--gap`` seconds, as epochs do; the async blocked time also counts any wait for the previous save to land
@@ -28,7 +28,7 @@ import torch  # noqa: E402
 from torchstage.files.atomic import write_atomic_copies  # noqa: E402
 from torchstage.files.checkpoint_file import serialize  # noqa: E402
 from torchstage.files.writer import FileWriter  # noqa: E402
-from torchstage.strategies.engine import Engine  # noqa: E402
+from torchstage.runner.engine import Engine  # noqa: E402
 from torchstage.strategies.single import SingleDevice  # noqa: E402
 
 WIDTH = 2048
@@ -47,7 +47,7 @@ def save(name: str, state: dict, paths: list, engine, strategy, writer) -> float
     start = time.perf_counter()
     writer.wait_for_room()  # as save_checkpoint does first: timed apart from the snapshot
     waited = time.perf_counter() - start
-    strategy.save_checkpoint(state, paths, engine, writer)
+    strategy.save_checkpoint(state, paths, writer)
     return waited
 
 
@@ -98,7 +98,7 @@ def main():
     model(x).sum().backward()
     optimizer.step()  # Adam's moments exist: the state is weights plus two moments
     engine, strategy, writer = Engine(device="cpu"), SingleDevice(), FileWriter()
-    strategy.setup(engine)  # as a run does
+    strategy.connect(engine)  # as a run does
     if args.memory:
         print(peak_extra_memory(args.memory, model, optimizer, engine, strategy, writer))
         return

@@ -177,7 +177,7 @@ def test_a_failed_checkpoint_write_fails_the_run_and_leaves_the_last_good_one(tm
 def test_an_async_save_holds_the_state_of_its_moment_and_tied_weights_once(tmp_path):
     """The file holds the weights as they were when the save was handed over, though training changed them in
     place before the writer's thread ran; tied weights share one copy, as in the live state."""
-    from torchstage.strategies.engine import Engine
+    from torchstage.runner.engine import Engine
     from torchstage.strategies.single import SingleDevice
     encoder = torch.nn.Embedding(1000, 64)
     decoder = torch.nn.Linear(64, 1000, bias=False)
@@ -187,8 +187,9 @@ def test_an_async_save_holds_the_state_of_its_moment_and_tied_weights_once(tmp_p
     writer, gate = FileWriter(), threading.Event()
     writer.submit(gate.wait, large=False)  # the thread is busy: the save waits in the queue
     paths = [str(tmp_path / "best.pth"), str(tmp_path / "last.pth")]
-    SingleDevice().save_checkpoint({"format": "torchstage/1", "models": {"model": model.state_dict()}}, paths,
-                                   Engine(), writer)
+    strategy = SingleDevice()
+    strategy.connect(Engine())
+    strategy.save_checkpoint({"format": "torchstage/1", "models": {"model": model.state_dict()}}, paths, writer)
     with torch.no_grad():
         encoder.weight.add_(1.0)  # training goes on in place
     gate.set()

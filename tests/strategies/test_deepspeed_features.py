@@ -13,7 +13,7 @@ from tests.helpers import ROOT, run
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 from torchstage import DeepSpeed, SupervisedRunner
 from torchstage.files.checkpoint import load_checkpoint
-from torchstage.strategies.single import StepPlan
+from torchstage.strategies.base import StepPlan
 
 pytestmark = pytest.mark.distributed
 
@@ -52,6 +52,8 @@ def test_check_run_with_the_optimizer_of_the_deepspeed_config_offloaded(tmp_path
     assert code == 0, out[-3000:]
     assert "check run passed" in out and report["optimizer"] == "AdamW"
     assert os.path.islink(tmp_path / "check" / "checkpoints" / "last.pth")
+    # the optimizer callback stepped the optimizer the strategy's setup built (its lr logged)
+    assert load_checkpoint(str(tmp_path / "check" / "checkpoints" / "last.pth"))["metrics"]["train"]["lr"] == 0.01
 
 
 @pytest.mark.timeout(900)
@@ -131,29 +133,26 @@ def test_what_is_refused_before_training_names_the_argument_and_the_values(tmp_p
     assert DeepSpeed(config=tmp_path / "ds.yaml").stage == 3 and DeepSpeed(config=str(tmp_path / "ds.json")).stage == 1
     optimizer = torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1)
     strategy = DeepSpeed(config=tmp_path / "ds.yaml")
-    strategy.plan_steps(8, [StepPlan(optimizer)])
     with pytest.raises(ValueError, match=r"gradient_clipping=1.0 disagrees with train\(grad_clip_norm=None\) "
                                          r"\(no clipping; DeepSpeed's own default is 1.0\)"):
-        strategy.engine_config(StepPlan(optimizer), 2)
-    assert strategy.engine_config(StepPlan(optimizer, 2, 1.0), 2)["train_batch_size"] == 32
+        strategy.engine_config(StepPlan(optimizer), 8, 2)
+    assert strategy.engine_config(StepPlan(optimizer, 2, 1.0), 8, 2)["train_batch_size"] == 32
     strategy = DeepSpeed(config=tmp_path / "ds.json")
-    strategy.plan_steps(8, [])
     with pytest.raises(ValueError, match=r"bf16.enabled=True disagrees with train\(amp=None\)"):
-        strategy.engine_config(StepPlan(optimizer), 2)
+        strategy.engine_config(StepPlan(optimizer), 8, 2)
     strategy = DeepSpeed()
-    strategy.plan_steps(None, [])  # a loader with a batch sampler
     with pytest.raises(ValueError, match="needs train_micro_batch_size_per_gpu, which the train loader's batch_size "
                                          r"\(None\) does not give; set it in the DeepSpeed config"):
-        strategy.engine_config(StepPlan(optimizer), 2)
+        strategy.engine_config(StepPlan(optimizer), None, 2)  # a loader with a batch sampler
     with pytest.raises(ValueError, match=r"train_micro_batch_size_per_gpu=16 disagrees with the train loader's "
                                          r"batch_size \(8\)"):
         strategy = DeepSpeed(train_micro_batch_size_per_gpu=16)
-        strategy.plan_steps(8, [])
-        strategy.engine_config(StepPlan(optimizer), 2)
+        strategy.engine_config(StepPlan(optimizer), 8, 2)
+    model = torch.nn.Linear(2, 1)
     with pytest.raises(ValueError, match="grad_clip_value=0.5 is not supported with strategy='deepspeed'"):
-        DeepSpeed().plan_steps(8, [StepPlan(optimizer, grad_clip_value=0.5)])
+        DeepSpeed().setup({"model": model}, [optimizer], [StepPlan(optimizer, grad_clip_value=0.5)], 8)
     with pytest.raises(ValueError, match="compile=True is not supported with strategy='deepspeed'"):
-        DeepSpeed().wrap_models({"model": torch.compile(torch.nn.Linear(2, 1))}, None, [optimizer])
+        DeepSpeed().setup({"model": torch.compile(torch.nn.Linear(2, 1))}, [optimizer])
 
 
 def test_without_deepspeed_installed_the_error_says_how_to_install_it(monkeypatch):

@@ -101,6 +101,11 @@ class Callback(EventMethods):
         ``stage`` gives the defaults (``stage.valid_loader``, ``stage.valid_metric``)."""
         return ()
 
+    def step_plans(self, stage) -> tuple:
+        """The :class:`~torchstage.strategies.base.StepPlan` of each optimizer this callback will step in ``stage`` (a
+        StageSpec: ``stage.optimizer``), declared before training so that the strategy sets up for them; none here."""
+        return ()
+
     def handles(self, event: str) -> bool:
         """True if this callback overrides ``event``; the runner skips the rest at no cost.
 

@@ -19,7 +19,6 @@ from torchstage.callbacks.control.debug import CheckRunCallback, LimitBatchesCal
 from torchstage.callbacks.checkpoints.loader_state import LoaderStateCallback, is_stateful_loader
 from torchstage.callbacks.safety.even_batches import EvenBatchesCallback
 from torchstage.callbacks.training.loop import LoopCallback
-from torchstage.callbacks.training.optimizer import OptimizerCallback
 from torchstage.callbacks.control.periodic_validation import PeriodicValidationCallback
 from torchstage.callbacks.monitoring.model_summary import ModelSummary
 from torchstage.callbacks.monitoring.monitor import ThroughputMonitor
@@ -145,12 +144,13 @@ def _check_optimizer_args(spec, defaults: dict, chains: list) -> None:
     if not given:
         return
     text = ", ".join(f"{name}={value!r}" for name, value in given.items())
-    for chain in chains:
-        mine = {key: cb for key, cb in chain.items() if isinstance(cb, OptimizerCallback)}
+    for stage, chain in zip(spec.stage_specs, chains):
+        mine = {key: cb for key, cb in chain.items() if cb.step_plans(stage)}  # the callbacks that step optimizers
         for key, callback in mine.items():
             if defaults.get(key) is not callback:
-                raise ValueError(f"{text} was given to train() but the OptimizerCallback in callbacks[{key!r}] has "
-                                 f"its own arguments; set them in one place: on OptimizerCallback(...) or in train()")
+                kind = type(callback).__name__
+                raise ValueError(f"{text} was given to train() but the {kind} in callbacks[{key!r}] has "
+                                 f"its own arguments; set them in one place: on {kind}(...) or in train()")
         if not mine:
             raise ValueError(f"{text} is applied by an OptimizerCallback, and this run's callbacks have none (a "
                              f"custom handle_batch steps its own optimizers); pass callbacks=[OptimizerCallback"

@@ -20,7 +20,7 @@ from torchstage.runner.setup import train_in_world
 from torchstage.runner.spec import TrainSpec, make_spec, passes_arguments_as_given
 from torchstage.runner.state import load_runner_state_dict, runner_state_dict
 from torchstage.stop_request import RunStopped
-from torchstage.strategies.engine import Engine
+from torchstage.runner.engine import Engine
 from torchstage.strategies.precision import FULL, Precision
 
 logger = logging.getLogger("torchstage")

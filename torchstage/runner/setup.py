@@ -1,11 +1,11 @@
-"""Turning a checked spec into a ready runner: engine, seed, logdir, models, loaders, chains, resume."""
+"""Turning a checked spec into a ready runner: engine, seed, logdir, models, loaders, chains, resume, and the
+strategy's joint setup (what trains)."""
 import difflib
 import logging
 from dataclasses import replace
 
 import torch
 
-from torchstage.callbacks.training.optimizer import OptimizerCallback
 from torchstage.data.datasets import build_loaders
 from torchstage.data.loaders import distribute_loaders
 from torchstage.data.fork_check import warn_forked_workers
@@ -24,8 +24,7 @@ from torchstage.runner.loop_state import LoopState
 from torchstage.runner.resume import checkpoint_to_resume, restore
 from torchstage.runner.spec_optimization import check_scheduler_steps
 from torchstage.runner.spec_stages import check_built_loaders
-from torchstage.strategies.engine import Engine
-from torchstage.strategies.single import StepPlan
+from torchstage.runner.engine import Engine
 
 logger = logging.getLogger("torchstage")
 
@@ -40,11 +39,11 @@ def train_in_world(runner, spec):
 
 
 def _train_here(runner, spec, world: World):
-    """Prepare with this rank's engine, run with the models the strategy wrapped, leave the plain models behind."""
-    prepare(runner, spec, world)
+    """Prepare with this rank's engine, run with the models the strategy set up, leave the plain models behind."""
+    resumed = prepare(runner, spec, world)
     model = runner.model
     startup_watch.phase("setting up the strategy (wrapping the models)")
-    runner.model = _wrap_models(runner)
+    runner.model = setup_strategy(runner, resumed)
     complete = False
     try:
         startup_watch.stop()  # the hang watchdog takes over from the first event
@@ -56,9 +55,10 @@ def _train_here(runner, spec, world: World):
         runner.engine.strategy.teardown(complete)  # before the world's process group is destroyed
 
 
-def prepare(runner, spec, world: World = None) -> None:
-    """Everything before the first event on this rank of ``world`` (None: one process): no training happens
-    here, every user error is raised here."""
+def prepare(runner, spec, world: World = None):
+    """Everything before the first event on this rank of ``world`` (None: one process) but the strategy's setup: no
+    training happens here, every user error is raised here. Returns the optimizer states of the checkpoint the run
+    resumes from (None: a fresh run), for an optimizer the strategy's setup supplies."""
     ensure_console_handler()
     runner.spec = spec
     world = world or World()
@@ -86,7 +86,6 @@ def prepare(runner, spec, world: World = None) -> None:
     runner.stage_callbacks = spec.stage_chains
     for stage, chain, loaders in zip(spec.stage_specs, runner.stage_callbacks, runner.stage_loaders):
         _check_valid_metric(runner, stage, chain, loaders)
-    _plan_steps(runner)
     runner.loop = LoopState()
     runner.enter_stage(0)
     if spec.logdir is not None:  # another run writing there is named first; run() takes the lock
@@ -98,17 +97,19 @@ def prepare(runner, spec, world: World = None) -> None:
         restore(runner, found[1], path=found[0])
     if runner.engine.is_main and spec.verbose:
         logger.info("callbacks of stage %r:\n%s", runner.stage_key, describe_chain(runner.callbacks))
+    return found[1]["optimizers"] if found is not None else None
 
 
 def run_engine(engine: Engine, world: World, spec) -> Engine:
     """This rank's engine for the run, the one place it is made: from the world under several processes, else the
     runner's own engine (``device=``, a subclass) or the default one; with the run's strategy, set up for its
-    precision, and placement settings."""
+    precision (given to the strategy once, :meth:`~torchstage.strategies.base.Strategy.connect`), and placement
+    settings."""
     if world.is_distributed or engine is None:
         engine = Engine.for_world(world)
     engine = replace(engine, strategy=spec.strategy, channels_last=bool(spec.channels_last),
                      prefetch=bool(spec.prefetch))
-    spec.strategy.setup(engine, spec.amp)
+    spec.strategy.connect(engine, spec.amp)
     return engine
 
 
@@ -129,31 +130,30 @@ def stage_loaders(spec, engine) -> list:
 
 
 def _place_models(runner) -> None:
-    engine = runner.engine
-    runner.model = map_named(lambda m: engine.strategy.place(m, engine), runner.model)
+    runner.model = map_named(runner.engine.strategy.place, runner.model)
 
 
-def _plan_steps(runner) -> None:
-    """Tell the strategy, before it wraps, the train batch size and what each optimizer callback will ask of it."""
-    steps = []
-    for stage, chain in zip(runner.spec.stage_specs, runner.stage_callbacks):
-        for callback in chain.values():
-            if isinstance(callback, OptimizerCallback):
-                optimizer = stage.optimizer if callback.optimizer_key is None else \
-                    named(stage.optimizer, "optimizer").get(callback.optimizer_key)
-                steps.append(StepPlan(optimizer, callback.accumulation_steps, callback.grad_clip_norm,
-                                      callback.grad_clip_value))
+def setup_strategy(runner, resumed: dict = None):
+    """The strategy's joint setup: the placed models, the run's optimizers and the step plans the callbacks of the
+    chains declare go in; the models as they train come back. An optimizer the strategy's own configuration names
+    goes to the stages given none, with its state from ``resumed`` (a checkpoint's optimizer states)."""
+    stages, strategy = runner.spec.stage_specs, runner.engine.strategy
+    given = list({id(o): o for stage in stages for o in each(stage.optimizer)}.values())
+    plans = [plan for stage, chain in zip(stages, runner.stage_callbacks) for callback in chain.values()
+             for plan in callback.step_plans(stage)]
     sizes = [getattr(loader, "batch_size", None) for loaders in runner.stage_loaders
              for key, loader in loaders.items() if key.startswith("train")]
-    runner.engine.strategy.plan_steps(sizes[0] if sizes else None, steps)
-
-
-def _wrap_models(runner):
-    """The models as the strategy trains them (rebinding the run's optimizers if it replaces parameters)."""
-    models = named(runner.model, "model")
-    optimizers = {id(o): o for stage in runner.spec.stage_specs for o in each(stage.optimizer)}
-    wrapped = runner.engine.strategy.wrap_models(models, runner.engine, list(optimizers.values()))
-    return wrapped if isinstance(runner.model, dict) else wrapped["model"]
+    models, optimizers = strategy.setup(named(runner.model, "model"), given, plans, sizes[0] if sizes else None)
+    supplied = [o for o in optimizers if not any(o is g for g in given)]
+    if supplied:
+        for stage in stages:
+            if stage.optimizer is None:
+                stage.optimizer = supplied[0]
+        runner.optimizer = stages[runner.stage_index].optimizer
+        if resumed is not None and "optimizer" in resumed:
+            strategy.load_optimizer_state_dict(supplied[0], named(runner.unwrapped_model, "model"),
+                                               resumed["optimizer"])
+    return models if isinstance(runner.model, dict) else models["model"]
 
 
 def _check_valid_metric(runner, stage, chain, loaders) -> None:

@@ -59,9 +59,7 @@ class DataAndStages:
         _check_model(self.model)
         self.stage_specs = _resolve_stages(self)
         for stage in self.stage_specs:
-            if stage.optimizer is None:  # a strategy's config may name the optimizer (DeepSpeed's)
-                stage.optimizer = self.strategy.make_optimizer(self.model)
-            _check_stage(runner, stage)
+            _check_stage(runner, stage, self.strategy)
 
 
 def check_built_loaders(stage: StageSpec, loaders) -> None:
@@ -115,7 +113,7 @@ def _resolve_stages(spec: DataAndStages) -> list:
     return stages
 
 
-def _check_stage(runner, stage: StageSpec) -> None:
+def _check_stage(runner, stage: StageSpec, strategy) -> None:
     where = "num_epochs" if stage.name == "main" else f"stages[{stage.name!r}]['num_epochs']"
     if isinstance(stage.num_epochs, bool) or not isinstance(stage.num_epochs, int) or stage.num_epochs < 1:
         raise ValueError(f"{where} must be an integer >= 1, got {stage.num_epochs!r}")
@@ -134,7 +132,7 @@ def _check_stage(runner, stage: StageSpec) -> None:
     trains = names is None or any(str(name).startswith("train") for name in names)
     if runner.requires and trains:  # a stage of evaluation loaders only needs no optimizer (as in Catalyst 22)
         for name in runner.requires:
-            if getattr(stage, name) is None:
+            if getattr(stage, name) is None and not (name == "optimizer" and strategy.supplies_optimizer):
                 raise ValueError(f"{prefix}{type(runner).__name__} needs {name}=...; got {name}=None (a stage "
                                  f"whose loaders are all evaluation loaders, not 'train*', needs none)")
     check_callbacks(stage.callbacks, prefix)

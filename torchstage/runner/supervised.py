@@ -39,7 +39,9 @@ class SupervisedRunner(Runner):
         chain = {}
         if any(stage.criterion is not None for stage in spec.stage_specs):
             chain["criterion"] = self.loss_callback(names=list(names))
-        if any(stage.optimizer is not None for stage in spec.stage_specs):
+        # a strategy whose configuration names an optimizer (DeepSpeed's) builds it at setup for stages given none
+        if any(stage.optimizer is not None for stage in spec.stage_specs) or \
+                getattr(spec.strategy, "supplies_optimizer", False):
             chain["optimizer"] = OptimizerCallback(metric_key=self.loss_key, **optimizer_options)
         return chain
 

@@ -1,1 +1,1 @@
-"""Strategies: what differs between one process, DDP and FSDP (placement, wrapping, sync, clipping, state)."""
+"""Strategies: how a model trains across processes (an abstract Strategy; single device, DDP, FSDP, DeepSpeed)."""

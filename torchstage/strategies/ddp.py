@@ -3,10 +3,10 @@ import contextlib
 
 from torch.nn.parallel import DistributedDataParallel
 
-from torchstage.strategies.single import SingleDevice, gradients_of
+from torchstage.strategies.base import Strategy, gradients_of
 
 
-class DDP(SingleDevice):
+class DDP(Strategy):
     """``strategy="ddp"``: models with trainable parameters are wrapped in DistributedDataParallel.
 
     On a single process nothing is wrapped (the run is a plain one-device run). Keyword arguments are
@@ -21,11 +21,14 @@ class DDP(SingleDevice):
     def __repr__(self) -> str:
         return f"DDP({', '.join(f'{k}={v!r}' for k, v in self.ddp_kwargs.items())})"
 
-    def wrap(self, model, engine):
-        """DDP-wrap a model that has trainable parameters (others are returned as they are)."""
-        if not engine.is_distributed or not any(p.requires_grad for p in model.parameters()):
+    def setup(self, models, optimizers, plans=(), batch_size=None):
+        """Each model that has trainable parameters in DistributedDataParallel (others as they are)."""
+        return {name: self._wrap(model) for name, model in models.items()}, list(optimizers)
+
+    def _wrap(self, model):
+        if not self.engine.is_distributed or not any(p.requires_grad for p in model.parameters()):
             return model
-        device_ids = [engine.device.index] if engine.device.type == "cuda" else None
+        device_ids = [self.engine.device.index] if self.engine.device.type == "cuda" else None
         return DistributedDataParallel(model, device_ids=device_ids, **self.ddp_kwargs)
 
     def no_sync(self, model):
@@ -37,9 +40,10 @@ class DDP(SingleDevice):
                 stack.enter_context(m.no_sync())
         return stack
 
-    def finish_partial_group(self, optimizer, engine, scale):
+    def finish_partial_group(self, optimizer, scale):
         """Rescale, and all-reduce and average the gradients that :meth:`no_sync` left local to this rank."""
+        engine = self.engine
         if engine.world_size == 1:
-            return super().finish_partial_group(optimizer, engine, scale)
+            return super().finish_partial_group(optimizer, scale)
         for p in gradients_of(optimizer):
             engine.all_reduce_(p.grad).mul_(scale / engine.world_size)

@@ -9,21 +9,23 @@ stepping it). Checkpoints are directories of DeepSpeed's own files (see :mod:`to
 """
 import contextlib
 import os
+from dataclasses import replace
 
 import torch
 
+from torchstage.files.checkpoint_io import DeepSpeedCheckpointIO
 from torchstage.files.format import CheckpointError
 from torchstage.strategies.deepspeed_config import config_optimizer, deep_merge, engine_config, read_config
 from torchstage.strategies.deepspeed_ops import op_build, quiet_other_ranks
 from torchstage.strategies.deepspeed_state import load_into, safe_checkpoint_engine, set_fp32, whole_fp32
 from torchstage.strategies.precision import Precision
-from torchstage.strategies.single import SingleDevice, StepPlan
+from torchstage.strategies.base import StepPlan, Strategy
 
 #: The one key of a model state that DeepSpeed's files hold (see :meth:`DeepSpeed.model_state_dict`).
 HELD_BY = "deepspeed_engine"
 
 
-class DeepSpeed(SingleDevice):
+class DeepSpeed(Strategy):
     """``strategy="deepspeed"``, or ``DeepSpeed(stage=1|2|3, config=..., ...)``: ZeRO over all ranks.
 
     ``config`` is a DeepSpeed config dict or a JSON/YAML file; ``overrides`` are top-level config keys laid
@@ -67,16 +69,16 @@ class DeepSpeed(SingleDevice):
         if config.get("managed_gradient_accumulation", False):
             raise ValueError("DeepSpeed config managed_gradient_accumulation=True: torchstage decides when an "
                              "accumulation group ends (train(accumulation_steps=...)); remove the key")
-        config_optimizer(config)  # a type it cannot build fails now
+        #: the config names an optimizer: setup builds it for a run given none
+        self.supplies_optimizer = config_optimizer(config) is not None  # a type it cannot build fails now
         self.config, self.stage = config, stage
-        self._engines, self._made, self._pending, self._dtypes = {}, {}, {}, {}
-        self._plans, self._batch_size = {}, None
+        self._engines, self._pending, self._dtypes, self._plans = {}, {}, {}, {}
 
     def __repr__(self) -> str:
         return f"DeepSpeed(stage={self.stage})"
 
-    # ---- before training ---------------------------------------------------------------------
-    def setup(self, engine, amp=None) -> None:
+    # ---- the lifecycle -----------------------------------------------------------------------
+    def connect(self, engine, amp=None) -> None:
         """Import DeepSpeed for ``engine``'s device; DeepSpeed scales float16 losses itself: no grad scaler here."""
         if not engine.is_distributed:
             raise ValueError("strategy='deepspeed' shards training state over several processes, and this run has "
@@ -87,78 +89,75 @@ class DeepSpeed(SingleDevice):
         if accelerator != engine.device.type:
             raise ValueError(f"strategy='deepspeed': DeepSpeed's accelerator is {accelerator!r} but this run trains "
                              f"on {engine.device}; set DS_ACCELERATOR={engine.device.type} before starting")
-        precision = Precision.for_device(amp, engine.device, engine.is_main)
-        self.precision = Precision(precision.dtype, None, precision.device_type)
+        super().connect(engine, amp)
+        self.precision = Precision(self.precision.dtype, None, self.precision.device_type)
         self._world_size = engine.world_size
-        self._snapshot_buffers = {}
         quiet_other_ranks(engine)
+        self.checkpoint_io = DeepSpeedCheckpointIO(engine, self._engines)
 
-    def make_optimizer(self, model):
-        """The optimizer of the config's ``optimizer`` section for ``model`` (None without one)."""
-        kind = config_optimizer(self.config)
-        if kind is None:
-            return None
-        if isinstance(model, dict):
-            raise ValueError(f"DeepSpeed config optimizer {kind!r} with several models {sorted(model)}: give each "
-                             f"model its optimizer in train(optimizer={{name: ...}}) instead")
-        key = id(model)
-        if key not in self._made:
-            params = dict(self.config["optimizer"].get("params", {}))
-            if kind == "Adam" and params.pop("adam_w_mode", True):
-                kind = "AdamW"  # DeepSpeed's "Adam" decouples weight decay unless adam_w_mode is false
-            params.pop("torch_adam", None)
-            self._made[key] = getattr(torch.optim, kind)(model.parameters(), **params)
-        return self._made[key]
+    def engine_config(self, plan, batch_size, world_size: int) -> dict:
+        """The DeepSpeed config of one engine: the strategy's, with what ``train()`` owns (the train loaders'
+        ``batch_size``, the :class:`StepPlan` of its optimizer) filled in or checked."""
+        return engine_config(self.config, self.precision.dtype, batch_size, plan, world_size)
 
-    def plan_steps(self, batch_size, steps) -> None:
-        """The train loaders' batch size and each optimizer's schedule (:class:`StepPlan`), before wrapping."""
-        for step in steps:
-            if step.grad_clip_value is not None:
-                raise ValueError(f"grad_clip_value={step.grad_clip_value} is not supported with strategy='deepspeed' "
-                                 f"(DeepSpeed clips the total norm only); use grad_clip_norm=...")
-            self._plans[id(step.optimizer)] = step
-        self._batch_size = batch_size
-
-    def engine_config(self, plan, world_size: int) -> dict:
-        """The DeepSpeed config of one engine: the strategy's, with what ``train()`` owns filled in or checked."""
-        return engine_config(self.config, self.precision.dtype, self._batch_size, plan, world_size)
-
-    # ---- wrapping ----------------------------------------------------------------------------
-    def wrap_models(self, models, engine, optimizers=()):
-        """One DeepSpeedEngine per trained model, with its own optimizer; a pending checkpoint is loaded into it."""
+    def setup(self, models, optimizers, plans=(), batch_size=None):
+        """One DeepSpeedEngine per trained model, with its own optimizer (the config's, built here for a run given
+        none); a pending checkpoint is loaded into it. The engines stand in for the trained models."""
         compiled = [key for key, model in models.items() if hasattr(model, "_orig_mod")]
         if compiled:
             raise ValueError(f"compile=True is not supported with strategy='deepspeed' (model {compiled[0]!r} is "
                              f"compiled before DeepSpeed wraps it); train without compile, or use strategy='ddp'")
+        for plan in plans:
+            if plan.grad_clip_value is not None:
+                raise ValueError(f"grad_clip_value={plan.grad_clip_value} is not supported with strategy='deepspeed' "
+                                 f"(DeepSpeed clips the total norm only); use grad_clip_norm=...")
+        optimizers = list(optimizers)
+        if self.supplies_optimizer:
+            if optimizers:
+                raise ValueError(f"an optimizer was given twice: train(optimizer={type(optimizers[0]).__name__}) and "
+                                 f"DeepSpeed config optimizer {self.config['optimizer'].get('type')!r}; keep one of them")
+            optimizers = [self._config_optimizer(models)]
+            plans = [replace(plan, optimizer=optimizers[0]) if plan.optimizer is None else plan for plan in plans]
+        self._plans = {id(plan.optimizer): plan for plan in plans}
         deepspeed = _import_deepspeed()
-        given = [o for o in optimizers if id(o) not in {id(m) for m in self._made.values()}]
-        if given and config_optimizer(self.config):
-            raise ValueError(f"an optimizer was given twice: train(optimizer={type(given[0]).__name__}) and DeepSpeed "
-                             f"config optimizer {self.config['optimizer'].get('type')!r}; keep one of them")
         wrapped = dict(models)
         for name, model in models.items():
             if not any(p.requires_grad for p in model.parameters()):
                 continue
             optimizer = _optimizer_of(name, model, optimizers)
-            # no OptimizerCallback for it: a handle_batch calls backward and the step itself, one batch per step
+            # no stepping callback for it: a handle_batch calls backward and the step itself, one batch per step
             plan = self._plans.get(id(optimizer)) or StepPlan(optimizer)
             self._dtypes[name] = {key: t.dtype for key, t in [*model.named_parameters(), *model.named_buffers()]}
-            with op_build(deepspeed, engine):  # built on first use: said once, by the main rank
+            with op_build(deepspeed, self.engine):  # built on first use: said once, by the main rank
                 ds_engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer,
-                                                     config=self.engine_config(plan, engine.world_size),
+                                                     config=self.engine_config(plan, batch_size,
+                                                                               self.engine.world_size),
                                                      dist_init_required=False)
             ds_engine.checkpoint_engine = safe_checkpoint_engine(ds_engine._config)
             self._engines[name] = ds_engine
             if id(optimizer) in self._pending:
                 load_into(ds_engine, optimizer, *self._pending.pop(id(optimizer)))
             wrapped[name] = ds_engine
-        return wrapped
+        return wrapped, optimizers
+
+    def _config_optimizer(self, models: dict):
+        """The optimizer of the config's ``optimizer`` section for the run's one model."""
+        kind = config_optimizer(self.config)
+        if len(models) > 1:
+            raise ValueError(f"DeepSpeed config optimizer {kind!r} with several models {sorted(models)}: give each "
+                             f"model its optimizer in train(optimizer={{name: ...}}) instead")
+        params = dict(self.config["optimizer"].get("params", {}))
+        if kind == "Adam" and params.pop("adam_w_mode", True):
+            kind = "AdamW"  # DeepSpeed's "Adam" decouples weight decay unless adam_w_mode is false
+        params.pop("torch_adam", None)
+        return getattr(torch.optim, kind)(next(iter(models.values())).parameters(), **params)
 
     def teardown(self, complete: bool = True) -> None:
         """Destroy each engine (its ZeRO hooks and buffers) while the process group it uses still exists. After a
         complete run the models first get their whole fp32 weights (the master copy) and original dtypes back,
         so they work on after ``train()`` as with any other strategy (collective); after a failure nothing waits
         for the other ranks."""
+        super().teardown(complete)
         deepspeed = _import_deepspeed()
         for name, ds_engine in self._engines.items():
             module, dtypes = ds_engine.module, self._dtypes.pop(name)
@@ -174,10 +173,17 @@ class DeepSpeed(SingleDevice):
                 module.get_submodule(owner)._buffers[leaf] = buffer.to(dtypes[key])
         self._engines.clear()
 
-    def _engine_of(self, optimizer):
+    def _find_engine(self, optimizer):
+        """The DeepSpeedEngine stepping ``optimizer`` (None: none of this run does, yet)."""
         for ds_engine in self._engines.values():
             if ds_engine.optimizer is optimizer or getattr(ds_engine.optimizer, "optimizer", None) is optimizer:
                 return ds_engine
+        return None
+
+    def _engine_of(self, optimizer):
+        ds_engine = self._find_engine(optimizer)
+        if ds_engine is not None:
+            return ds_engine
         raise RuntimeError(f"strategy='deepspeed': the optimizer {type(optimizer).__name__} belongs to no DeepSpeed "
                            f"engine of this run")
 
@@ -193,7 +199,7 @@ class DeepSpeed(SingleDevice):
         """A no-op: with torchstage owning the accumulation boundary, DeepSpeed reduces when it steps."""
         return contextlib.nullcontext()
 
-    def finish_partial_group(self, optimizer, engine, scale):
+    def finish_partial_group(self, optimizer, scale):
         if scale != 1:
             raise RuntimeError("strategy='deepspeed' with accumulation_steps > 1 needs loaders with a length: the last "
                                "accumulation group of a loader ended early, and DeepSpeed has already reduced its "
@@ -245,7 +251,8 @@ class DeepSpeed(SingleDevice):
                 "deepspeed": {"tag": self._tag_of(engine.module), "world_size": self._world_size, "stage": self.stage}}
 
     def load_optimizer_state_dict(self, optimizer, models, state) -> None:
-        """Keep where the checkpoint's DeepSpeed files are; they load into the engine once it exists."""
+        """Keep where the checkpoint's DeepSpeed files are; they load into the engine once it exists (at once when it
+        does: an optimizer the config names is made by :meth:`setup`)."""
         saved = state.get("deepspeed")
         if saved is None or "path" not in saved:
             raise CheckpointError("strategy='deepspeed' resumes only a checkpoint written under DeepSpeed; this one "
@@ -257,17 +264,12 @@ class DeepSpeed(SingleDevice):
                                   f"and is resumed at stage {self.stage}; resume it at stage {saved['stage']}")
         for group, kept in zip(optimizer.param_groups, state["param_groups"]):
             group.update({k: v for k, v in kept.items() if k != "params"})
-        self._pending[id(optimizer)] = (saved["path"], saved["tag"], resharded)
-
-    def save_checkpoint(self, checkpoint, paths, engine, writer=None, before_last=None) -> None:
-        """Every rank writes its DeepSpeed files into a new directory, the main rank the rest of the run's state;
-        then the names in ``paths`` are switched to it in order (collective). Waits for earlier file jobs."""
-        from torchstage.files.checkpoint import snapshot
-        from torchstage.files.deepspeed_files import save_deepspeed
-        if writer is not None:
-            writer.wait()
-        state = snapshot(checkpoint) if engine.is_main else None
-        save_deepspeed(state, self._engines, paths, engine, before_last)
+        pending = (saved["path"], saved["tag"], resharded)
+        ds_engine = self._find_engine(optimizer)
+        if ds_engine is not None:
+            load_into(ds_engine, optimizer, *pending)
+        else:
+            self._pending[id(optimizer)] = pending
 
 
 def _import_deepspeed():

@@ -15,7 +15,7 @@ def engine_config(base: dict, dtype, batch_size, plan, world_size: int) -> dict:
     """The DeepSpeed config of one engine: ``base`` (the strategy's), with what ``train()`` owns filled in
     (``dtype``: the precision, the train loaders' ``batch_size``, the optimizer's :class:`StepPlan`) or checked."""
     config = copy.deepcopy(base)
-    config.pop("optimizer", None)  # built by make_optimizer: every engine gets a client optimizer
+    config.pop("optimizer", None)  # built by the strategy's setup: every engine gets a client optimizer
     clip = plan.grad_clip_norm
     agree(config, "train_micro_batch_size_per_gpu", batch_size,
           f"the train loader's batch_size ({batch_size})")

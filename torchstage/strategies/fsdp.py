@@ -1,7 +1,7 @@
 """FSDP2: parameters, gradients and optimizer state sharded across ranks (``torch.distributed.fsdp.fully_shard``).
 
 ``fully_shard`` replaces every parameter by a sharded DTensor, so the optimizer the user built holds
-stale tensors afterwards; :meth:`FSDP.wrap_models` rebinds it (same object, groups, hyperparameters
+stale tensors afterwards; :meth:`FSDP.setup` rebinds it (same object, groups, hyperparameters
 and state, the state sharded like its parameter). Checkpoints are directories written by every rank
 with ``torch.distributed.checkpoint`` (see :mod:`torchstage.files.sharded`).
 """
@@ -9,15 +9,15 @@ import contextlib
 import numbers
 
 import torch
-import torch.distributed as dist
 
-from torchstage.strategies.single import SingleDevice, optimizer_module
+from torchstage.files.checkpoint_io import ShardedCheckpointIO
+from torchstage.strategies.base import Strategy, optimizer_module
 
 #: Modules that hold sub-modules without running them in a forward of their own: the policy looks inside.
 CONTAINERS = (torch.nn.ModuleList, torch.nn.ModuleDict)
 
 
-class FSDP(SingleDevice):
+class FSDP(Strategy):
     """``strategy="fsdp"``, or ``FSDP(...)`` with options: shard each model with FSDP2 over all ranks.
 
     Wrapping policy: ``modules=(Block, ...)`` shards every sub-module of those classes; by default each
@@ -63,7 +63,7 @@ class FSDP(SingleDevice):
         visit(model)
         return found
 
-    def wrap_models(self, models, engine, optimizers=()):
+    def setup(self, models, optimizers, plans=(), batch_size=None):
         """Shard every trainable model in place and rebind ``optimizers`` to the sharded parameters."""
         _check_optimizers(models, optimizers)
         amp_dtype = self.precision.dtype
@@ -74,8 +74,8 @@ class FSDP(SingleDevice):
         if compiled:
             raise ValueError(f"compile=True is not supported with strategy='fsdp' (model {compiled[0]!r} is compiled "
                              f"before sharding); train without compile, or use strategy='ddp'")
-        if not engine.is_distributed:
-            return dict(models)
+        if not self.engine.is_distributed:
+            return dict(models), list(optimizers)
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # heavy; FSDP runs only
         policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
                   if amp_dtype is torch.bfloat16 else MixedPrecisionPolicy())
@@ -89,7 +89,7 @@ class FSDP(SingleDevice):
         after = {(key, name): p for key, model in models.items() for name, p in model.named_parameters()}
         for optimizer in optimizers:
             _rebind(optimizer, {old: after[where] for old, where in before.items()})
-        return dict(models)
+        return dict(models), list(optimizers)
 
     # ---- gradients ---------------------------------------------------------------------------
     def no_sync(self, model):
@@ -101,12 +101,12 @@ class FSDP(SingleDevice):
                 stack.callback(m.set_requires_gradient_sync, True)
         return stack
 
-    def finish_partial_group(self, optimizer, engine, scale):
-        if engine.is_distributed:
+    def finish_partial_group(self, optimizer, scale):
+        if self.engine.is_distributed:
             raise RuntimeError("strategy='fsdp' with accumulation_steps > 1 needs loaders with a length: the last "
                                "accumulation group of a loader ended early, and its gradients were never "
                                "reduce-scattered; give the loader a __len__ or use accumulation_steps=1")
-        super().finish_partial_group(optimizer, engine, scale)
+        super().finish_partial_group(optimizer, scale)
 
     def clip_grad_norm_(self, params, max_norm):
         """Clip by the norm of the whole (sharded) gradient: local norms are reduced over ranks first."""
@@ -134,20 +134,9 @@ class FSDP(SingleDevice):
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict  # heavy; FSDP runs only
         return get_optimizer_state_dict(optimizer_module(optimizer, models), optimizer)
 
-    def setup(self, engine, amp=None) -> None:
-        super().setup(engine, amp)
-        # async checkpoint saves run their collectives from a thread of DCP's: on a gloo group of their own
-        self._checkpoint_group = dist.new_group(backend="gloo") if engine.is_distributed else None
-
-    def save_checkpoint(self, checkpoint, paths, engine, writer=None, before_last=None):
-        """Every rank writes its shards into a new directory; the names in ``paths`` are switched to it, in order,
-        ``before_last()`` run before the last one. A collective, started here once the files handed to
-        ``writer`` earlier (the previous save's included) have landed, which keeps their order and lets no two
-        saves overlap; with a writer the shards are written while training goes on (DCP's async save)."""
-        from torchstage.files.sharded import save_sharded  # torch.distributed.checkpoint: heavy
-        if writer is not None:
-            writer.wait()
-        save_sharded(checkpoint, paths, engine, before_last, writer, getattr(self, "_checkpoint_group", None))
+    def connect(self, engine, amp=None) -> None:
+        super().connect(engine, amp)
+        self.checkpoint_io = ShardedCheckpointIO(engine)  # a directory of every rank's shards (collective)
 
 
 def _check_optimizers(models: dict, optimizers) -> None:

@@ -1,8 +1,8 @@
 """The one place where ``train(strategy=...)`` (a name or an instance) becomes a strategy object."""
+from torchstage.strategies.base import Strategy
 from torchstage.strategies.ddp import DDP
 from torchstage.strategies.deepspeed import DeepSpeed
 from torchstage.strategies.fsdp import FSDP
-from torchstage.strategies.single import SingleDevice
 
 #: Names ``train(strategy=...)`` accepts, each with the class it makes.
 NAMED = (DDP, FSDP, DeepSpeed)
@@ -10,7 +10,7 @@ NAMED = (DDP, FSDP, DeepSpeed)
 
 def resolve_strategy(strategy):
     """A strategy object for ``strategy``; raises ValueError, before training, for what cannot be used."""
-    if isinstance(strategy, SingleDevice):
+    if isinstance(strategy, Strategy):
         return strategy
     for kind in NAMED:
         if strategy == kind.name:

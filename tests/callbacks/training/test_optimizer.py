@@ -166,6 +166,34 @@ def test_intermediate_backwards_run_under_the_strategys_no_sync():
     assert NoSyncStrategy.calls == 6  # 8 batches = 2 groups of 4: 3 unsynced backwards each
 
 
+class PlanRecorder(SingleDevice):
+    """A one-process strategy that keeps what its joint setup was given."""
+
+    def setup(self, models, optimizers, plans=(), batch_size=None):
+        self.given = (sorted(models), list(optimizers), list(plans), batch_size)
+        return super().setup(models, optimizers, plans, batch_size)
+
+
+def test_the_strategy_sets_up_for_the_step_plans_the_chain_declares():
+    """The default OptimizerCallback's plan and that of a stepping callback of one's own reach the strategy's setup."""
+    from torchstage.strategies.base import StepPlan
+
+    class OwnStepper(Callback):
+        def __init__(self):
+            super().__init__(order=CallbackOrder.Optimizer + 1)
+
+        def step_plans(self, stage):
+            return (StepPlan(stage.optimizer, accumulation_steps=1, grad_clip_norm=0.5),)
+
+    x, y = data(32)
+    model, strategy = linear(), PlanRecorder()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    train(model, x, y, batch_size=8, optimizer=optimizer, strategy=strategy, callbacks={"own": OwnStepper()})
+    names, optimizers, plans, batch_size = strategy.given
+    assert names == ["model"] and optimizers == [optimizer] and batch_size == 8
+    assert plans == [StepPlan(optimizer), StepPlan(optimizer, 1, 0.5)]
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"accumulation_steps": 0}, "accumulation_steps must be an integer >= 1, got 0"),
     ({"grad_clip_norm": -1}, "grad_clip_norm must be a number > 0 or None, got -1"),

@@ -104,8 +104,7 @@ class CheckpointCallback(Callback):
             if runner.engine.is_main else None
         if targets:  # independent files, the summary written before the last of them (collective)
             self._check_finite(runner)
-            runner.engine.strategy.save_checkpoint(runner.state_dict(), targets, runner.engine, runner.file_writer,
-                                                   before_last=summary)
+            runner.engine.strategy.save_checkpoint(runner.state_dict(), targets, runner.file_writer, before_last=summary)
         elif runner.engine.is_main:
             hand_over(runner.file_writer, summary, large=False)
         if last_due:
@@ -133,7 +132,7 @@ class CheckpointCallback(Callback):
         if self._saved_at == position:
             return path
         self._check_finite(runner)
-        runner.engine.strategy.save_checkpoint(runner.state_dict(), [path], runner.engine, runner.file_writer)
+        runner.engine.strategy.save_checkpoint(runner.state_dict(), [path], runner.file_writer)
         self._saved_at = position
         return path
 

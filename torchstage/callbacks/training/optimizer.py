@@ -2,6 +2,8 @@
 from torchstage.arguments import check_int, check_positive
 from torchstage.callbacks.base import Callback, CallbackOrder
 from torchstage.callbacks.training.backward import BackwardCallback
+from torchstage.one_or_many import named
+from torchstage.strategies.base import StepPlan
 
 
 class OptimizerCallback(Callback):
@@ -42,6 +44,12 @@ class OptimizerCallback(Callback):
     @property
     def produces(self):
         return ("lr",)  # a train loader's metric
+
+    def step_plans(self, stage):
+        """What this callback will ask of the strategy for ``stage``'s optimizer: its accumulation and clipping."""
+        optimizer = stage.optimizer if self.optimizer_key is None else \
+            named(stage.optimizer, "optimizer").get(self.optimizer_key)
+        return (StepPlan(optimizer, self.accumulation_steps, self.grad_clip_norm, self.grad_clip_value),)
 
     def _optimizer(self, runner):
         return runner.optimizer if self.optimizer_key is None else runner.optimizer[self.optimizer_key]
@@ -121,7 +129,7 @@ class OptimizerCallback(Callback):
             return
         if self._pending and not self._step_only:  # a loader of unknown length (or cut short) left a partial group
             # rescaled to the group's real size and, under DDP, averaged where no_sync skipped the all-reduce
-            self._strategy.finish_partial_group(self._optimizer_now, runner.engine, self._group / self._pending)
+            self._strategy.finish_partial_group(self._optimizer_now, self._group / self._pending)
             self._step()
         runner.loader_metrics["lr"] = self._optimizer_now.param_groups[0]["lr"]
 

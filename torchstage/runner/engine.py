@@ -1,7 +1,8 @@
 """The engine: where tensors live, who this process is, its strategy, and collectives that are no-ops alone.
 
-It is built once per run from the world the process entered and the run's strategy (:meth:`Engine.for_world`);
-callbacks reach the strategy through it (``runner.engine.strategy``) for backward and the optimizer step.
+It is built once per run from the world the process entered and the run's strategy (:meth:`Engine.for_world`),
+which it is then given once (:meth:`~torchstage.strategies.base.Strategy.connect`); callbacks reach the strategy
+through it (``runner.engine.strategy``) for backward and the optimizer step.
 """
 from dataclasses import dataclass
 from typing import Any
