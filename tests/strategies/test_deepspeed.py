@@ -118,6 +118,25 @@ def test_resume_on_another_world_size_reshards_as_ddp_reloads(runs, tmp_path):
         assert [g["lr"] for g in a["optimizers"]["optimizer"]["param_groups"]] == [0.0025, 0.000625]
 
 
+@pytest.mark.timeout(900)
+def test_a_zero_checkpoint_continues_under_ddp_and_on_one_process(runs, tmp_path):
+    """Following the refusal's advice (strategy='ddp') failed with torch's raw "loaded state dict contains a parameter
+    group that doesn't match": the ZeRO partitions of the weights and of Adam's moments are now consolidated into
+    torch's own state, so the next epoch trains as DDP's from its own checkpoint of the same run does."""
+    resumed = {}
+    for source, procs in (("ddp", 2), ("zero2", 2), ("ddp", 1), ("zero3", 1)):
+        checkpoint = os.path.join(runs[source]["logdir"], "checkpoints", "last.pth")
+        run = launch(tmp_path / f"{source}-{procs}", checkpoint, **{**RUNS["ddp"], "NPROC": procs, "EPOCHS": 3})
+        _clean_exit(run)
+        resumed[source, procs] = final(run)
+    for zero, procs in (("zero2", 2), ("zero3", 1)):  # DDP's own checkpoint continued the same way
+        a, b = resumed[zero, procs], resumed["ddp", procs]
+        assert a["loop"]["global_epoch_step"] == 3 and "deepspeed" not in a["optimizers"]["optimizer"]
+        for key, tensor in b["models"]["model"].items():
+            torch.testing.assert_close(a["models"]["model"][key], tensor, atol=1e-5, rtol=0)
+        assert [g["lr"] for g in a["optimizers"]["optimizer"]["param_groups"]] == [0.0025, 0.000625]
+
+
 def test_another_zero_stage_is_refused_with_the_reason(runs):
     from torchstage import CheckpointError, DeepSpeed
     from torchstage.files.checkpoint import load_checkpoint

@@ -105,6 +105,39 @@ def load_deepspeed(path: str) -> dict:
     return checkpoint
 
 
+def plain_optimizer_state(state: dict, optimizer, models: dict) -> dict:
+    """A DeepSpeed checkpoint's optimizer ``state`` as torch's own state dict of ``optimizer`` (any other strategy,
+    one process too): each parameter's state consolidated from the ZeRO partitions, by the names of ``models``
+    (the plain models holding ``optimizer``'s parameters), and the saved hyperparameters of each group."""
+    saved, ids = state["deepspeed"], [id(p) for group in optimizer.param_groups for p in group["params"]]
+    holders = [name for name, model in models.items() if any(id(p) in set(ids) for p in model.parameters())]
+    if len(holders) != 1 or len(state["param_groups"]) != len(optimizer.param_groups):
+        raise CheckpointError(f"cannot continue DeepSpeed checkpoint {saved['path']!r} without DeepSpeed: its "
+                              f"optimizer had {len(state['param_groups'])} parameter group(s) of one model; this one "
+                              f"has {len(optimizer.param_groups)} over {holders or 'no model'}")
+    folder, model = os.path.join(saved["path"], holders[0]), models[holders[0]]
+    names = {id(p): name for name, p in model.named_parameters()}
+    base = safe_load(sorted(glob.glob(os.path.join(folder, "*_optim_states.pt")), key=_rank_of)[0])
+    from deepspeed.checkpoint import constants as keys  # heavy: DeepSpeed checkpoints only
+    first = base[keys.OPTIMIZER_STATE_DICT]
+    first = first.get("base_optimizer_state", first.get("optimizer_state_dict", {})).get("state", {})
+    kinds = sorted(k for k, v in next(iter(first.values()), {}).items() if torch.is_tensor(v) and v.dim() > 0)
+    merged = {kind: consolidate(folder, kind) for kind in kinds}
+    plain, index = {}, 0
+    for group_index, group in enumerate(optimizer.param_groups):
+        steps = merged[kinds[0]]["step"][group_index] if kinds else {}
+        for p in group["params"]:
+            plain[index] = {**{k: v.clone() for k, v in steps.items()},
+                            **{kind: merged[kind][names[id(p)]].view_as(p).to(p.dtype) for kind in kinds}}
+            index += 1
+    groups, start = [], 0
+    for group, kept in zip(optimizer.param_groups, state["param_groups"]):
+        groups.append({**{k: v for k, v in kept.items() if k != "params"},
+                       "params": list(range(start, start + len(group["params"])))})
+        start += len(group["params"])
+    return {"state": plain, "param_groups": groups}
+
+
 def consolidate(folder: str, optimizer_state: str = None) -> dict:
     """The full fp32 state dict of one model from DeepSpeed's checkpoint folder of any ZeRO stage, read safely; with
     ``optimizer_state`` (``"exp_avg"``...) that state of each parameter instead of its weights, and under

@@ -151,7 +151,11 @@ class Strategy(abc.ABC):
         return optimizer.state_dict()
 
     def load_optimizer_state_dict(self, optimizer, models: dict, state: dict) -> None:
-        """Put a checkpoint's optimizer state into ``optimizer``, keyed by index or, from FSDP, by parameter name."""
+        """Put a checkpoint's optimizer state into ``optimizer``, keyed by index or, from FSDP, by parameter name;
+        a DeepSpeed checkpoint's is consolidated from its ZeRO partitions first."""
+        if "deepspeed" in state:
+            from torchstage.files.deepspeed_files import plain_optimizer_state  # DeepSpeed checkpoints only
+            state = plain_optimizer_state(state, optimizer, models)
         if _keyed_by_name(state):
             from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict  # heavy; FSDP checkpoints only
             set_optimizer_state_dict(optimizer_module(optimizer, models), optimizer, state)

@@ -82,7 +82,8 @@ class DeepSpeed(Strategy):
         """Import DeepSpeed for ``engine``'s device; DeepSpeed scales float16 losses itself: no grad scaler here."""
         if not engine.is_distributed:
             raise ValueError("strategy='deepspeed' shards training state over several processes, and this run has "
-                             "one; use distributed=True with nprocs >= 2 (or torchrun), or strategy='ddp'")
+                             "one; use distributed=True with nprocs >= 2 (or torchrun), or strategy='ddp' (which also "
+                             "continues a ZeRO checkpoint: resume=... consolidates its partitions)")
         if engine.device.type == "cpu":
             os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed reads it once, on import
         accelerator = _import_deepspeed().accelerator.get_accelerator().device_name()
