@@ -81,8 +81,8 @@ def passes_arguments_as_given(run: Callable) -> Callable[[Callable[P, R]], Calla
             try:
                 return run(self, kwargs)
             except Exception as exc:
-                if shorten_user_error(exc, self):
-                    raise exc  # the user's error under the user's call
+                if shorten_user_error(exc, self):  # the user's error, under the user's call
+                    raise exc
                 raise
         return given
     return decorate
