@@ -1,15 +1,10 @@
 """The ``torchstage`` command: a small argparse router; each subcommand lives with the code it drives."""
 import argparse
-import os
 import sys
 
 from torchstage import __version__
-from torchstage.files.format import CheckpointError
 from torchstage.commands import checkpoint_tools, diagnose, env, plot, report, run, slurm, tune
-
-_USER_ERRORS = (ValueError, TypeError, KeyError, FileExistsError, FileNotFoundError, NotADirectoryError, PermissionError,
-                CheckpointError)
-_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+from torchstage.runner.errors import is_user_error
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,17 +37,6 @@ def main(argv=None) -> int:
         message = " ".join(str(exc).split())
         sys.stderr.write(f"torchstage {args.command}: error: {message}\n")
         return 2
-
-
-def is_user_error(exc: BaseException) -> bool:
-    """An error of what a user gave torchstage (arguments, config, logdir, checkpoint file), raised by
-    torchstage's own checks, not inside a model, a dataset or torch."""
-    if not isinstance(exc, _USER_ERRORS):
-        return False
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    return tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(_PACKAGE)
 
 
 if __name__ == "__main__":

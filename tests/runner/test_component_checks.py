@@ -176,3 +176,31 @@ def test_a_one_cycle_shorter_than_the_stage_is_refused_with_the_steps_it_needs()
         train(model=model, optimizer=optimizer, scheduler=scheduler, scheduler_step="batch", num_epochs=3)
     model, optimizer, scheduler = _one_cycle(3 * batches)  # exactly long enough: trains to the end
     train(model=model, optimizer=optimizer, scheduler=scheduler, scheduler_step="batch", num_epochs=3, callbacks=[])
+
+
+def test_a_model_without_parameters_is_refused_naming_it():
+    other = torch.nn.Linear(4, 1)
+    with pytest.raises(ValueError, match=r"^model \(Sequential\) has no parameters, so optimizer \(SGD\), which holds "
+                                         r"2 tensor\(s\) of something else, would train nothing; give train\(\) the "
+                                         r"model whose parameters it holds"):
+        SupervisedRunner().train(model=torch.nn.Sequential(torch.nn.Identity()), criterion=torch.nn.MSELoss(),
+                                 optimizer=torch.optim.SGD(other.parameters(), lr=0.1), loaders=regression_loaders(),
+                                 callbacks=[NoBatch()])
+
+
+def _empty():
+    return torch.utils.data.TensorDataset(torch.zeros(0, 4), torch.zeros(0, 1))
+
+
+def test_an_empty_dataset_in_datasets_is_refused_naming_it():
+    full = torch.utils.data.TensorDataset(torch.rand(8, 4), torch.rand(8, 1))
+    with pytest.raises(ValueError, match=r"^datasets\['train'\] is empty \(len 0\): it would yield no batch"):
+        train(loaders=None, datasets={"batch_size": 4, "train": _empty(), "valid": full})
+
+
+def test_an_empty_dataset_from_get_datasets_fn_is_refused_naming_it():
+    def make_datasets():
+        return {"train": _empty()}
+
+    with pytest.raises(ValueError, match=r"^datasets\['train'\] \(made by make_datasets\(\)\) is empty \(len 0\)"):
+        train(loaders=None, valid_loader="train", datasets={"batch_size": 4, "get_datasets_fn": make_datasets})

@@ -49,10 +49,20 @@ def dataset_loader_names(datasets, prefix: str = "") -> list:
         if not _is_dataset(value):
             raise ValueError(f"{prefix}datasets[{key!r}] = {value!r:.60} is neither a loader option "
                              f"({', '.join(LOADER_OPTIONS)}) nor a Dataset")
+        check_not_empty(key, value, prefix)
         names.append(key)
     if not names:
         raise ValueError(f"{prefix}datasets holds no dataset: add e.g. 'train': dataset, 'valid': dataset")
     return check_split(datasets, names, prefix)
+
+
+def check_not_empty(name, dataset, prefix: str = "", made_by=None) -> None:
+    """A map-style dataset of length 0 would yield no batch (torch's sampler says ``num_samples should be a
+    positive integer``): refused, naming it (and the ``get_datasets_fn`` that ``made_by`` it)."""
+    if not isinstance(dataset, IterableDataset) and hasattr(dataset, "__len__") and len(dataset) == 0:
+        made = f" (made by {getattr(made_by, '__name__', made_by)}())" if made_by is not None else ""
+        raise ValueError(f"{prefix}datasets[{name!r}]{made} is empty (len 0): it would yield no batch; give it a "
+                         f"dataset with at least one sample")
 
 
 def _factory_kwargs(datasets) -> dict:
@@ -79,6 +89,7 @@ def build_loaders(datasets: Mapping, engine, seed: int = 0) -> dict:
     options.setdefault("pin_memory", engine.device.type == "cuda")  # asynchronous host-to-device copies
     loaders = {}
     for name, dataset in build_datasets(datasets).items():
+        check_not_empty(name, dataset, made_by=datasets.get(FACTORY))
         is_train = name.startswith("train")
         train_shuffle = is_train if shuffle is None else (shuffle and is_train)
         sampler = make_sampler(dataset, engine, shuffle=train_shuffle, is_train=is_train, seed=seed)

@@ -1,4 +1,16 @@
-"""Errors of the runner that a user's setup causes (kept under Catalyst 20.12's name, RunnerException)."""
+"""Errors of the runner that a user's setup causes (kept under Catalyst 20.12's name, RunnerException), and how a
+user error reaches the user: its message under the user's own call, without torchstage's frames."""
+import logging
+import os
+
+from torchstage.files.format import CheckpointError
+
+#: Set (to anything but "" or "0") to keep torchstage's own frames in the traceback of a user error.
+FULL_TRACEBACK_VAR = "TORCHSTAGE_FULL_TRACEBACK"
+#: What torchstage's checks raise for a user's argument, config, logdir or checkpoint.
+USER_ERRORS = (ValueError, TypeError, KeyError, FileExistsError, FileNotFoundError, NotADirectoryError, PermissionError,
+               CheckpointError)
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 class RunnerException(ValueError):
@@ -18,3 +30,27 @@ class LogdirHoldsRun(FileExistsError):
         fixes = [line if cli else python for python, line in self.fixes]
         return f"{self.problem}; {', '.join(fixes[:-1])} or {fixes[-1]}" if len(fixes) > 1 else \
             f"{self.problem}; {fixes[0]}"
+
+
+def is_user_error(exc: BaseException) -> bool:
+    """An error of what a user gave torchstage (arguments, config, logdir, checkpoint file), raised by
+    torchstage's own checks, not inside a model, a dataset or torch."""
+    if not isinstance(exc, USER_ERRORS):
+        return False
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(_PACKAGE)
+
+
+def shorten_user_error(exc: BaseException, runner) -> bool:
+    """Drop torchstage's frames from ``exc`` (noting how to see them) if ``train()`` should show it under the
+    user's call alone: a user error found before training, not what ended ``runner.run()`` (whose frames may be
+    the user's own code), and no full traceback asked for (``TORCHSTAGE_FULL_TRACEBACK=1``, or the ``torchstage``
+    logger at DEBUG). Returns whether it did."""
+    if exc is runner.exception or not is_user_error(exc) or os.environ.get(FULL_TRACEBACK_VAR, "") not in ("", "0") \
+            or logging.getLogger("torchstage").isEnabledFor(logging.DEBUG):
+        return False
+    exc.with_traceback(None)
+    exc.add_note(f"(torchstage's own frames are hidden; {FULL_TRACEBACK_VAR}=1 shows them)")
+    return True

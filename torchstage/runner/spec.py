@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional, ParamSpec, TypeVar
 
 from torchstage.runner.defaults import stage_chains
+from torchstage.runner.errors import shorten_user_error
 from torchstage.runner.spec_checkpoints import CheckpointsAndResume
 from torchstage.runner.spec_optimization import Optimization
 from torchstage.runner.spec_processes import ProcessesAndStrategy
@@ -70,10 +71,18 @@ def passes_arguments_as_given(run: Callable) -> Callable[[Callable[P, R]], Calla
     """Decorates ``Runner.train``, whose parameters are written out (what ``help()``, IDEs and type checkers show; a
     test keeps them equal to TrainSpec's): a call runs ``run(runner, given)`` with the keyword arguments exactly as
     given. So make_spec fills in the defaults, and an argument passed at its default value still counts as given
-    (``train(main_metric="loss", valid_metric="loss")`` is refused as two names for one argument)."""
+    (``train(main_metric="loss", valid_metric="loss")`` is refused as two names for one argument).
+
+    A user error found before training reaches the user here, under their own call, without torchstage's frames
+    (:func:`~torchstage.runner.errors.shorten_user_error`)."""
     def decorate(train: Callable[P, R]) -> Callable[P, R]:
         @functools.wraps(train)
         def given(self, **kwargs):
-            return run(self, kwargs)
+            try:
+                return run(self, kwargs)
+            except Exception as exc:
+                if shorten_user_error(exc, self):  # the user's error, under the user's call
+                    raise exc
+                raise
         return given
     return decorate

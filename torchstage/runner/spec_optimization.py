@@ -49,7 +49,12 @@ def check_components(stage, model, scheduler_step: str) -> None:
     allowed.update(id(p) for c in _values(stage.criterion) if isinstance(c, torch.nn.Module) for p in c.parameters())
     for key, optimizer in _items(stage.optimizer, "optimizer"):
         params = [p for group in getattr(optimizer, "param_groups", ()) for p in group["params"]]
-        if allowed and params and not any(id(p) in allowed for p in params):
+        if params and not allowed:
+            raise ValueError(f"{prefix}model ({_kinds(model)}) has no parameters, so {key} "
+                             f"({type(optimizer).__name__}), which holds {len(params)} tensor(s) of something else, "
+                             f"would train nothing; give train() the model whose parameters it holds (tensors a "
+                             f"model learns are nn.Parameter attributes of one of its modules)")
+        if params and not any(id(p) in allowed for p in params):
             raise ValueError(f"{prefix}{key} ({type(optimizer).__name__}) holds {len(params)} tensor(s), none of them "
                              f"a parameter of the model, so training would change nothing; build it on this "
                              f"model: {type(optimizer).__name__}(model.parameters(), ...)")
@@ -109,6 +114,11 @@ def _check_instances(prefix: str, name: str, value) -> None:
         if name == "optimizer" and not (hasattr(item, "step") and hasattr(item, "zero_grad")):
             raise TypeError(f"{prefix}{key} must be a torch.optim.Optimizer (with step and zero_grad), got "
                             f"{type(item).__name__}")
+
+
+def _kinds(model) -> str:
+    return ", ".join(f"{k}: {type(m).__name__}" for k, m in model.items()) if isinstance(model, Mapping) else \
+        type(model).__name__
 
 
 def _values(value) -> list:

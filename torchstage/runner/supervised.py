@@ -3,7 +3,7 @@ import torch
 
 from torchstage.callbacks.training.optimizer import OptimizerCallback
 from torchstage.callbacks.training.output_losses import OutputLossesCallback, as_terms
-from torchstage.callbacks.training.loss_checks import missing_key_message
+from torchstage.callbacks.training.loss_checks import input_dtype_error, missing_key_message
 from torchstage.runner.runner import Runner
 
 
@@ -54,7 +54,13 @@ class SupervisedRunner(Runner):
     def handle_batch(self, batch) -> None:
         if self.amp_dtype is None and self._plain and type(batch) in (tuple, list) and len(batch) == 2:
             x, y = batch  # the common (x, y) batch without amp: no dict round trip
-            output = self.model(x)
+            try:
+                output = self.model(x)
+            except (RuntimeError, ValueError) as exc:
+                error = input_dtype_error(self.model, {self.input_key: x}, exc)
+                if error is None:
+                    raise
+                raise error from exc
             if type(output) is torch.Tensor:
                 self.loop.batch = {self.input_key: x, self.target_key: y, self.output_key: output}
             else:
@@ -73,11 +79,19 @@ class SupervisedRunner(Runner):
             return self.forward(self._as_dict(batch))
 
     def forward(self, batch: dict, **kwargs) -> dict:
-        """Run the model on ``batch``'s inputs and name its outputs."""
-        if isinstance(self.input_key, str):
-            output = self.model(self._input(batch, self.input_key), **kwargs)
-        else:
-            output = self.model(**{key: self._input(batch, key) for key in self.input_key}, **kwargs)
+        """Run the model on ``batch``'s inputs and name its outputs (an input torch refuses for its dtype is
+        named, with the fix)."""
+        try:
+            if isinstance(self.input_key, str):
+                output = self.model(self._input(batch, self.input_key), **kwargs)
+            else:
+                output = self.model(**{key: self._input(batch, key) for key in self.input_key}, **kwargs)
+        except (RuntimeError, ValueError) as exc:
+            keys = [self.input_key] if isinstance(self.input_key, str) else self.input_key
+            error = input_dtype_error(self.model, {key: batch[key] for key in keys}, exc)
+            if error is None:
+                raise
+            raise error from exc
         return self._named(output)
 
     def _input(self, batch: dict, key):

@@ -71,3 +71,29 @@ def test_broadcasting_shapes_warn_once_and_torch_does_not_repeat_it(caplog):
                               "'targets' of shape [8] (float32): they broadcast to [8, 8], so every output is compared "
                               "with every target. Reshape one of them (e.g. targets.view(8, 1)) unless this is intended."]
     assert not [w for w in caught if "target size" in str(w.message)]
+
+
+@pytest.mark.parametrize("dtype, cast", [(torch.int64, "features.float()"), (torch.float64, "features.float()")])
+def test_features_of_another_dtype_than_the_model(dtype, cast):
+    x, y = (torch.rand(32, 4) * 5).to(dtype), torch.rand(32, 1)
+    message = run(torch.nn.Linear(4, 1), torch.nn.MSELoss(), x, y)
+    name = str(dtype).replace("torch.", "")
+    assert message.startswith(f"the model got input 'features' of shape [8, 4] ({name}) but its parameters are "
+                              f"float32, and torch does not mix them (RuntimeError: ")
+    assert message.endswith(f"give it float32 inputs: {cast} in the dataset or its collate_fn")
+
+
+def test_integer_inputs_that_the_model_takes_keep_torchs_other_errors():
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 3), torch.nn.Flatten(), torch.nn.Linear(5, 1))  # 12 != 5
+    loader = DataLoader(TensorDataset(torch.randint(0, 10, (16, 4)), torch.rand(16, 1)), batch_size=8)
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
+        SupervisedRunner().train(model=model, criterion=torch.nn.MSELoss(), loaders={"train": loader, "valid": loader},
+                                 optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+
+
+def test_a_loss_that_is_not_a_scalar_names_the_criterion():
+    x, y = torch.rand(32, 4), torch.rand(32, 1)
+    message = run(torch.nn.Linear(4, 1), torch.nn.MSELoss(reduction="none"), x, y)
+    assert message == ("the loss 'loss' of criterion MSELoss(reduction='none') has shape [8, 1], but the loss must be "
+                       "a scalar to backpropagate: build the criterion with reduction='mean' or 'sum' (or reduce the "
+                       "loss to one value in a callback before the backward)")

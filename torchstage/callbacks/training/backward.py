@@ -5,6 +5,7 @@ import functools
 import torch
 
 from torchstage.callbacks.base import Callback, CallbackOrder
+from torchstage.callbacks.training.loss_checks import nonscalar_loss_error
 from torchstage.one_or_many import each
 
 #: ``grad_clip_fn`` given by name -> the torch function.
@@ -47,7 +48,13 @@ class BackwardCallback(Callback):
         if loss is None:
             raise KeyError(f"BackwardCallback(metric_key={self.metric_key!r}) found no such loss in batch_metrics; "
                            f"it has {sorted(loop.batch_metrics)}")
-        runner.engine.backward(loss)
+        try:
+            runner.engine.backward(loss)
+        except RuntimeError as exc:  # torch's "grad can be implicitly created only for scalar outputs", named
+            error = nonscalar_loss_error(runner.criterion, self.metric_key, loss)
+            if error is None:
+                raise
+            raise error from exc
         if self.grad_clip_fn is not None:
             if runner.scaler is not None:
                 raise ValueError("BackwardCallback(grad_clip_fn=...) under amp='fp16' would clip scaled gradients; "

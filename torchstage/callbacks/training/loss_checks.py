@@ -1,10 +1,13 @@
 """First-batch checks of what the criterion compares: model output against target, with a correct fix.
 
 Run once per stage, on the first batch, so torch's own errors (``Target 9 is out of bounds``, a raw shape
-RuntimeError) become one message naming both shapes and dtypes, the criterion and what to change.
+RuntimeError) become one message naming both shapes and dtypes, the criterion and what to change. The same is
+said when torch refuses the model's input (a dtype other than the parameters') or a backward from a loss that is
+not a scalar: explained where torch failed, at no cost to a batch that does not fail.
 """
 import logging
 import math
+import re
 
 import torch
 
@@ -98,3 +101,40 @@ def missing_key_message(owner: str, key, batch, fix: str) -> str:
     """Why ``batch[key]`` failed: the keys the batch has (a dict), and the argument that names them."""
     given = f"a dict with keys {sorted(map(str, batch))}" if isinstance(batch, dict) else f"a {type(batch).__name__}"
     return f"{owner} found no {key!r} in the batch, {given}: {fix}"
+
+
+def input_dtype_error(model, inputs: dict, exc: Exception):
+    """The error of a model that torch refused an input of another dtype than its parameters (int64 features into
+    a float model, float64 from numpy), naming both dtypes and the fix; None when ``exc`` is about something else."""
+    weight = next((p for p in model.parameters() if p.is_floating_point()), None)
+    if weight is None:
+        return None
+    for key, tensor in inputs.items():
+        if isinstance(tensor, torch.Tensor) and tensor.dtype != weight.dtype and _names_dtype(str(exc), tensor.dtype):
+            wanted = str(weight.dtype).replace("torch.", "")
+            cast = f"{key}.float()" if weight.dtype == torch.float32 else f"{key}.to(torch.{wanted})"
+            return ValueError(f"the model got input {describe(key, tensor)} but its parameters are {wanted}, and "
+                              f"torch does not mix them ({type(exc).__name__}: {exc}); give it {wanted} inputs: "
+                              f"{cast} in the dataset or its collate_fn")
+    return None
+
+
+def _names_dtype(message: str, dtype) -> bool:
+    """Whether torch's ``message`` speaks of ``dtype`` ('Long', 'long int', 'torch.int64'...)."""
+    name = torch.empty(0, dtype=dtype).type().replace("torch.", "").replace("Tensor", "")  # Long, Double, Byte...
+    words = {name, {"Byte": "unsigned char", "Char": "signed char"}.get(name, name)}
+    return str(dtype) in message or any(re.search(rf"\b{w}\b", message, re.IGNORECASE) for w in words)
+
+
+def nonscalar_loss_error(criterion, metric_key: str, loss):
+    """The error of a backward from a loss of several values (a criterion with ``reduction='none'``), naming the
+    criterion: torch's own is ``grad can be implicitly created only for scalar outputs``; None for a scalar loss."""
+    if not isinstance(loss, torch.Tensor) or loss.numel() == 1:
+        return None
+    source = ""
+    if criterion is not None and not isinstance(criterion, dict):
+        reduction = getattr(criterion, "reduction", None)
+        source = f" of criterion {type(criterion).__name__}" + (f"(reduction={reduction!r})" if reduction else "")
+    return ValueError(f"the loss {metric_key!r}{source} has shape {list(loss.shape)}, but the loss must be a scalar "
+                      f"to backpropagate: build the criterion with reduction='mean' or 'sum' (or reduce the loss to "
+                      f"one value in a callback before the backward)")

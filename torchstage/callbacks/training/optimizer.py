@@ -2,6 +2,7 @@
 from torchstage.arguments import check_int, check_positive
 from torchstage.callbacks.base import Callback, CallbackOrder
 from torchstage.callbacks.training.backward import BackwardCallback
+from torchstage.callbacks.training.loss_checks import nonscalar_loss_error
 from torchstage.one_or_many import named
 from torchstage.strategies.base import StepPlan
 
@@ -104,13 +105,19 @@ class OptimizerCallback(Callback):
         if self._group > 1:
             loss = loss / self._group
         self._pending += 1
-        if self._no_sync is None:
-            self._backward(loss, self._optimizer_now)
-        else:
-            try:
+        try:
+            if self._no_sync is None:
                 self._backward(loss, self._optimizer_now)
-            finally:
-                self._leave_no_sync()
+            else:
+                try:
+                    self._backward(loss, self._optimizer_now)
+                finally:
+                    self._leave_no_sync()
+        except RuntimeError as exc:  # torch's "grad can be implicitly created only for scalar outputs", named
+            error = nonscalar_loss_error(runner.criterion, self.metric_key, loss)
+            if error is None:
+                raise
+            raise error from exc
         if self._pending >= self._group:
             self._step()
 
