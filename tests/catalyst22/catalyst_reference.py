@@ -6,7 +6,9 @@ CPU's kernels, so numbers recorded on another machine cannot be compared). Catal
 Each ``import ... # was: <original import>`` line of the script is put back to its original. Catalyst 22.04 on
 torch 2.x needs one patch, applied here only, in the Catalyst process: its scheduler check is ``isinstance(s,
 torch.optim.lr_scheduler._LRScheduler)``, which torch 2's schedulers no longer pass, so without it Catalyst never
-steps a scheduler.
+steps a scheduler. And Catalyst 22.04 runs as installed without its optional integrations (the scripts use
+none): its settings import every one it finds to see whether it is there (DeepSpeed, MLflow, scikit-learn...),
+which would double the time of each run.
 """
 import importlib.util
 import os
@@ -19,6 +21,9 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPTS = os.path.join(ROOT, "scripts", "catalyst22")
 EXTRA = 'pip install -e ".[catalyst-reference]"'
+#: What Catalyst 22.04's settings probe for its optional integrations; the Catalyst process sees them absent.
+INTEGRATIONS = ("deepspeed", "mlflow", "sklearn", "pandas", "matplotlib", "onnx", "onnxruntime", "cv2", "imageio",
+                "skimage", "torchvision", "wandb", "comet_ml", "neptune", "fairscale", "apex", "torch_xla")
 
 
 def catalyst_source(text: str) -> str:
@@ -84,6 +89,7 @@ def main(script: str, *args) -> None:
     import torch.optim.lr_scheduler  # patched in this (Catalyst's) process only, before catalyst is imported
 
     torch.optim.lr_scheduler._LRScheduler = torch.optim.lr_scheduler.LRScheduler
+    sys.modules.update(dict.fromkeys(INTEGRATIONS))  # "import deepspeed" raises ModuleNotFoundError here
     with open(script) as f:
         source = catalyst_source(f.read())
     with tempfile.TemporaryDirectory() as folder:
