@@ -27,6 +27,10 @@ setup(
         "optuna": ["optuna>=3.4"],
         "onnx": ["onnx>=1.14"],  # utils.onnx_export (Catalyst 22's): torch.onnx.export writes the file with it
         "deepspeed": ["deepspeed>=0.19,<0.20"],  # strategy="deepspeed" (ZeRO 1-3)
+        # The tests' reference: tests/catalyst/ runs each Catalyst 22 script on real Catalyst 22.04 too, live, and
+        # compares the weights bit for bit (numbers recorded on another CPU cannot match). accelerate<0.30: Catalyst
+        # 22.04's engines use accelerate APIs that later releases deprecate and drop (DistributedType.TPU, ...).
+        "catalyst-reference": ["catalyst==22.4", "accelerate<0.30"],
     },
     entry_points={"console_scripts": ["torchstage=torchstage.cli:main"]},
     license="Apache-2.0",

@@ -1,12 +1,13 @@
-"""Runs a scripts/catalyst22/metrics_*.py script on real Catalyst 22.04 with its original imports, to record the
-reference numbers the tests compare torchstage with.
+"""Runs a scripts/catalyst22/metrics_*.py script on real Catalyst 22.04 with its original imports, by hand, to see
+its numbers next to torchstage's (the tests run each script on Catalyst live, on the same machine, through
+tests/catalyst22/catalyst_reference.py).
 
 Each line ending in ``# was: <import>`` is replaced by that import. On torch 2.x Catalyst 22.04 recognises a
 scheduler only as a ``torch.optim.lr_scheduler._LRScheduler`` (which ``MultiStepLR`` and the others no longer
 derive from), so without a fix it never steps one: this helper, and nothing in torchstage, points
 ``_LRScheduler`` at ``LRScheduler`` before Catalyst is imported.
 
-Run (in an environment with ``catalyst==22.4`` and ``accelerate<0.30``):
+Run (with ``catalyst==22.4`` and ``accelerate<0.30``: ``pip install -e ".[catalyst-reference]"``):
     python scripts/catalyst22/metrics_reference.py scripts/catalyst22/metrics_classification.py [ARGS...]
 """
 import os
