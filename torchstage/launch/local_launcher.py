@@ -83,7 +83,7 @@ class Launcher:
         self.failure_dir, self.failure, self.failed_rank = failure_dir, None, None
         self.finished = {}  # rank -> monotonic time of its exit with code 0
         self.gate = OutputGate()  # the first failing rank's traceback, not its peers' echoes
-        self.origin = None  # after a failure: the rank whose traceback came first, or the failing rank
+        self.origin = None  # after a failure: the rank that caused it (see _fail)
         self.extra = {RESTART_ENV: str(attempt)}
         if job_id:
             self.extra[JOB_ID_ENV] = job_id
@@ -157,15 +157,16 @@ class Launcher:
         exit_code = 128 - code if code < 0 else code
         reason = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
         tail = "".join(self.tails.get(proc.rank, ()))
-        self.origin = proc.rank if self.gate.origin is None else self.gate.origin
         # a rank killed without a word is the cause: the others' records are their peers' echo of its death
         self.failure = None if code < 0 and proc.rank not in records else first_failure(records)
         self.failed_rank = proc.rank
         if self.failure is not None and self.failure.get("stopped"):
             logger.warning("the run %s at %s; exit code %d", self.failure["error"], where(self.failure), exit_code)
             return exit_code
-        cause = self.failure["rank"] if self.failure is not None else proc.rank if code < 0 else self.origin
-        echoes = consequences(self.gate.take(cause))
+        # the cause: the first recorded error, else the killed rank, else the rank whose traceback came first
+        self.origin = (self.failure["rank"] if self.failure is not None else proc.rank
+                       if code < 0 or self.gate.origin is None else self.gate.origin)
+        echoes = consequences(self.gate.take(self.origin))
         first = ""
         if self.failure is None and code > 0 and self.error_line() is not None:  # no record: what its output says
             first = f" The first error, on rank {self.origin} (before its run recorded anything): {self.error_line()}."
@@ -188,8 +189,8 @@ class Launcher:
         return exit_code
 
     def error_line(self):
-        """The error the first failing rank's last traceback ends with (``ValueError: ...``), None without one; after
-        a failed :meth:`run`."""
+        """After a failed :meth:`run`: the error line (``ValueError: ...``) of the last traceback of the rank that
+        caused the failure, None without one."""
         return last_error(self.tails.get(self.origin, ()))
 
     def _await_records(self, dead: int, seconds: float = 2.0) -> dict:
