@@ -16,6 +16,7 @@ import threading
 import time
 
 from torchstage.launch.failures import FAILURE_DIR_ENV, explain, first_failure, read_failures, where
+from torchstage.launch.rank_output import TRACEBACK, OutputGate, consequences, last_error
 from torchstage.launch.resolve import JOB_ID_ENV, LAUNCHED_ENV, RESTART_ENV
 from torchstage.launch.world import World
 
@@ -81,6 +82,8 @@ class Launcher:
         self.tails = {}
         self.failure_dir, self.failure, self.failed_rank = failure_dir, None, None
         self.finished = {}  # rank -> monotonic time of its exit with code 0
+        self.gate = OutputGate()  # the first failing rank's traceback, not its peers' echoes
+        self.origin = None  # after a failure: the rank that caused it (see _fail)
         self.extra = {RESTART_ENV: str(attempt)}
         if job_id:
             self.extra[JOB_ID_ENV] = job_id
@@ -100,6 +103,7 @@ class Launcher:
             self._stop_all()
             for thread in self.threads:
                 thread.join(timeout=2)
+            self.gate.release()
             for sig, handler in old.items():
                 signal.signal(sig, handler)
 
@@ -111,7 +115,9 @@ class Launcher:
         self.procs.append(proc)
         self.tails[rank] = collections.deque(maxlen=TAIL_LINES)
         for pipe, out, tail in ((proc.stdout, sys.stdout, None), (proc.stderr, sys.stderr, self.tails[rank])):
-            thread = threading.Thread(target=_relay, args=(pipe, out, f"[rank{rank}]: ", tail), daemon=True)
+            thread = threading.Thread(target=_relay, args=(pipe, out, f"[rank{rank}]: ", tail),
+                                      kwargs={"gate": lambda text, emit, rank=rank: self.gate.admit(rank, text, emit)},
+                                      daemon=True)
             thread.start()
             self.threads.append(thread)
 
@@ -119,18 +125,24 @@ class Launcher:
         """Wait for exits in the order they happen, so the first failure (not a peer's echo) is reported."""
         exits = queue.Queue()
         for proc in self.procs:
-            threading.Thread(target=lambda p=proc: exits.put((p, p.wait())), daemon=True).start()
+            threading.Thread(target=self._wait, args=(proc, exits), daemon=True).start()
         for _ in self.procs:
             while True:
                 try:  # a timeout keeps the main thread responsive to signals
                     proc, code = exits.get(timeout=0.5)
                     break
                 except queue.Empty:
-                    pass
+                    self.gate.release_stale()
             if code != 0:
                 return self._fail(proc, code)
             self.finished[proc.rank] = time.monotonic()
         return 0
+
+    def _wait(self, proc, exits) -> None:
+        code = proc.wait()
+        if code != 0:
+            self.gate.fails(proc.rank)  # its peers' output from now on is held: they fail because it did
+        exits.put((proc, code))
 
     def _fail(self, proc, code: int) -> int:
         records = read_failures(self.failure_dir) if self.failure_dir else {}
@@ -151,7 +163,13 @@ class Launcher:
         if self.failure is not None and self.failure.get("stopped"):
             logger.warning("the run %s at %s; exit code %d", self.failure["error"], where(self.failure), exit_code)
             return exit_code
+        # the cause: the first recorded error, else the killed rank, else the rank whose traceback came first
+        self.origin = (self.failure["rank"] if self.failure is not None else proc.rank
+                       if code < 0 or self.gate.origin is None else self.gate.origin)
+        echoes = consequences(self.gate.take(self.origin))
         first = ""
+        if self.failure is None and code > 0 and self.error_line() is not None:  # no record: what its output says
+            first = f" The first error, on rank {self.origin} (before its run recorded anything): {self.error_line()}."
         if self.failure is not None:
             origin = self.failure.get("origin_rank")
             seen = f", seen on rank {origin}" if origin is not None and origin != self.failure["rank"] else ""
@@ -162,9 +180,18 @@ class Launcher:
                 for rank, at in sorted(self.finished.items(), key=lambda item: item[1])]
         silent = [proc.rank] if code < 0 else []  # killed: it recorded nothing
         notes = "".join(f"\n{line}" for line in [*left, *explain(records, silent, tail)])
-        logger.error("rank %d %s; stopped the other ranks.%s%s\nLast error output of rank %d:\n%s",
-                     proc.rank, reason, first, notes, proc.rank, tail.rstrip() or "(none)")
+        if any(line.startswith(TRACEBACK) for line in self.tails.get(self.origin, ())):
+            output = f"\nThe traceback of rank {self.origin} is above."  # shown once, as it came
+        else:  # a hang report, a fault handler's stack: repeated last, where it is seen
+            output = f"\nLast error output of rank {proc.rank}:\n{tail.rstrip() or '(none)'}"
+        logger.error("rank %d %s; stopped the other ranks.%s%s%s%s", proc.rank, reason, first, notes, output,
+                     f"\n{echoes}" if echoes else "")
         return exit_code
+
+    def error_line(self):
+        """After a failed :meth:`run`: the error line (``ValueError: ...``) of the last traceback of the rank that
+        caused the failure, None without one."""
+        return last_error(self.tails.get(self.origin, ()))
 
     def _await_records(self, dead: int, seconds: float = 2.0) -> dict:
         """The failure records once every other live worker wrote one or exited, or after ``seconds``."""
@@ -224,10 +251,12 @@ def _signal_group(proc, sig) -> None:
         pass
 
 
-def _relay(pipe, out, prefix: str, tail) -> None:
+def _relay(pipe, out, prefix: str, tail, gate=None) -> None:
     """Copy lines from a worker's pipe to ``out`` with a rank prefix; keep the last ones in ``tail``.
 
-    The prefix has torch's own format (``[rank3]: ``), and lines torch already prefixed keep theirs.
+    The prefix has torch's own format (``[rank3]: ``), and lines torch already prefixed keep theirs. ``gate(text,
+    write)`` decides when each line is written (:class:`~torchstage.launch.rank_output.OutputGate`): now, later or
+    never.
     """
     data = prefix.encode()
     target = getattr(out, "buffer", None)
@@ -236,15 +265,23 @@ def _relay(pipe, out, prefix: str, tail) -> None:
             line = line[len(data):]
         if not line.strip():
             continue  # a blank line (a closed progress bar, a print()) would show as a bare "[rankN]: "
+        text = line.decode(errors="replace")
         if tail is not None:
-            tail.append(line.decode(errors="replace"))
-        if target is not None:
-            target.write(data + line)
-            target.flush()
+            tail.append(text)
+        if gate is None:
+            _write(out, target, data + line, prefix + text)
         else:
-            out.write(prefix + line.decode(errors="replace"))
-            out.flush()
+            gate(text, lambda raw=data + line, shown=prefix + text: _write(out, target, raw, shown))
     pipe.close()
+
+
+def _write(out, target, raw: bytes, text: str) -> None:
+    if target is not None:
+        target.write(raw)
+        target.flush()
+    else:
+        out.write(text)
+        out.flush()
 
 
 def watch_parent() -> None:

@@ -3,7 +3,9 @@
 Each attempt is one :class:`~torchstage.launch.local_launcher.Launcher` run; the workers of attempt ``k`` see
 ``TORCHSTAGE_RESTART_COUNT=k`` and continue their logdir's run from its last checkpoint (a run that failed
 before its first checkpoint starts over). A failure that repeats (the same error at the same point of the
-run, as the failing ranks recorded it) is deterministic and is not retried: the job exits with it. A signal
+run, as the failing ranks recorded it; or, where no rank got as far as recording one, as in an error of the script
+before ``train()``, in setup or while resuming: the same exit code and the same error line ending the first
+traceback) is deterministic and is not retried: the job exits with it. A signal
 to the launcher (the job cancelled, a SLURM time limit) and a graceful stop of the run (``request_stop``, a
 signal to the workers) end the job without a restart.
 """
@@ -15,6 +17,7 @@ import uuid
 
 from torchstage.launch.failures import same_failure, where
 from torchstage.launch.local_launcher import Launcher
+from torchstage.launch.rank_output import comparable
 from torchstage.launch.resolve import JOB_ID_ENV, MAX_RESTARTS_ENV
 from torchstage.launch.world import World
 
@@ -49,7 +52,7 @@ def supervise(command: list, world: World, max_restarts: int) -> int:
                 if attempt:
                     logger.info("the run finished on attempt %d of %d", attempt + 1, max_restarts + 1)
                 return 0
-            failure, told = launcher.failure, _told(launcher, code)
+            failure, told = _failure(launcher, code), _told(launcher, code)
             if failure is not None and failure.get("stopped"):
                 logger.warning("attempt %d of %d ended by a graceful stop: not restarted (a stop is asked for, not a "
                                "failure)", attempt + 1, max_restarts + 1)
@@ -60,9 +63,10 @@ def supervise(command: list, world: World, max_restarts: int) -> int:
                                  max_restarts + 1, told, code)
                 return code
             if same_failure(previous, failure):
-                logger.error("attempt %d of %d failed with the same error at the same point as attempt %d (%s): "
-                             "a deterministic failure, not restarted; exit code %d", attempt + 1, max_restarts + 1,
-                             attempt, told, code)
+                point = "" if failure.get("from_output") else " at the same point"
+                logger.error("attempt %d of %d failed with the same error%s as attempt %d (%s): a deterministic "
+                             "failure, not restarted; exit code %d", attempt + 1, max_restarts + 1, point, attempt,
+                             told, code)
                 return code
             previous = failure
             logger.warning("attempt %d of %d failed (%s); restarting the world from the run's last checkpoint "
@@ -71,9 +75,26 @@ def supervise(command: list, world: World, max_restarts: int) -> int:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def _failure(launcher: Launcher, code: int):
+    """The failure record of the attempt, to compare with the next one's; without a record (the error came before
+    the run could write one), one made of the exit code and the error line the first traceback ends with. None
+    for a rank killed by a signal without a word: that may be the node, worth another attempt."""
+    if launcher.failure is not None:
+        return launcher.failure
+    error = launcher.error_line()
+    if code > 128 or error is None:
+        return None
+    return {"rank": launcher.origin, "error": f"exit code {code}: {comparable(error)}", "position": {},
+            "from_output": True}
+
+
 def _told(launcher: Launcher, code: int) -> str:
     failure = launcher.failure
     if failure is None:
         how = f"killed by signal {code - 128}" if code > 128 else f"exit code {code}"
+        error = launcher.error_line() if code <= 128 else None
+        if error is not None:
+            return f"rank {launcher.origin} {how}, before its run recorded anything (in the script before train(), " \
+                   f"in setup or while resuming): {error}"
         return f"rank {launcher.failed_rank} {how}, at {where(None)}"
     return f"rank {failure['rank']} at {where(failure)}: {failure['error'].splitlines()[0]}"

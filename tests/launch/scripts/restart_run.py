@@ -3,7 +3,8 @@
 Usage: python restart_run.py LOGDIR MAX_RESTARTS [NPROC]
 Environment: KILL_AT_BATCH=n, KILL_RANK=r: SIGKILL rank r after global train batch n, on the first attempt only
 (TORCHSTAGE_RESTART_COUNT=0); FAIL_AT_BATCH=n: raise at global train batch n on every attempt (a deterministic
-failure). The script names no resume: a restarted attempt continues its logdir's run by itself.
+failure); FAIL_RANK=r: only on rank r (its peers then fail on the closed connection). The script names no
+resume: a restarted attempt continues its logdir's run by itself.
 """
 import os
 import signal
@@ -24,13 +25,14 @@ class Chaos(Callback):
         self.first_attempt = env.get("TORCHSTAGE_RESTART_COUNT", "0") == "0"
         self.kill_at, self.kill_rank = int(env.get("KILL_AT_BATCH", 0)), int(env.get("KILL_RANK", 0))
         self.fail_at = int(env.get("FAIL_AT_BATCH", 0))
+        self.fail_rank = int(env["FAIL_RANK"]) if env.get("FAIL_RANK") else None
 
     def on_batch_end(self, runner):
         if not runner.is_train_loader:
             return
         if self.first_attempt and runner.global_batch_step == self.kill_at and runner.engine.rank == self.kill_rank:
             os.kill(os.getpid(), signal.SIGKILL)
-        if runner.global_batch_step == self.fail_at:
+        if runner.global_batch_step == self.fail_at and self.fail_rank in (None, runner.engine.rank):
             raise RuntimeError(f"the data at global batch {self.fail_at} cannot be read")
 
 
