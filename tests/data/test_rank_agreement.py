@@ -139,3 +139,15 @@ def test_workers_start_through_the_seeding_entry(monkeypatch, orig, argv, main_s
     monkeypatch.setattr(sys, "argv", argv)
     monkeypatch.setitem(sys.modules, "__main__", main)
     assert script_seed.seeded_command(["python", *orig[1:]]) == ["python", *expected]
+
+
+def test_the_entry_seeds_before_the_program_and_hides_its_own_frames(tmp_path):
+    program = tmp_path / "program.py"
+    program.write_text("import sys, torch\nprint(torch.rand(2).tolist(), sys.argv[1:], __name__)\n"
+                       "def fail():\n    raise RuntimeError('the program failed')\nfail()\n")
+    result = run(["-m", script_seed.ENTRY, program, "a"], **{script_seed.SEED_ENV: 5})
+    torch.manual_seed(5)
+    assert result.stdout.splitlines() == [f"{torch.rand(2).tolist()} ['a'] __main__"]
+    assert result.returncode == 1 and "RuntimeError: the program failed" in result.stderr
+    assert "seeded_entry" not in result.stderr and "runpy" not in result.stderr
+    assert result.stderr.startswith(f'Traceback (most recent call last):\n  File "{program}", line 5')

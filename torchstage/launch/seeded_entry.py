@@ -40,5 +40,20 @@ def main(argv: list) -> None:
         runpy.run_path(argv[0], run_name="__main__")
 
 
+def _without_entry_frames(tb):
+    """``tb`` from the program's first frame on: this entry's and runpy's frames are no part of the user's error."""
+    ours = {main.__code__.co_filename, runpy.run_path.__code__.co_filename}
+    while tb is not None and tb.tb_next is not None and tb.tb_frame.f_code.co_filename in ours:
+        tb = tb.tb_next
+    return tb
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    try:
+        main(sys.argv[1:])
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException as error:  # noqa: BLE001 (shown as python would, exit code 1)
+        error.with_traceback(_without_entry_frames(error.__traceback__))
+        sys.excepthook(type(error), error, error.__traceback__)
+        sys.exit(1)
