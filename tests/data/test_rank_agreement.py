@@ -48,7 +48,7 @@ def test_ranks_holding_different_data_fail_before_training_under_torchrun(tmp_pa
     out = result.stdout + result.stderr
     assert result.returncode != 0, out[-3000:]
     assert "ValueError: the ranks hold different data" in out, out[-3000:]
-    assert "loader 'train': items 0, 32, 63 of its 64 differ between ranks (rank 0: hash" in out
+    assert "loader 'train' (also read by loader 'valid'): items 0, 32, 63 of its 64 differ between ranks (rank 0: hash" in out
     assert "build the data from a fixed seed" in out and "pass datasets=" in out
     assert "epoch 1/2" not in out  # refused before the first step
 

@@ -135,14 +135,19 @@ def stage_loaders(spec, engine) -> list:
 def _datasets_to_compare(spec, loaders_of_stages) -> dict:
     """Label -> each map-style dataset the ranks must share, once: before sharding, the user's loaders (not those
     the user sharded) and the ``datasets=`` torchstage built."""
-    found = {}
+    found = []  # (dataset, labels of the loaders reading it)
     for stage, built in zip(spec.stage_specs, loaders_of_stages):
         prefix = "" if stage.name == "main" else f"stages[{stage.name!r}] "
         for name, loader in (stage.loaders if stage.loaders is not None else built).items():
             dataset = checked_dataset(loader, built=stage.loaders is None)
-            if dataset is not None and all(dataset is not d for d in found.values()):
-                found[f"{prefix}loader {name!r}"] = dataset
-    return found
+            if dataset is not None:
+                labels = next((labels for d, labels in found if d is dataset), None)
+                if labels is None:
+                    labels = []
+                    found.append((dataset, labels))
+                labels.append(f"{prefix}loader {name!r}")
+    return {labels[0] + (f" (also read by {', '.join(labels[1:])})" if labels[1:] else ""): dataset
+            for dataset, labels in found}
 
 
 def _place_models(runner) -> None:

@@ -17,7 +17,15 @@ X, y = torch.rand(64, 4), torch.rand(64, 1)
 from torchstage import SupervisedRunner  # noqa: E402 (the data is made first, as the tutorial's users may)
 
 rank = int(os.environ.get("RANK", 0))
-print(f"checksum {rank} {X.sum().item():.6f}", flush=True)
+
+
+def say(line):
+    """One write per line: under torchrun the ranks share stdout, and print's separate newline may interleave."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+say(f"checksum {rank} {X.sum().item():.6f}")
 loader = DataLoader(TensorDataset(X, y), batch_size=8)
 model = torch.nn.Linear(4, 1)
 runner = SupervisedRunner()
@@ -26,4 +34,4 @@ runner.train(model=model, criterion=torch.nn.MSELoss(), optimizer=torch.optim.SG
              distributed=True if os.environ.get("TORCHSTAGE_NPROC") else None, overwrite=True)
 with torch.no_grad():
     mse = torch.nn.functional.mse_loss(model(X), y).item()
-print(f"valid {rank} {runner.epoch_metrics['valid']['loss']:.6f} {mse:.6f}", flush=True)
+say(f"valid {rank} {runner.epoch_metrics['valid']['loss']:.6f} {mse:.6f}")
