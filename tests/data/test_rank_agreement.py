@@ -151,3 +151,11 @@ def test_the_entry_seeds_before_the_program_and_hides_its_own_frames(tmp_path):
     assert result.returncode == 1 and "RuntimeError: the program failed" in result.stderr
     assert "seeded_entry" not in result.stderr and "runpy" not in result.stderr
     assert result.stderr.startswith(f'Traceback (most recent call last):\n  File "{program}", line 5')
+
+
+def test_the_launch_seed_is_the_launching_process_s_and_one_per_job_across_nodes():
+    from torchstage.launch.world import World
+    assert script_seed.launch_seed(World(world_size=2, spawn=2, nnodes=1)) == torch.initial_seed()
+    nodes = [World(world_size=4, spawn=2, nnodes=2, node_rank=n, master_addr="node1", master_port=29512)
+             for n in (0, 1)]
+    assert script_seed.launch_seed(nodes[0]) == script_seed.launch_seed(nodes[1])  # each node's launcher agrees
