@@ -23,6 +23,7 @@ from torchstage.launch import startup_watch
 from torchstage.launch.local_launcher import relaunch_command, watch_parent
 from torchstage.launch.resolve import LAUNCHED_ENV, local_gpus, resolve_world, started_by_launcher
 from torchstage.launch.restarts import check_max_restarts, supervise
+from torchstage.launch.script_seed import SEED_ENV, launch_seed, seeded_command
 from torchstage.launch.world import World
 from torchstage.logging_setup import ensure_console_handler
 
@@ -63,14 +64,16 @@ def launch_and_exit(world: World, max_restarts: int = 0) -> None:
     start the world again, at most ``max_restarts`` times (see :mod:`torchstage.launch.restarts`).
 
     Raises ``SystemExit(0)`` when all succeed, else ``SystemExit(code of the failure)``: code after the
-    launching call runs only in the workers, never here with an untrained model.
+    launching call runs only in the workers, never here with an untrained model. The workers run the program
+    through :mod:`~torchstage.launch.seeded_entry`: data built at module level agrees across ranks.
     """
     ensure_console_handler()
     command = relaunch_command()
+    os.environ.setdefault(SEED_ENV, str(launch_seed(world)))
     restarts = f", up to {max_restarts} restart(s)" if max_restarts else ""
     logger.info("starting %d process%s (%s, ranks %d-%d of %d%s): %s", world.spawn, "es" if world.spawn > 1 else "",
                 world.backend, world.rank, world.rank + world.spawn - 1, world.world_size, restarts, " ".join(command))
-    raise SystemExit(supervise(command, world, max_restarts))
+    raise SystemExit(supervise(seeded_command(command), world, max_restarts))
 
 
 def check_hang_timeout(value, name: str = "timeout"):

@@ -9,6 +9,7 @@ import torch
 from torchstage.data.datasets import build_loaders
 from torchstage.data.loaders import distribute_loaders
 from torchstage.data.fork_check import warn_forked_workers
+from torchstage.data.rank_agreement import check_same_data, checked_dataset
 from torchstage.files.lock import LogdirLock
 from torchstage.launch.enter import process_group_timeout, run_in_world
 from torchstage.launch.flight_recorder import point_dumps_to
@@ -83,6 +84,8 @@ def prepare(runner, spec, world: World = None):
     for stage, loaders in zip(spec.stage_specs, runner.stage_loaders):
         check_built_loaders(stage, loaders)
         check_scheduler_steps(stage, loaders)
+    if runner.engine.is_distributed:
+        check_same_data(_datasets_to_compare(spec, runner.stage_loaders), runner.engine)
     runner.stage_callbacks = spec.stage_chains
     for stage, chain, loaders in zip(spec.stage_specs, runner.stage_callbacks, runner.stage_loaders):
         _check_valid_metric(runner, stage, chain, loaders)
@@ -127,6 +130,24 @@ def stage_loaders(spec, engine) -> list:
     for loaders in built.values():
         warn_forked_workers(loaders, engine)
     return [built[id(stage.loaders if stage.loaders is not None else stage.datasets)] for stage in spec.stage_specs]
+
+
+def _datasets_to_compare(spec, loaders_of_stages) -> dict:
+    """Label -> each map-style dataset the ranks must share, once: before sharding, the user's loaders (not those
+    the user sharded) and the ``datasets=`` torchstage built."""
+    found = []  # (dataset, labels of the loaders reading it)
+    for stage, built in zip(spec.stage_specs, loaders_of_stages):
+        prefix = "" if stage.name == "main" else f"stages[{stage.name!r}] "
+        for name, loader in (stage.loaders if stage.loaders is not None else built).items():
+            dataset = checked_dataset(loader, built=stage.loaders is None)
+            if dataset is not None:
+                labels = next((labels for d, labels in found if d is dataset), None)
+                if labels is None:
+                    labels = []
+                    found.append((dataset, labels))
+                labels.append(f"{prefix}loader {name!r}")
+    return {labels[0] + (f" (also read by {', '.join(labels[1:])})" if labels[1:] else ""): dataset
+            for dataset, labels in found}
 
 
 def _place_models(runner) -> None:
