@@ -61,6 +61,20 @@ def test_an_extra_collective_of_the_gradients_shape_is_named_by_its_line(tmp_pat
 
 
 @pytest.mark.timeout(300)
+def test_diagnose_after_a_restart_that_finished_reports_no_failure(tmp_path):
+    result = run([FAULTS, tmp_path], nproc=4, timeout=240, FAULT="extra_same_shape", FAULT_RANK=0,
+                 TORCHSTAGE_MAX_RESTARTS=1)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0 and "rank 0 finished" in out and "the run finished on attempt 2 of 2" in out, out
+    diagnose = subprocess.run([sys.executable, "-m", "torchstage", "diagnose", str(tmp_path)], cwd=ROOT,
+                              capture_output=True, text=True, timeout=60)
+    assert diagnose.returncode == 0, diagnose.stdout + diagnose.stderr
+    assert "collective records of 4 ranks" in diagnose.stdout and "called from different lines" in diagnose.stdout
+    assert ("The run finished afterwards (attempt 1): these records describe a failure that a restart recovered "
+            "from.") in diagnose.stdout, diagnose.stdout
+
+
+@pytest.mark.timeout(300)
 def test_a_shape_mismatch_names_the_collective_each_rank_was_in(tmp_path):
     code, out, summary, took = faulty_run(tmp_path, "shape_mismatch")
     assert code == 124 and took < 90, out

@@ -6,6 +6,7 @@ not), extra_same_shape (the rank's extra all_reduce has the shape of the gradien
 weight is frozen, the bias's 2 floats remain),
 shape_mismatch (every rank all-reduces, the rank with another shape), stalled_loader (the rank's dataset
 never returns), sigkill (the rank is killed), exit0 (the rank calls sys.exit(0)); HANG_TIMEOUT (30).
+With TORCHSTAGE_MAX_RESTARTS, a restarted attempt runs without the fault.
 Each rank writes its pid to LOGDIR/started-<rank> at start; the faulting rank writes LOGDIR/fault-at (time) just before.
 """
 import os
@@ -22,6 +23,7 @@ from torchstage import Callback, SupervisedRunner
 logdir, fault = sys.argv[1], os.environ["FAULT"]
 bad_rank = int(os.environ.get("FAULT_RANK", 1))
 rank = int(os.environ.get("RANK", 0))
+restarted = os.environ.get("TORCHSTAGE_RESTART_COUNT", "0") != "0"  # faults happen on a first attempt only
 AT_BATCH = 3
 
 
@@ -55,7 +57,7 @@ class Fault(Callback):
             f.write(str(os.getpid()))
 
     def on_batch_end(self, runner):
-        if not (runner.is_train_loader and runner.epoch == 1 and runner.batch_step == AT_BATCH):
+        if not (runner.is_train_loader and runner.epoch == 1 and runner.batch_step == AT_BATCH) or restarted:
             return
         if fault == "shape_mismatch":
             if runner.engine.rank == bad_rank:
