@@ -16,10 +16,11 @@ import time
 import traceback
 
 from torchstage.callbacks.base import Callback, CallbackOrder, CallbackScope
-from torchstage.callbacks.safety.hang_report import describe, hang_report, position, where
+from torchstage.callbacks.safety.hang_report import (describe, hang_report, hung_rank, position, record_position,
+                                                     state, where)
 from torchstage.launch.enter import check_hang_timeout
 from torchstage.launch.failures import record_failure
-from torchstage.launch.flight_recorder import TAIL, compare, recent, write_dump
+from torchstage.launch.flight_recorder import TAIL, behind, compare, recent, write_dump
 
 
 #: Exit code of a rank ended by the watchdog (the convention of GNU ``timeout``).
@@ -117,14 +118,23 @@ class HangWatchdog(Callback):
         full = rank == 0 or (not mine["waiting"] and _report_slot(store))
         ranks = _read_all(store, world_size) if full else {}
         ranks[rank] = mine
-        compared = (compare(_read_collectives(store, world_size, deadline=time.monotonic() + 2 * interval))
-                    if full else [f"(rank {rank} waits for a peer and reports only itself; rank 0's report and that of "
-                                  f"a rank stopped outside any collective list every rank)"])
+        recorded = _read_collectives(store, world_size, deadline=time.monotonic() + 2 * interval) if full else {}
+        compared = (compare(recorded) if full else [
+            f"(rank {rank} waits for a peer and reports only itself; rank 0's report and that of a rank stopped "
+            f"outside any collective list every rank)"])
+        hung = hung_rank(ranks, behind(recorded), rank)
         report = hang_report(rank, self.timeout, ranks, traceback.format_stack(frame) if frame else [], HANG_EXIT_CODE,
-                             compared)
-        state = f"waiting in {mine['waiting']}" if mine["waiting"] else f"stopped in {mine['frame']}"
-        record_failure(rank, f"hang: no progress for {self.timeout:g} s after {describe(mine)}; {state}",
-                       runner.loop_position(), collectives[-TAIL:])
+                             compared, hung)
+        if hung is None or hung == rank:
+            record_failure(rank, f"hang: no progress for {self.timeout:g} s after {describe(mine)}{state(mine)}",
+                           runner.loop_position(), collectives[-TAIL:])
+        else:  # the record names the rank the others wait for, where it was
+            info = ranks.get(hung, {})
+            since = f" after {describe(info)}{state(info)}" if info else ""
+            record_failure(rank, f"hang: rank {hung} made no progress{since}; the other ranks wait for it (the "
+                                 f"watchdog of rank {rank} fired after {self.timeout:g} s)",
+                           record_position(info) if info else runner.loop_position(), collectives[-TAIL:],
+                           origin_rank=hung)
         try:
             sys.stderr.write(report)  # a dying process's report, like a traceback: stderr, on every rank
             sys.stderr.flush()
