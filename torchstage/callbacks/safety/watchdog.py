@@ -32,6 +32,9 @@ FULL_REPORTS = 4
 _REPORTERS = "torchstage/watchdog/reporters"
 _BEAT, _FIRED, _COLLECTIVES = ("torchstage/watchdog/beat{}", "torchstage/watchdog/fired{}",
                                "torchstage/watchdog/collectives{}")
+#: The rank a full report found the others waiting for (and where it was), for the ranks that report only
+#: themselves; they wait this long for it beyond their pause.
+_HUNG, _HUNG_WAIT = "torchstage/watchdog/hung", 10.0
 
 
 class HangWatchdog(Callback):
@@ -123,6 +126,14 @@ class HangWatchdog(Callback):
             f"(rank {rank} waits for a peer and reports only itself; rank 0's report and that of a rank stopped "
             f"outside any collective list every rank)"])
         hung = hung_rank(ranks, behind(recorded), rank)
+        if full:
+            _publish(store, _HUNG, {"rank": hung, "info": None if hung is None else ranks.get(hung)})
+        elif not full:  # a full report names the rank the others wait for: this one's headline names it too
+            told = _await(store, _HUNG, time.monotonic() + _HUNG_WAIT)
+            if told and isinstance(told.get("rank"), int):
+                hung = told["rank"]
+                if told.get("info") and hung != rank:
+                    ranks[hung] = told["info"]
         report = hang_report(rank, self.timeout, ranks, traceback.format_stack(frame) if frame else [], HANG_EXIT_CODE,
                              compared, hung)
         if hung is None or hung == rank:
@@ -165,6 +176,16 @@ def _report_slot(store) -> bool:
         return store is None or store.add(_REPORTERS, 1) <= FULL_REPORTS
     except Exception:
         return True
+
+
+def _await(store, key: str, deadline: float):
+    """The value a rank published under ``key``, waiting for it until ``deadline``; None without it."""
+    try:
+        while store is not None and not store.check([key]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return json.loads(store.get(key)) if store is not None and store.check([key]) else None
+    except Exception:
+        return None
 
 
 def _read_collectives(store, world_size: int, deadline: float) -> dict:
