@@ -19,7 +19,7 @@ FAILURE_DIR_ENV = "TORCHSTAGE_FAILURE_DIR"
 _MISMATCH = ("collective mismatch", "op.preamble.length", "Received data size", "desync", "mismatch between collectives")
 
 
-def record_failure(rank: int, error, position: dict, collectives: list = None) -> None:
+def record_failure(rank: int, error, position: dict, collectives: list = None, origin_rank: int = None) -> None:
     """Write ``rank``'s failure record: ``error`` (an exception, or what happened as text), where, and the last
     collectives it ran (see :mod:`torchstage.launch.flight_recorder`). Never raises: the run is failing already.
 
@@ -27,7 +27,7 @@ def record_failure(rank: int, error, position: dict, collectives: list = None) -
     ``origin_rank``: the rank a hang report found stuck) keeps that rank in the record."""
     text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
     _record(rank, text.strip()[:2000], position, collectives=collectives or [],
-            origin_rank=getattr(error, "origin_rank", None))
+            origin_rank=getattr(error, "origin_rank", origin_rank))
 
 
 def record_stop(rank: int, reason: str, position: dict) -> None:

@@ -29,13 +29,10 @@ def record_position(info: dict) -> dict:
 
 def hung_rank(ranks: dict, behind: list, rank: int):
     """The rank the others wait for: one stopped outside any collective, else one the ranks' collectives show
-    behind (``behind``), else the only rank whose loop is behind the others'; this rank where it is one of them;
-    None when no rank stands out."""
+    behind (``behind``); this rank where it is one of them; None when no rank stands out (the ranks' loop
+    positions are not compared: a counter read while a batch ends is off by one)."""
     stuck = [r for r, info in sorted(ranks.items()) if "waiting" in info and not info["waiting"]]
-    steps = {r: info.get("global_batch_step") for r, info in ranks.items()}
-    low = min((s for s in steps.values() if s is not None), default=None)
-    lagging = [r for r, s in sorted(steps.items()) if s == low] if None not in steps.values() else []
-    for candidates in (stuck, sorted(behind), lagging if len(lagging) == 1 < len(steps) else []):
+    for candidates in (stuck, sorted(behind)):
         if candidates:
             return rank if rank in candidates else candidates[0]
     return None

@@ -33,8 +33,8 @@ _REPORTERS = "torchstage/watchdog/reporters"
 _BEAT, _FIRED, _COLLECTIVES = ("torchstage/watchdog/beat{}", "torchstage/watchdog/fired{}",
                                "torchstage/watchdog/collectives{}")
 #: The rank a full report found the others waiting for (and where it was), for the ranks that report only
-#: themselves; they wait this long for it beyond their pause.
-_HUNG, _HUNG_WAIT = "torchstage/watchdog/hung", 10.0
+#: themselves: they wait this long for it beyond their pause, then this long for the full reporter to end first.
+_HUNG, _HUNG_WAIT, _AFTER_FULL = "torchstage/watchdog/hung", 10.0, 2.0
 
 
 class HangWatchdog(Callback):
@@ -126,14 +126,14 @@ class HangWatchdog(Callback):
             f"(rank {rank} waits for a peer and reports only itself; rank 0's report and that of a rank stopped "
             f"outside any collective list every rank)"])
         hung = hung_rank(ranks, behind(recorded), rank)
-        if full:
-            _publish(store, _HUNG, {"rank": hung, "info": None if hung is None else ranks.get(hung)})
-        elif not full:  # a full report names the rank the others wait for: this one's headline names it too
+        if not full:  # a full report names the rank the others wait for: this one's headline names it too
             told = _await(store, _HUNG, time.monotonic() + _HUNG_WAIT)
-            if told and isinstance(told.get("rank"), int):
-                hung = told["rank"]
-                if told.get("info") and hung != rank:
-                    ranks[hung] = told["info"]
+            if told:
+                time.sleep(_AFTER_FULL)  # the full reporter is ending its process: its record and report come first
+                if isinstance(told.get("rank"), int):
+                    hung = told["rank"]
+                    if told.get("info") and hung != rank:
+                        ranks[hung] = told["info"]
         report = hang_report(rank, self.timeout, ranks, traceback.format_stack(frame) if frame else [], HANG_EXIT_CODE,
                              compared, hung)
         if hung is None or hung == rank:
@@ -149,6 +149,8 @@ class HangWatchdog(Callback):
         try:
             sys.stderr.write(report)  # a dying process's report, like a traceback: stderr, on every rank
             sys.stderr.flush()
+            if full:  # last: the ranks that report only themselves wait for it
+                _publish(store, _HUNG, {"rank": hung, "info": None if hung is None else ranks.get(hung)})
         finally:
             os._exit(HANG_EXIT_CODE)
 
