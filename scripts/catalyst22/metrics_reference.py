@@ -1,6 +1,6 @@
 """Runs a scripts/catalyst22/metrics_*.py script on real Catalyst 22.04 with its original imports, by hand, to see
 its numbers next to torchstage's (the tests run each script on Catalyst live, on the same machine, through
-tests/catalyst22/catalyst_reference.py).
+tests/catalyst/catalyst_reference.py).
 
 Each line ending in ``# was: <import>`` is replaced by that import. On torch 2.x Catalyst 22.04 recognises a
 scheduler only as a ``torch.optim.lr_scheduler._LRScheduler`` (which ``MultiStepLR`` and the others no longer

@@ -22,8 +22,8 @@ def line_of(marker: str) -> str:
     return f"faults.py:{next(n for n, text in enumerate(SOURCE, 1) if marker in text)}"
 
 
-def faulty_run(logdir, fault):
-    result = run([FAULTS, logdir], nproc=4, timeout=240, FAULT=fault, HANG_TIMEOUT=30)
+def faulty_run(logdir, fault, **env):
+    result = run([FAULTS, logdir], nproc=4, timeout=240, FAULT=fault, HANG_TIMEOUT=30, **env)
     ended = time.time()
     out = result.stdout + result.stderr
     summary = "\n".join(line for line in out.splitlines() if not line.startswith("[rank"))  # the launcher's own
@@ -44,6 +44,39 @@ def test_an_extra_collective_on_one_rank_is_named_with_its_call_site(tmp_path):
     # names the collective and the line; the others say where they were
     assert "inside torch.distributed.all_reduce called from" in summary and line_of("# the extra all_reduce") in summary, summary
     assert "The process group aborted because the ranks ran different collectives" in summary, summary
+
+
+@pytest.mark.timeout(300)
+def test_an_extra_collective_of_the_gradients_shape_is_named_by_its_line(tmp_path):
+    # rank 0's extra all_reduce pairs silently with the others' gradient all-reduce of the same shape; rank 0 dies
+    # in gloo (SIGABRT) a collective or so later, inside its own gradient all-reduce, with its collectives written
+    code, out, summary, took = faulty_run(tmp_path, "extra_same_shape", FAULT_RANK=0)
+    assert code == 134 and took < 90, out
+    site = line_of("# the extra all_reduce of the gradients' shape")
+    assert "The first error, on rank 0 at stage 'main', epoch 1, batch " in summary, summary
+    assert "aborted in C++ (std::terminate)" in summary and "died without recording" not in summary, summary
+    assert "First collective the ranks called from different lines (group 'default_pg', #" in summary, summary
+    assert "rank 0 in all_reduce(Float[2]) " in summary and f"(most likely rank 0's, called from " in summary, summary
+    assert summary.count(site) >= 2 and "recorded collectives agree" not in summary, summary
+    diagnose = subprocess.run([sys.executable, "-m", "torchstage", "diagnose", str(tmp_path)], cwd=ROOT,
+                              capture_output=True, text=True, timeout=60)
+    assert diagnose.returncode == 1, diagnose.stdout + diagnose.stderr
+    assert "collective records of 4 ranks" in diagnose.stdout and "called from different lines" in diagnose.stdout
+    assert site in diagnose.stdout.split("called from different lines")[1], diagnose.stdout
+
+
+@pytest.mark.timeout(300)
+def test_diagnose_after_a_restart_that_finished_reports_no_failure(tmp_path):
+    result = run([FAULTS, tmp_path], nproc=4, timeout=240, FAULT="extra_same_shape", FAULT_RANK=0,
+                 TORCHSTAGE_MAX_RESTARTS=1)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0 and "rank 0 finished" in out and "the run finished on attempt 2 of 2" in out, out
+    diagnose = subprocess.run([sys.executable, "-m", "torchstage", "diagnose", str(tmp_path)], cwd=ROOT,
+                              capture_output=True, text=True, timeout=60)
+    assert diagnose.returncode == 0, diagnose.stdout + diagnose.stderr
+    assert "collective records of 4 ranks" in diagnose.stdout and "called from different lines" in diagnose.stdout
+    assert ("The run finished afterwards (attempt 1): these records describe a failure that a restart recovered "
+            "from.") in diagnose.stdout, diagnose.stdout
 
 
 @pytest.mark.timeout(300)

@@ -6,7 +6,9 @@ import subprocess
 import sys
 
 from tests.helpers import ROOT
-from torchstage.launch.flight_recorder import agreement, first_difference, point_dumps_to, read_dumps, write_dump
+from torchstage.launch.failures import explain
+from torchstage.launch.flight_recorder import (agreement, compact, differences, first_difference, point_dumps_to,
+                                               read_dumps, write_dump)
 
 
 def entry(seq, op="all_reduce", size=(10,), dtype="Float", site="train.py:5 in step", group="default_pg"):
@@ -81,3 +83,31 @@ def test_diagnose_without_records_says_where_it_looked(tmp_path):
     result = subprocess.run([sys.executable, "-m", "torchstage", "diagnose", str(tmp_path)], cwd=ROOT,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and "the ranks' recorded collectives agree (ranks 0, 1" in result.stdout
+
+
+def raw(seq, name, desc="undefined", op="broadcast", size=(4,)):
+    """A Flight Recorder entry as torch dumps it (process group: unique name, description)."""
+    return {"process_group": (name, desc), "collective_seq_id": seq, "profiling_name": f"gloo:{op}",
+            "input_sizes": [list(size)], "input_dtypes": ["Float"],
+            "frames": [{"filename": "/job/train.py", "line": 7, "name": "step"}]}
+
+
+def test_groups_that_share_a_description_and_tails_that_mix_groups_compare_without_error():
+    # a DeepSpeed GAN: several groups torch describes as 'undefined', each counting from #1; the failure records
+    # keep the last 12 collectives of all groups, so one group's numbers have gaps (issue 48: IndexError)
+    history = [raw(seq, "1") for seq in range(1, 13)] + [raw(5, "0", "default_pg"), raw(6, "0", "default_pg"),
+                                                         raw(1, "2", op="all_gather", size=(1,))]
+    history += [raw(seq, "1", op="all_reduce", size=(4417,)) for seq in (13, 14, 15)]
+    tails = {rank: [compact(e) for e in history][-12:] for rank in (0, 1)}
+    assert {e["group"] for e in tails[0]} == {"pg 1", "pg 2", "default_pg"}
+    assert first_difference(tails) is None and differences(tails) == []
+    records = {rank: {"rank": rank, "error": "ValueError: refused", "collectives": entries}
+               for rank, entries in tails.items()}
+    assert explain(records) == []  # both ranks refused alike: nothing about collectives to add, and no crash
+    # the tails as an older torchstage labelled them (one 'undefined' group with gaps in its numbers)
+    merged = {rank: [{**e, "group": "undefined"} for e in entries] for rank, entries in tails.items()}
+    assert first_difference(merged) is None
+    assert first_difference({0: [entry(1), entry(3)], 1: [entry(1), entry(3), entry(4)]}) == (
+        "First collective where the ranks differ (group 'default_pg', #4): rank 1 entered all_reduce(Float[10]) #4 "
+        "called from train.py:5 in step, which rank 0 never reached; rank 0 last ran all_reduce(Float[10]) #3 called "
+        "from train.py:5 in step.")

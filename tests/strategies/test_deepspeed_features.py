@@ -105,6 +105,11 @@ def test_a_gan_under_zero2_is_refused_with_the_reason(tmp_path):
     assert result.returncode != 0
     assert ("strategy='deepspeed' stage 2: this loss backpropagates into model 'discriminator', which another "
             "optimizer steps") in result.stdout + result.stderr
+    # the launcher's summary appears (comparing the ranks' collectives of DeepSpeed's groups raised IndexError)
+    summary = [line for line in (result.stdout + result.stderr).splitlines() if not line.startswith("[rank")]
+    headline = next((line for line in summary if "exited with code 1; stopped the other ranks." in line), None)
+    assert headline and "The first error, on rank " in headline and "this loss backpropagates" in headline, summary
+    assert not any("IndexError" in line or "flight_recorder.py" in line for line in summary), summary
 
 
 def _train(**kwargs):

@@ -3,7 +3,8 @@ import argparse
 import os
 import sys
 
-from torchstage.launch.flight_recorder import FOLDER, agreement, describe, first_difference, read_dumps
+from torchstage.launch.flight_recorder import (FOLDER, MalformedRecord, agreement, describe, differences, last_attempt,
+                                               read_finished, read_records)
 
 EPILOG = f"""\
 examples:
@@ -11,7 +12,9 @@ examples:
 
 The files are written by each rank when a distributed run fails or its hang watchdog fires (rank-N.json,
 from torch's Flight Recorder), and by NCCL on a collective timeout (nccl-rank-N, pickles read without running
-any code). Exit status 0: the ranks agree; 1: they differ; 2: no records."""
+any code). With records of several attempts (a run restarted after a failure), the last attempt's are shown; a
+run that finished after them is not reported as failed. Exit status 0: the ranks agree (or the run finished
+after the failure they describe); 1: they differ; 2: no logdir, no records, or a file that is not a record."""
 
 
 def add_parser(subparsers) -> None:
@@ -26,17 +29,47 @@ def add_parser(subparsers) -> None:
 
 
 def diagnose_command(args) -> int:
-    ranks = read_dumps(args.logdir)
-    if not ranks:
-        sys.stderr.write(f"torchstage diagnose: error: no collective records in "
-                         f"{os.path.join(args.logdir, FOLDER)} (they are written when a run of several processes "
-                         f"fails or hangs)\n")
-        return 2
-    out = [f"collective records of {len(ranks)} rank{'s' * (len(ranks) > 1)} in {os.path.join(args.logdir, FOLDER)}"]
+    folder = os.path.join(args.logdir, FOLDER)
+    if not os.path.isdir(args.logdir):
+        return _error(f"no such logdir: {args.logdir}")
+    records, malformed = read_records(args.logdir)
+    try:
+        finished = read_finished(args.logdir)
+    except MalformedRecord as error:
+        malformed.append(str(error))
+    if malformed:
+        return _error(malformed[0])
+    if not records:
+        return _error(f"no collective records in {folder} (they are written when a run of several processes fails "
+                      f"or hangs)")
+    shown = last_attempt(records)
+    ranks = {rank: record["entries"] for rank, record in shown.items()}
+    out = [f"collective records of {len(ranks)} rank{'s' * (len(ranks) > 1)} in {folder}{_attempts(records, shown)}"]
     for rank in sorted(ranks):
         out.append(f"rank {rank}: {len(ranks[rank])} collectives recorded; the last {min(args.last, len(ranks[rank]))}:")
         out.extend(f"  {describe(entry)}" for entry in ranks[rank][-args.last:])
-    difference = first_difference(ranks)
-    out.append(difference or agreement(ranks) or "(one rank's records: nothing to compare)")
+    found = differences(ranks)
+    out.extend(found or [agreement(ranks) or "(one rank's records: nothing to compare)"])
+    recovered = finished is not None and finished["time"] > max(record["time"] for record in shown.values())
+    if recovered:
+        out.append(f"The run finished afterwards (attempt {finished['attempt']}): these records describe a failure "
+                   f"that a restart recovered from.")
     sys.stdout.write("\n".join(out) + "\n")
-    return 1 if difference else 0
+    return 1 if found and not recovered else 0
+
+
+def _attempts(records: list, shown: dict) -> str:
+    """``, attempt 2 (attempts 0, 1 left records too, not shown)`` where records of other attempts are there."""
+    attempts = {record["attempt"] for record in shown.values() if record["attempt"] is not None}
+    ids = {id(record) for record in shown.values()}
+    others = sorted({r["attempt"] for r in records if r["attempt"] is not None and id(r) not in ids} - attempts)
+    if not attempts or (attempts == {0} and not others):
+        return ""
+    also = f" (attempt{'s' * (len(others) > 1)} {', '.join(map(str, others))} left records too, not shown)" \
+        if others else ""
+    return f", attempt {', '.join(map(str, sorted(attempts)))}{also}"
+
+
+def _error(message: str) -> int:
+    sys.stderr.write(f"torchstage diagnose: error: {message}\n")
+    return 2

@@ -12,22 +12,22 @@ import re
 import time
 from typing import Optional
 
-from torchstage.launch.flight_recorder import agreement, call_site, first_difference
+from torchstage.launch.flight_recorder import agreement, call_site, differences, valid_entries
 
 FAILURE_DIR_ENV = "TORCHSTAGE_FAILURE_DIR"
 #: Words of gloo's and NCCL's own errors when the ranks ran different collectives (or different sizes in one).
 _MISMATCH = ("collective mismatch", "op.preamble.length", "Received data size", "desync", "mismatch between collectives")
 
 
-def record_failure(rank: int, error, position: dict, collectives: list = None) -> None:
+def record_failure(rank: int, error, position: dict, collectives: list = None, origin_rank: int = None) -> None:
     """Write ``rank``'s failure record: ``error`` (an exception, or what happened as text), where, and the last
     collectives it ran (see :mod:`torchstage.launch.flight_recorder`). Never raises: the run is failing already.
 
-    An error that says which rank caused it (an ``origin_rank`` attribute: a NaN seen on one rank stops all) keeps
-    that rank in the record."""
+    An error that says which rank caused it (an ``origin_rank`` attribute: a NaN seen on one rank stops all; or
+    ``origin_rank``: the rank a hang report found stuck) keeps that rank in the record."""
     text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
     _record(rank, text.strip()[:2000], position, collectives=collectives or [],
-            origin_rank=getattr(error, "origin_rank", None))
+            origin_rank=getattr(error, "origin_rank", origin_rank))
 
 
 def record_stop(rank: int, reason: str, position: dict) -> None:
@@ -98,16 +98,15 @@ def explain(records: dict, silent=(), output: str = "") -> list:
     the collectives each recorded), or, when ``silent`` ranks died without a record, where the others were; and
     what a gloo or NCCL abort about mismatched collectives (in a record or in the failing rank's ``output``)
     means."""
-    recorded = {r: rec.get("collectives") for r, rec in records.items()}
-    difference = first_difference(recorded) or next(  # else the one a hang report in the output gave
-        (line for line in output.splitlines() if line.startswith("First collective where")), None)
-    lines = [difference] if difference else []
-    silent = sorted(set(silent) - set(records))
+    recorded = {r: valid_entries(rec.get("collectives")) for r, rec in records.items()}
+    lines = differences(recorded) or [  # else what a hang report in the output gave
+        line for line in output.splitlines() if line.startswith("First collective")][:2]
+    unrecorded = sorted(set(silent) - set(records))
     agreed = agreement(recorded)
-    if not difference and silent and agreed:
-        lines = [f"{agreed} Rank{'s' * (len(silent) > 1)} {', '.join(map(str, silent))} died without "
-                 f"recording {'their' if len(silent) > 1 else 'its'} collectives."]
-    crash = died_in(output)
+    if not lines and unrecorded and agreed:
+        lines = [f"{agreed} Rank{'s' * (len(unrecorded) > 1)} {', '.join(map(str, unrecorded))} died without "
+                 f"recording {'their' if len(unrecorded) > 1 else 'its'} collectives."]
+    crash, silent = died_in(output), sorted(silent)
     if silent and crash:
         lines.append(f"Rank {silent[0]} died inside {crash}.")
     texts = [rec.get("error", "") for rec in records.values()] + output.splitlines()

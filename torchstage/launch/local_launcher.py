@@ -171,10 +171,10 @@ class Launcher:
         if self.failure is None and code > 0 and self.error_line() is not None:  # no record: what its output says
             first = f" The first error, on rank {self.origin} (before its run recorded anything): {self.error_line()}."
         if self.failure is not None:
-            origin = self.failure.get("origin_rank")
-            seen = f", seen on rank {origin}" if origin is not None and origin != self.failure["rank"] else ""
-            first = (f" The first error, on rank {self.failure['rank']}{seen} at {where(self.failure)}: "
-                     f"{self.failure['error'].splitlines()[0]}.")
+            origin, rank = self.failure.get("origin_rank"), self.failure["rank"]  # origin: the rank it was seen on
+            by = f" (reported by rank {rank})" if origin is not None and origin != rank else ""
+            first = (f" The first error, on rank {rank if not by else origin} at {where(self.failure)}: "
+                     f"{self.failure['error'].splitlines()[0]}{by}.")
         now = time.monotonic()
         left = [f"Rank {rank} had exited with code 0 {now - at:.1f} s before, while the others still ran."
                 for rank, at in sorted(self.finished.items(), key=lambda item: item[1])]

@@ -9,6 +9,7 @@ import traceback
 
 from torchstage.launch.failures import record_failure, where
 from torchstage.launch.flight_recorder import TAIL, recent, write_dump
+from torchstage.launch.terminate_hook import on_terminate
 
 
 def record_run_failure(runner, exc: BaseException) -> None:
@@ -35,3 +36,19 @@ def left_from(exc: BaseException) -> str:
     frames = traceback.extract_tb(exc.__traceback__)
     return f"{frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}" if frames else "an unknown line"
 
+
+
+def record_on_abort(runner):
+    """Until the returned function is called, a rank that dies in C++ (gloo aborts the rank that received more
+    than a collective expected) first writes its collectives and a failure record, as a failing rank does: the
+    launcher and ``torchstage diagnose`` then compare its side too. A no-op in one process."""
+    if not runner.engine.is_distributed:
+        return lambda: None
+
+    def last_word():
+        engine, collectives = runner.engine, recent()
+        write_dump(getattr(runner.spec, "logdir", None), engine.rank, collectives)
+        record_failure(engine.rank, "aborted in C++ (std::terminate): the process group's error is the 'terminate "
+                                    "called' line of its output", runner.loop_position(), collectives[-TAIL:])
+
+    return on_terminate(last_word)

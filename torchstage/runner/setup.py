@@ -12,7 +12,7 @@ from torchstage.data.fork_check import warn_forked_workers
 from torchstage.data.rank_agreement import check_same_data, checked_dataset
 from torchstage.files.lock import LogdirLock
 from torchstage.launch.enter import process_group_timeout, run_in_world
-from torchstage.launch.flight_recorder import point_dumps_to
+from torchstage.launch.flight_recorder import mark_finished, point_dumps_to
 from torchstage.launch import startup_watch
 from torchstage.launch.resolve import restart_attempt
 from torchstage.launch.world import World
@@ -21,6 +21,7 @@ from torchstage.one_or_many import each, map_named, named
 from torchstage.rng import set_seed
 from torchstage.runner.chain import describe_chain
 from torchstage.runner.compile import compile_models
+from torchstage.runner.failure_record import record_on_abort
 from torchstage.runner.loop_state import LoopState
 from torchstage.runner.resume import checkpoint_to_resume, restore
 from torchstage.runner.spec_optimization import check_scheduler_steps
@@ -45,13 +46,16 @@ def _train_here(runner, spec, world: World):
     model = runner.model
     startup_watch.phase("setting up the strategy (wrapping the models)")
     runner.model = setup_strategy(runner, resumed)
-    complete = False
+    complete, restore = False, record_on_abort(runner)
     try:
         startup_watch.stop()  # the hang watchdog takes over from the first event
         result = runner.run()
         complete = True
+        if runner.engine.is_distributed and runner.engine.is_main:
+            mark_finished(spec.logdir)  # an earlier attempt's collective records describe a failure recovered from
         return result
     finally:
+        restore()
         runner.model = model
         runner.engine.strategy.teardown(complete)  # before the world's process group is destroyed
 

@@ -19,12 +19,12 @@ def pids(logdir):
     return [int(p.name) for p in folder.iterdir()] if folder.is_dir() else []
 
 
-def no_worker_left(logdir):
+def no_worker_left(logdir, nproc=2):
     workers = pids(logdir)
     deadline = time.monotonic() + 5
     while any(alive(pid) for pid in workers) and time.monotonic() < deadline:
         time.sleep(0.1)
-    return len(workers) == 2 and not any(alive(pid) for pid in workers)
+    return len(workers) == nproc and not any(alive(pid) for pid in workers)
 
 
 @pytest.mark.timeout(180)
@@ -83,3 +83,24 @@ def test_a_slow_but_progressing_run_is_unaffected(tmp_path):
     assert result.returncode == 0, out
     assert "rank 0 finished" in out and "rank 1 finished" in out
     assert "hang detected" not in out
+
+
+@pytest.mark.timeout(180)
+def test_the_headlines_of_a_hang_name_the_hung_rank_not_the_one_that_reports(tmp_path):
+    # rank 3 waits in a recv nobody sends to, after batch 2; the others wait for it in the next batch's collectives,
+    # so every rank waits inside torch.distributed and rank 0's watchdog reports first
+    result = run([HANG, tmp_path], nproc=4, timeout=150, HANG_MODE="recv", HANG_RANK=3, HANG_BATCH=2,
+                 HANG_TIMEOUT=TIMEOUT)
+    out = result.stdout + result.stderr
+    assert result.returncode == 124, out
+    recv = f"hang.py:{next(n for n, text in enumerate(HANG.read_text().splitlines(), 1) if '# the recv' in text)}"
+    headline = next(line for line in out.splitlines() if "; stopped the other ranks." in line)
+    assert "The first error, on rank 3 at stage 'main', epoch 1, batch 2 of loader 'train'" in headline, out
+    assert "waiting in torch.distributed.recv called from " in headline and recv in headline, headline
+    if headline.startswith("rank 0 exited"):  # the usual order: rank 0's record names rank 3
+        assert ("hang: rank 3 made no progress after stage 'main', epoch 1, loader 'train', batch 2 (after batch end)"
+                in headline and "(reported by rank 0)" in headline), headline
+        assert ("[rank0]: torchstage: rank 3 hangs, and the other ranks wait for it: no progress since stage 'main', "
+                "epoch 1, loader 'train', batch 2 (after batch end); waiting in torch.distributed.recv") in out, out
+        assert "torchstage: hang of rank 3 detected on rank 0; ending the job with exit code 124." in out, out
+    assert len(pids(tmp_path)) == 4 and no_worker_left(tmp_path, 4)

@@ -2,8 +2,11 @@
 diagnosis tests.
 
 Usage: python faults.py LOGDIR; FAULT (from env): extra_collective (the rank runs an all_reduce the others do
-not), shape_mismatch (every rank all-reduces, the rank with another shape), stalled_loader (the rank's dataset
+not), extra_same_shape (the rank's extra all_reduce has the shape of the gradients' all-reduce: the
+weight is frozen, the bias's 2 floats remain),
+shape_mismatch (every rank all-reduces, the rank with another shape), stalled_loader (the rank's dataset
 never returns), sigkill (the rank is killed), exit0 (the rank calls sys.exit(0)); HANG_TIMEOUT (30).
+With TORCHSTAGE_MAX_RESTARTS, a restarted attempt runs without the fault.
 Each rank writes its pid to LOGDIR/started-<rank> at start; the faulting rank writes LOGDIR/fault-at (time) just before.
 """
 import os
@@ -20,6 +23,7 @@ from torchstage import Callback, SupervisedRunner
 logdir, fault = sys.argv[1], os.environ["FAULT"]
 bad_rank = int(os.environ.get("FAULT_RANK", 1))
 rank = int(os.environ.get("RANK", 0))
+restarted = os.environ.get("TORCHSTAGE_RESTART_COUNT", "0") != "0"  # faults happen on a first attempt only
 AT_BATCH = 3
 
 
@@ -53,7 +57,7 @@ class Fault(Callback):
             f.write(str(os.getpid()))
 
     def on_batch_end(self, runner):
-        if not (runner.is_train_loader and runner.epoch == 1 and runner.batch_step == AT_BATCH):
+        if not (runner.is_train_loader and runner.epoch == 1 and runner.batch_step == AT_BATCH) or restarted:
             return
         if fault == "shape_mismatch":
             if runner.engine.rank == bad_rank:
@@ -64,6 +68,9 @@ class Fault(Callback):
         if fault == "extra_collective":
             mark_fault()
             dist.all_reduce(torch.ones(1))  # the extra all_reduce
+        elif fault == "extra_same_shape":
+            mark_fault()
+            dist.all_reduce(torch.ones(2))  # the extra all_reduce of the gradients' shape
         elif fault == "sigkill":
             mark_fault()
             os.kill(os.getpid(), signal.SIGKILL)
@@ -75,6 +82,7 @@ class Fault(Callback):
 # 4 samples per rank and batch: train batch 4 of epoch 1 on this rank starts at its 13th sample
 train_data = Data(stall_at=AT_BATCH * 4 + 1 if fault == "stalled_loader" and rank == bad_rank else None)
 model = torch.nn.Linear(4, 2)
+model.weight.requires_grad_(fault != "extra_same_shape")
 SupervisedRunner().train(model=model, criterion=torch.nn.CrossEntropyLoss(),
                          optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
                          loaders={"train": DataLoader(train_data, batch_size=4),

@@ -17,7 +17,32 @@ def position(runner, beat) -> dict:
     """Where a rank was at its last progress ``beat`` (monotonic time, event), as plain values (wall time)."""
     loop = runner.loop
     return {"time": time.time() - (time.monotonic() - beat[0]), "event": beat[1], "stage": loop.stage_key,
-            "epoch": loop.epoch, "loader": loop.loader_key, "batch": loop.batch_step}
+            "epoch": loop.epoch, "loader": loop.loader_key, "batch": loop.batch_step,
+            "global_batch_step": loop.global_batch_step}
+
+
+def record_position(info: dict) -> dict:
+    """A rank's published :func:`position` as a failure record's position (see :mod:`torchstage.launch.failures`)."""
+    return {"stage": info.get("stage"), "epoch": info.get("epoch"), "loader": info.get("loader"),
+            "loader_batch": info.get("batch"), "global_batch_step": info.get("global_batch_step")}
+
+
+def hung_rank(ranks: dict, behind: list, rank: int):
+    """The rank the others wait for: one stopped outside any collective, else one the ranks' collectives show
+    behind (``behind``); this rank where it is one of them; None when no rank stands out (the ranks' loop
+    positions are not compared: a counter read while a batch ends is off by one)."""
+    stuck = [r for r, info in sorted(ranks.items()) if "waiting" in info and not info["waiting"]]
+    for candidates in (stuck, sorted(behind)):
+        if candidates:
+            return rank if rank in candidates else candidates[0]
+    return None
+
+
+def state(info: dict) -> str:
+    """``; waiting in torch.distributed.recv called from ...`` or ``; stopped in ...`` (empty without a stack)."""
+    if "waiting" not in info:
+        return ""
+    return f"; waiting in {info['waiting']}" if info["waiting"] else f"; stopped in {info['frame']}"
 
 
 def where(frame) -> dict:
@@ -54,22 +79,28 @@ def describe(info: dict) -> str:
     return ", ".join(parts) + f" (after {info['event']})"
 
 
-def hang_report(rank: int, timeout: float, ranks: dict, stack: list, exit_code: int, collectives=()) -> str:
-    """The text a firing watchdog writes: this rank's stack, then (last, so a launcher's tail of the output
-    keeps it) each rank's position and state, the ranks the others wait for, a hint, and ``collectives`` (lines
-    comparing the collectives the ranks ran)."""
+def hang_report(rank: int, timeout: float, ranks: dict, stack: list, exit_code: int, collectives=(),
+                hung: int = None) -> str:
+    """The text a firing watchdog writes: the hung rank (``hung``, when another rank than this one) and this
+    rank's stack, then (last, so a launcher's tail of the output keeps it) each rank's position and state, the
+    ranks the others wait for, a hint, and ``collectives`` (lines comparing the collectives the ranks ran)."""
     now = time.time()
     stuck = sorted(r for r, info in ranks.items() if "waiting" in info and not info["waiting"])
     order = sorted(ranks.items(), key=lambda item: (item[0] not in stuck, item[1]["time"], item[0]))
-    lines = [f"torchstage: rank {rank} made no progress for {timeout:g} s (hang_timeout={timeout:g}). Python stack "
-             f"of its training thread (most recent call last):"]
+    fired = f"{timeout:g} s (hang_timeout={timeout:g})"
+    if hung is None or hung == rank:
+        lines = [f"torchstage: rank {rank} made no progress for {fired}. Python stack of its training thread (most "
+                 f"recent call last):"]
+    else:
+        info = ranks.get(hung)
+        since = f"no progress since {describe(info)}{state(info)}" if info else "its position is unknown"
+        lines = [f"torchstage: rank {hung} hangs, and the other ranks wait for it: {since}. Rank {rank}'s watchdog "
+                 f"fired after {fired}; the Python stack of rank {rank}'s training thread (most recent call last):"]
     lines.extend(line.rstrip("\n") for line in stack)
     lines.append("Where each rank last made progress:")
     for other, info in order[:REPORT_ROWS]:
-        state = ("" if "waiting" not in info else
-                 f"; waiting in {info['waiting']}" if info["waiting"] else f"; stopped in {info['frame']}")
         lines.append(f"  rank {other}{' (this rank)' if other == rank else ''}: {now - info['time']:.1f} s ago, "
-                     f"{describe(info)}{state}")
+                     f"{describe(info)}{state(info)}")
     if len(order) > REPORT_ROWS:
         lines.append(f"  ... and {len(order) - REPORT_ROWS} more ranks")
     if stuck:
@@ -77,7 +108,9 @@ def hang_report(rank: int, timeout: float, ranks: dict, stack: list, exit_code: 
                      f"{', '.join(map(str, stuck))}.")
     lines.extend(_uneven_hint(ranks))
     lines.extend(collectives)
-    lines.append(f"torchstage: hang detected on rank {rank}; ending the job with exit code {exit_code}.")
+    of = f"hang of rank {hung} detected on rank {rank}" if hung is not None and hung != rank else \
+        f"hang detected on rank {rank}"
+    lines.append(f"torchstage: {of}; ending the job with exit code {exit_code}.")
     return "\n".join(lines) + "\n"
 
 

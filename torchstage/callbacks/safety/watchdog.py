@@ -16,10 +16,11 @@ import time
 import traceback
 
 from torchstage.callbacks.base import Callback, CallbackOrder, CallbackScope
-from torchstage.callbacks.safety.hang_report import describe, hang_report, position, where
+from torchstage.callbacks.safety.hang_report import (describe, hang_report, hung_rank, position, record_position,
+                                                     state, where)
 from torchstage.launch.enter import check_hang_timeout
 from torchstage.launch.failures import record_failure
-from torchstage.launch.flight_recorder import TAIL, compare, recent, write_dump
+from torchstage.launch.flight_recorder import TAIL, behind, compare, recent, write_dump
 
 
 #: Exit code of a rank ended by the watchdog (the convention of GNU ``timeout``).
@@ -31,6 +32,9 @@ FULL_REPORTS = 4
 _REPORTERS = "torchstage/watchdog/reporters"
 _BEAT, _FIRED, _COLLECTIVES = ("torchstage/watchdog/beat{}", "torchstage/watchdog/fired{}",
                                "torchstage/watchdog/collectives{}")
+#: The rank a full report found the others waiting for (and where it was), for the ranks that report only
+#: themselves: they wait this long for it beyond their pause, then this long for the full reporter to end first.
+_HUNG, _HUNG_WAIT, _AFTER_FULL = "torchstage/watchdog/hung", 10.0, 2.0
 
 
 class HangWatchdog(Callback):
@@ -117,17 +121,36 @@ class HangWatchdog(Callback):
         full = rank == 0 or (not mine["waiting"] and _report_slot(store))
         ranks = _read_all(store, world_size) if full else {}
         ranks[rank] = mine
-        compared = (compare(_read_collectives(store, world_size, deadline=time.monotonic() + 2 * interval))
-                    if full else [f"(rank {rank} waits for a peer and reports only itself; rank 0's report and that of "
-                                  f"a rank stopped outside any collective list every rank)"])
+        recorded = _read_collectives(store, world_size, deadline=time.monotonic() + 2 * interval) if full else {}
+        compared = (compare(recorded) if full else [
+            f"(rank {rank} waits for a peer and reports only itself; rank 0's report and that of a rank stopped "
+            f"outside any collective list every rank)"])
+        hung = hung_rank(ranks, behind(recorded), rank)
+        if not full:  # a full report names the rank the others wait for: this one's headline names it too
+            told = _await(store, _HUNG, time.monotonic() + _HUNG_WAIT)
+            if told:
+                time.sleep(_AFTER_FULL)  # the full reporter is ending its process: its record and report come first
+                if isinstance(told.get("rank"), int):
+                    hung = told["rank"]
+                    if told.get("info") and hung != rank:
+                        ranks[hung] = told["info"]
         report = hang_report(rank, self.timeout, ranks, traceback.format_stack(frame) if frame else [], HANG_EXIT_CODE,
-                             compared)
-        state = f"waiting in {mine['waiting']}" if mine["waiting"] else f"stopped in {mine['frame']}"
-        record_failure(rank, f"hang: no progress for {self.timeout:g} s after {describe(mine)}; {state}",
-                       runner.loop_position(), collectives[-TAIL:])
+                             compared, hung)
+        if hung is None or hung == rank:
+            record_failure(rank, f"hang: no progress for {self.timeout:g} s after {describe(mine)}{state(mine)}",
+                           runner.loop_position(), collectives[-TAIL:])
+        else:  # the record names the rank the others wait for, where it was
+            info = ranks.get(hung, {})
+            since = f" after {describe(info)}{state(info)}" if info else ""
+            record_failure(rank, f"hang: rank {hung} made no progress{since}; the other ranks wait for it (the "
+                                 f"watchdog of rank {rank} fired after {self.timeout:g} s)",
+                           record_position(info) if info else runner.loop_position(), collectives[-TAIL:],
+                           origin_rank=hung)
         try:
             sys.stderr.write(report)  # a dying process's report, like a traceback: stderr, on every rank
             sys.stderr.flush()
+            if full:  # last: the ranks that report only themselves wait for it
+                _publish(store, _HUNG, {"rank": hung, "info": None if hung is None else ranks.get(hung)})
         finally:
             os._exit(HANG_EXIT_CODE)
 
@@ -155,6 +178,16 @@ def _report_slot(store) -> bool:
         return store is None or store.add(_REPORTERS, 1) <= FULL_REPORTS
     except Exception:
         return True
+
+
+def _await(store, key: str, deadline: float):
+    """The value a rank published under ``key``, waiting for it until ``deadline``; None without it."""
+    try:
+        while store is not None and not store.check([key]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return json.loads(store.get(key)) if store is not None and store.check([key]) else None
+    except Exception:
+        return None
 
 
 def _read_collectives(store, world_size: int, deadline: float) -> dict:

@@ -1,6 +1,6 @@
 """A 2-rank training run that hangs or has uneven batches on purpose, for the watchdog tests.
 
-Usage: python hang.py LOGDIR; settings from env: HANG_MODE (none | sleep | deadlock | uneven |
+Usage: python hang.py LOGDIR; settings from env: HANG_MODE (none | sleep | deadlock | recv | uneven |
 uneven-unknown), HANG_RANK (the rank that misbehaves, 1), HANG_TIMEOUT (train's hang_timeout, 3),
 HANG_BATCH (the train batch of epoch 1 after which the rank hangs, 3), HANG_SLEEP (seconds per batch, 0).
 Each rank writes LOGDIR/pids/<pid> at start; the hanging rank writes LOGDIR/stuck-at (time) before it hangs.
@@ -35,6 +35,11 @@ def deadlocked_in_user_code():
     lock.acquire()
 
 
+def waiting_for_a_message():
+    """Receive from a peer that never sends: stuck inside torch.distributed."""
+    torch.distributed.recv(torch.zeros(1), src=0 if rank else 1)  # the recv nobody sends to
+
+
 class Misbehave(Callback):
     def on_experiment_start(self, runner):
         os.makedirs(os.path.join(logdir, "pids"), exist_ok=True)
@@ -43,11 +48,14 @@ class Misbehave(Callback):
     def on_batch_end(self, runner):
         if per_batch:
             time.sleep(per_batch)
-        if (mode in ("sleep", "deadlock") and runner.engine.rank == bad_rank and runner.is_train_loader
+        if (mode in ("sleep", "deadlock", "recv") and runner.engine.rank == bad_rank and runner.is_train_loader
                 and runner.epoch == 1 and runner.batch_step == hang_batch):
             with open(os.path.join(logdir, "stuck-at"), "w") as f:
                 f.write(repr(time.time()))
-            stuck_in_user_code() if mode == "sleep" else deadlocked_in_user_code()
+            if mode == "recv":
+                waiting_for_a_message()
+            else:
+                stuck_in_user_code() if mode == "sleep" else deadlocked_in_user_code()
 
 
 class Batches(IterableDataset):
