@@ -4,7 +4,7 @@ import torch
 
 from tests.conftest import regression_loaders
 from tests.helpers import tiny_run
-from torchstage import Callback
+from torchstage import Callback, SupervisedRunner
 
 
 class NoBatch(Callback):
