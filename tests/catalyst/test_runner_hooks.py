@@ -3,8 +3,6 @@ bookkeeping), end methods after them and before the loggers; on every loader; un
 import csv
 import logging
 
-import torch
-
 import torchstage as dl
 from tests.conftest import regression_loaders
 from tests.helpers import tiny_run

@@ -4,7 +4,6 @@ import time
 from datetime import timedelta
 
 import pytest
-import torch
 
 from tests.helpers import tiny_run
 from torchstage import Callback, HangWatchdog
