@@ -62,6 +62,8 @@ from torchstage.strategies.base import Strategy
 from torchstage.strategies.ddp import DDP
 from torchstage.strategies.deepspeed import DeepSpeed
 from torchstage.strategies.fsdp import FSDP
+from torchstage.strategies.hsdp import HSDP
+from torchstage.strategies.model_parallel import ModelParallel
 from torchstage.strategies.single import SingleDevice
 from torchstage.version import __version__
 from torchstage import metrics
@@ -121,4 +123,5 @@ __all__ = [
     "TorchMetricsCallback", "EMACallback", "SWACallback", "WeightAveragingCallback", "OptunaPruningCallback", "tune",
     "LogdirLocked", "NonFiniteLossCallback", "NonFiniteLossError", "NonFiniteStateError",
     "HangWatchdog", "EvenBatchesCallback", "UnevenBatchesError", "BatchTransformCallback", "BackwardCallback",
+    "HSDP", "ModelParallel",
 ]

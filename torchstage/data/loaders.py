@@ -71,16 +71,18 @@ def distribute_loaders(loaders, engine, seed: int = 0) -> dict:
 def distribute_loader(loader, engine, is_train: bool, seed: int = 0):
     """``loader`` rebuilt with a sampler giving this rank its shard; keeps batch size and every option.
 
-    Batch size stays per process. A loader that is not a map-style DataLoader, or already has a
-    distributed sampler, is returned unchanged (a warning says so for the former).
+    Batch size stays per process. Data is split by the data-parallel coordinate (``engine.dp_rank`` of
+    ``engine.dp_size``): the ranks of a tensor-parallel group get the same batches. A loader that is not a
+    map-style DataLoader, or already has a distributed sampler, is returned unchanged (a warning says so for the
+    former).
     """
-    if not engine.is_distributed:
+    if engine.dp_size == 1:
         return loader
     if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
         logger.warning("a %s loader is used as is on every rank: torchstage shards only DataLoaders over "
-                       "map-style datasets; shard it by rank yourself or each sample is read %d times",
-                       type(loader).__name__ if not isinstance(loader, DataLoader) else "IterableDataset",
-                       engine.world_size)
+                       "map-style datasets; shard it by data-parallel rank yourself or each sample is read %d "
+                       "times", type(loader).__name__ if not isinstance(loader, DataLoader) else "IterableDataset",
+                       engine.dp_size)
         return loader
     if isinstance(loader.sampler, (DistributedSampler, StridedEvalSampler, ShardedSampler)):
         return loader
@@ -92,7 +94,7 @@ def distribute_loader(loader, engine, is_train: bool, seed: int = 0):
         options["prefetch_factor"] = loader.prefetch_factor
     if hasattr(loader, "in_order"):
         options["in_order"] = loader.in_order
-    world, rank = engine.world_size, engine.rank
+    world, rank = engine.dp_size, engine.dp_rank
     cls = type(loader) if hasattr(loader, "load_state_dict") else DataLoader  # keep a StatefulDataLoader stateful
     if loader.batch_size is None and loader.batch_sampler is not None:  # a custom batch sampler
         batches = ShardedSampler(loader.batch_sampler, world, rank, seed, pad=is_train)

@@ -21,11 +21,12 @@ class StridedEvalSampler(Sampler):
 
 
 def make_sampler(dataset, engine, shuffle: bool, is_train: bool, seed: int = 0):
-    """A sampler for ``dataset`` under ``engine``; ``None`` when one process reads everything."""
-    if not engine.is_distributed or isinstance(dataset, IterableDataset):
+    """A sampler for ``dataset`` under ``engine`` (split by its data-parallel coordinate); ``None`` when every
+    process reads everything (one process, or one tensor-parallel group)."""
+    if engine.dp_size == 1 or isinstance(dataset, IterableDataset):
         return None
     if is_train:
-        return DistributedSampler(dataset, num_replicas=engine.world_size, rank=engine.rank,
+        return DistributedSampler(dataset, num_replicas=engine.dp_size, rank=engine.dp_rank,
                                   shuffle=shuffle, seed=seed)
-    return StridedEvalSampler(dataset, engine.world_size, engine.rank)
+    return StridedEvalSampler(dataset, engine.dp_size, engine.dp_rank)
 

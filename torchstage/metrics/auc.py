@@ -99,7 +99,7 @@ class AUCMetric(Metric):
             local = local.new_zeros((0, widest))
         elif narrowest != widest and narrowest > 0:
             raise ValueError(f"AUCMetric.sync: ranks hold different numbers of columns ({narrowest} vs {widest})")
-        self._chunks, self._gathered = [], engine.all_gather_cat(local.contiguous())
+        self._chunks, self._gathered = [], engine.all_gather_samples(local.contiguous())
 
     def _names(self) -> tuple:
         return ("auc",) if self.average == "macro" else ()

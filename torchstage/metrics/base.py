@@ -129,7 +129,7 @@ class AdditiveStateMetric(Metric):
         if self._state is None:  # this rank saw no batch: contribute zeros, still join the collective
             self._state = torch.zeros(self._state_size, dtype=torch.float64, device=engine.device)
         self._state = self._state.to(engine.device)
-        engine.all_reduce_(self._state, op="sum")
+        engine.all_reduce_samples_(self._state)
 
     def _checked_state(self) -> torch.Tensor:
         if self._state is None:

@@ -37,10 +37,10 @@ def sync_metric_states(metric, engine) -> None:
             setattr(metric, name, [gathered])
             continue
         state = getattr(metric, name)
-        stacked = _gather_cat(engine, state.unsqueeze(0))
+        stacked = _gather_cat(engine, state.unsqueeze(0))  # one row per rank that counts its samples
         setattr(metric, name, reduce(stacked) if reduce is not None else stacked)
     counts = torch.tensor([metric._update_count], dtype=torch.float64, device=engine.device)
-    metric._update_count = int(engine.all_reduce_(counts).item())  # once per loader, not per batch
+    metric._update_count = int(engine.all_reduce_samples_(counts).item())  # once per loader, not per batch
 
 
 def _cat(items: list):
@@ -51,9 +51,10 @@ def _cat(items: list):
 
 
 def _gather_cat(engine, tensor: torch.Tensor) -> torch.Tensor:
-    """All ranks' ``tensor`` concatenated along dim 0 in rank order (lengths may differ)."""
+    """All ranks' ``tensor`` concatenated along dim 0 in rank order (lengths may differ), each sample once (the
+    ranks of a tensor-parallel group but its first give no rows)."""
     device = tensor.device
     moved = tensor.to(engine.device)
     if moved.dtype == torch.bool:  # gloo has no bool collectives
-        return engine.all_gather_cat(moved.to(torch.uint8)).bool().to(device)
-    return engine.all_gather_cat(moved).to(device)
+        return engine.all_gather_samples(moved.to(torch.uint8)).bool().to(device)
+    return engine.all_gather_samples(moved).to(device)

@@ -5,7 +5,7 @@ which it is then given once (:meth:`~torchstage.strategies.base.Strategy.connect
 through it (``runner.engine.strategy``) for backward and the optimizer step.
 """
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
@@ -29,11 +29,22 @@ class Engine:
     channels_last: bool = False  # 4-D inputs and models in NHWC memory format (faster convolutions)
     prefetch: bool = False  # copy the next batch to the GPU while the current one trains
     strategy: Any = None  # placement, wrapping, sync, clipping, checkpoint state (default: SingleDevice())
+    node_size: int = 1  # processes on this node (the launcher's count; 1 alone)
+    #: This process's data-parallel coordinate and the number of different batches a step trains (default: its rank
+    #: and the world size); set by a strategy whose device mesh has a tensor-parallel dimension.
+    dp_rank: Optional[int] = None
+    dp_size: Optional[int] = None
+    #: Its coordinate in its tensor-parallel group and the group's size: the ``tp_size`` ranks of a group train the
+    #: same batch, and only the group's first (``tp_rank == 0``) counts its samples in metrics.
+    tp_rank: int = 0
+    tp_size: int = 1
 
     def __post_init__(self):
         self.device = torch.device(self.device) if self.device is not None else default_device()
         if self.strategy is None:
             self.strategy = SingleDevice()
+        if self.dp_rank is None:
+            self.dp_rank, self.dp_size = self.rank, self.world_size
 
     @classmethod
     def for_world(cls, world, strategy=None, **settings) -> "Engine":
@@ -43,7 +54,7 @@ class Engine:
             return cls(strategy=strategy, **settings)
         device = torch.device("cuda", world.local_rank) if world.backend == "nccl" else torch.device("cpu")
         return cls(device=device, rank=world.rank, world_size=world.world_size, local_rank=world.local_rank,
-                   strategy=strategy, **settings)
+                   strategy=strategy, node_size=world.local_size or world.world_size, **settings)
 
     @property
     def is_main(self) -> bool:
@@ -52,6 +63,20 @@ class Engine:
     @property
     def is_distributed(self) -> bool:
         return self.world_size > 1
+
+    @property
+    def counts_samples(self) -> bool:
+        """False on the ranks of a tensor-parallel group but its first: they train the first one's samples, which
+        metrics count once."""
+        return self.tp_rank == 0
+
+    def set_data_parallel(self, dp_rank: int, dp_size: int, tp_rank: int = 0, tp_size: int = 1) -> None:
+        """Place this process in a device mesh (a strategy's, as it connects): loaders split data by ``dp_rank`` of
+        ``dp_size``; ranks sharing a ``dp_rank`` form a tensor-parallel group of ``tp_size``."""
+        if dp_size * tp_size != self.world_size:
+            raise ValueError(f"a mesh of {dp_size} data-parallel x {tp_size} tensor-parallel ranks does not make a "
+                             f"world of {self.world_size}")
+        self.dp_rank, self.dp_size, self.tp_rank, self.tp_size = dp_rank, dp_size, tp_rank, tp_size
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backpropagate ``loss`` through the strategy (scaled under float16): a custom ``handle_batch``'s backward,
@@ -77,6 +102,17 @@ class Engine:
             dist.all_reduce(tensor, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
                                         "min": dist.ReduceOp.MIN}[op])
         return tensor
+
+    def all_reduce_samples_(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum per-sample quantities (sums, counts) over the ranks in place, each sample once: the ranks of a
+        tensor-parallel group but its first add zeros (they trained the same samples)."""
+        if self.is_distributed and not self.counts_samples:
+            tensor.zero_()
+        return self.all_reduce_(tensor)
+
+    def all_gather_samples(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Per-sample rows (dim 0) of every rank concatenated, each sample once (see :meth:`all_reduce_samples_`)."""
+        return self.all_gather_cat(tensor if self.counts_samples else tensor[:0])
 
     def all_gather_cat(self, tensor: torch.Tensor) -> torch.Tensor:
         """Concatenate along dim 0 the tensors of every rank, in rank order; sizes may differ."""

@@ -16,6 +16,7 @@ from torchstage.data.resume import (batch_size_changed, capture_loader_rng, resu
 from torchstage.data.reshard import order_kind, pass_order, resume_shard
 from torchstage.runner.loop_state import dataset_size
 from torchstage.runner.resume_checks import apply_after_load, check_before_load, report_epochs
+from torchstage.runner.state import data_layout, same_data_layout
 from torchstage.launch.resolve import RESTART_ENV, job_identity, restart_attempt, same_job
 from torchstage.runner.errors import LogdirHoldsRun
 from torchstage.runner.loop_state import ResumePoint
@@ -146,7 +147,7 @@ def restore(runner, checkpoint: dict, path: str = "the checkpoint") -> None:
             runner.enter_stage(index + 1)
         return
     loader, rngs = loop.get("loader"), checkpoint["rng"]
-    same_world = len(rngs) == runner.engine.world_size
+    same_world = same_data_layout(checkpoint, runner.engine)
     rng = rngs[runner.engine.rank] if same_world else rngs[0]
     if loader not in runner.loaders or "loader_start" not in rng:
         raise CheckpointError(f"checkpoint was written in the middle of loader {loader!r} of stage "
@@ -163,14 +164,15 @@ def restore(runner, checkpoint: dict, path: str = "the checkpoint") -> None:
         runner.resume_point = ResumePoint(**point, loader_rng=rng["loader_start"], rng=rng, by_samples=by_samples)
         return
     _check_mid_epoch_loader(runner, loader, loop, path, batch_size=False)
-    lineage, indices = _reshard(runner, loader, loop, rng["loader_start"], len(rngs), path)
+    lineage, indices = _reshard(runner, loader, loop, rng["loader_start"], data_layout(checkpoint)[0], path)
     runner.resume_point = ResumePoint(**point, loader_rng=lineage, rng=rng if same_world else None, indices=indices)
 
 
 def _reshard(runner, name: str, loop: dict, start: dict, ck_world: int, path: str) -> tuple:
-    """``(lineage, indices)`` of a pass interrupted under ``ck_world`` processes and resumed under this world (or
-    resumed before): the samples of its order not done yet, dealt out anew; this rank's share of them."""
-    loader, world, rank = runner.loaders[name], runner.engine.world_size, runner.engine.rank
+    """``(lineage, indices)`` of a pass interrupted under ``ck_world`` data-parallel ranks and resumed under this
+    world's (or resumed before): the samples of its order not done yet, dealt out anew; this rank's share of them
+    (the ranks of a tensor-parallel group get the same share)."""
+    loader, world, rank = runner.loaders[name], runner.engine.dp_size, runner.engine.dp_rank
     kind = order_kind(loader)
     if kind is None:
         raise CheckpointError(f"cannot resume from {path} with {world} process(es): it was written by {ck_world} in "

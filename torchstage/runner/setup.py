@@ -73,7 +73,9 @@ def prepare(runner, spec, world: World = None):
                          f"device from its rank: drop engine=... (got {spec.engine!r})")
     startup_watch.phase("setting up the strategy")
     runner.engine = run_engine(spec.engine or runner.engine, world, spec)
-    set_seed(spec.seed + runner.engine.rank, spec.deterministic)
+    _announce(world, runner.engine)
+    # by data-parallel rank: the ranks of a tensor-parallel group draw alike (dropout on their replicated activations)
+    set_seed(spec.seed + runner.engine.dp_rank, spec.deterministic)
     runner.model = spec.model
     for stage in spec.stage_specs:
         if isinstance(stage.criterion, torch.nn.Module):
@@ -118,6 +120,20 @@ def run_engine(engine: Engine, world: World, spec) -> Engine:
                      prefetch=bool(spec.prefetch))
     spec.strategy.connect(engine, spec.amp)
     return engine
+
+
+def _announce(world: World, engine: Engine) -> None:
+    """One line on the main rank of a world of several processes: how many, on how many nodes, from which
+    launcher, and the strategy with its device mesh."""
+    if not engine.is_distributed or not engine.is_main:
+        return
+    strategy = engine.strategy
+    nodes = world.nnodes or max(1, engine.world_size // max(1, engine.node_size))
+    mesh = getattr(strategy, "describe", lambda: "")()
+    data = f", data-parallel {engine.dp_size} x tensor-parallel {engine.tp_size}" if engine.tp_size > 1 else ""
+    logger.info("world: %d processes on %d node%s (%s, %s backend), strategy %s%s%s", engine.world_size, nodes,
+                "s" if nodes > 1 else "", world.source, world.backend, type(strategy).__name__,
+                f", {mesh}" if mesh else "", data)
 
 
 def stage_loaders(spec, engine) -> list:

@@ -32,6 +32,8 @@ def runner_state_dict(runner) -> dict:
         "rng": [rank["rng"] for rank in per_rank],
         "metrics": {loader: dict(values) for loader, values in runner.epoch_metrics.items()},
         "meta": {"torchstage": __version__, "torch": str(torch.__version__), "world_size": runner.engine.world_size,
+                 "data_parallel": runner.engine.dp_size, "tensor_parallel": runner.engine.tp_size,
+                 "strategy": repr(strategy), "mesh": _mesh_of(strategy),
                  "job": job_identity(), "restart_attempt": restart_attempt(),
                  "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "stage_names": [s.name for s in spec.stage_specs],
                  "stage_epochs": [s.num_epochs for s in spec.stage_specs],
@@ -50,6 +52,7 @@ def load_runner_state_dict(runner, checkpoint: dict, weights_only: bool = False)
         return
     rng, world_size = checkpoint["rng"], runner.engine.world_size
     same_world = len(rng) == world_size
+    same_layout = same_data_layout(checkpoint, runner.engine)
     _load_named("optimizer", named(runner.optimizer, "optimizer"), checkpoint["optimizers"],
                 lambda o, s: strategy.load_optimizer_state_dict(o, models, s))
     _load_named("scheduler", named(runner.scheduler, "scheduler"), checkpoint["schedulers"],
@@ -59,13 +62,13 @@ def load_runner_state_dict(runner, checkpoint: dict, weights_only: bool = False)
         if name in runner.callbacks:
             callback = runner.callbacks[name]
             if callback.state_per_rank:
-                state = _rank_state(callback, name, state, runner.engine, len(rng))
+                state = _rank_state(callback, name, state, runner.engine, checkpoint, same_layout)
             if state:
                 callback.load_state_dict(state)
     if same_world:
         set_rng_state(rng[runner.engine.rank])
     else:  # streams of another world: each rank's own, derived from the seed, the rank and the position
-        set_seed(derived_seed(runner.spec.seed, runner.engine.rank, checkpoint["loop"]["global_batch_step"]))
+        set_seed(derived_seed(runner.spec.seed, runner.engine.dp_rank, checkpoint["loop"]["global_batch_step"]))
 
 
 #: The seed of each rank's generators after a resume on another number of processes (see :func:`derived_seed`).
@@ -78,18 +81,34 @@ def derived_seed(seed: int, rank: int, global_batch_step: int) -> int:
     return seed + rank + RESEED_STRIDE * global_batch_step
 
 
-def _rank_state(callback, name: str, state: dict, engine, written_by: int) -> dict:
-    """This rank's part of a per-rank callback state; from another world, the ranks' states merged on the main
-    rank (what they held is counted once) and nothing on the others."""
+def data_layout(checkpoint: dict) -> tuple:
+    """``(data-parallel ranks, tensor-parallel ranks)`` of the run that wrote ``checkpoint`` (before meshes were
+    recorded: every rank a data-parallel one)."""
+    meta = checkpoint.get("meta", {})
+    world = len(checkpoint["rng"])
+    return int(meta.get("data_parallel", world)), int(meta.get("tensor_parallel", 1))
+
+
+def same_data_layout(checkpoint: dict, engine) -> bool:
+    """True when ``engine``'s ranks hold the same data as the ranks that wrote ``checkpoint`` did: the same world
+    in the same data-parallel x tensor-parallel layout, so each rank continues its own part."""
+    return len(checkpoint["rng"]) == engine.world_size and data_layout(checkpoint) == (engine.dp_size, engine.tp_size)
+
+
+def _rank_state(callback, name: str, state: dict, engine, checkpoint: dict, same_layout: bool) -> dict:
+    """This rank's part of a per-rank callback state; from another layout, the states of the ranks that counted
+    samples (the first of each tensor-parallel group) merged on the main rank (what they held is counted once) and
+    nothing on the others."""
     if "per_rank" not in state:
         return {}
-    states = state["per_rank"]
-    if len(states) == engine.world_size:
+    states, written_by = state["per_rank"], len(checkpoint["rng"])
+    if same_layout:
         return states[engine.rank]
     if not engine.is_main:
         return {}
+    tensor = data_layout(checkpoint)[1]
     try:
-        return callback.merge_rank_states([s for s in states if s])
+        return callback.merge_rank_states([s for rank, s in enumerate(states) if s and rank % tensor == 0])
     except TypeError as e:
         raise CheckpointError(f"checkpoint was written mid-loader by {written_by} process(es) and is resumed by "
                               f"{engine.world_size}: callbacks[{name!r}] keeps a partial state per rank ({e}); resume "
@@ -133,6 +152,12 @@ def _loader_start(runner) -> dict:
     end-of-epoch checkpoint needs none (the next epoch's passes draw their own)."""
     state = runner.loader_start_rng
     return {} if state is None or runner.epoch_done else {"loader_start": state}
+
+
+def _mesh_of(strategy) -> dict:
+    """The strategy's mesh layout (replicate, shard, tensor), or {} for one without a mesh."""
+    layout = getattr(strategy, "layout", None)
+    return layout.as_dict() if layout is not None else {}
 
 
 def _plain(value):

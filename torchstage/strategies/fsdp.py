@@ -12,6 +12,7 @@ import torch
 
 from torchstage.files.checkpoint_io import ShardedCheckpointIO
 from torchstage.strategies.base import Strategy, optimizer_module
+from torchstage.strategies.mesh import MeshLayout, build_mesh, check_degree, complete, data_mesh, place, total_norm
 
 #: Modules that hold sub-modules without running them in a forward of their own: the policy looks inside.
 CONTAINERS = (torch.nn.ModuleList, torch.nn.ModuleDict)
@@ -27,11 +28,19 @@ class FSDP(Strategy):
     parameters after forward (less memory, one more all-gather in backward). With ``train(amp="bf16")``
     parameters compute in bfloat16 and gradients are reduced in float32 (FSDP2's MixedPrecisionPolicy).
     On a single process nothing is sharded; checkpoints are still written as directories.
+
+    ``replicate=R, shard=S`` (HSDP, see :class:`~torchstage.strategies.hsdp.HSDP`): a 2-D device mesh, each
+    model sharded over ``S`` ranks and replicated ``R`` times (``R x S`` = the world size; one of them may be
+    left out). Without them every rank shards the model.
     """
 
     name = "fsdp"
+    #: The layout of the world in a mesh (set by :meth:`connect`) and torch's DeviceMesh (None: FSDP's default,
+    #: every rank shards).
+    layout = mesh = None
 
-    def __init__(self, min_params: int = 100_000, modules=(), reshard_after_forward: bool = True):
+    def __init__(self, min_params: int = 100_000, modules=(), reshard_after_forward: bool = True, *,
+                 replicate: int = None, shard: int = None):
         if isinstance(min_params, bool) or not isinstance(min_params, numbers.Integral) or min_params < 1:
             raise ValueError(f"FSDP(min_params=...) must be an integer >= 1 (parameters of a unit), got {min_params!r}")
         modules = tuple(modules) if isinstance(modules, (list, tuple)) else (modules,)
@@ -40,10 +49,50 @@ class FSDP(Strategy):
         if not isinstance(reshard_after_forward, bool):
             raise TypeError(f"FSDP(reshard_after_forward=...) must be True or False, got {reshard_after_forward!r}")
         self.min_params, self.modules, self.reshard_after_forward = int(min_params), modules, reshard_after_forward
+        self.replicate = check_degree(type(self).__name__, "replicate", replicate)
+        self.shard = check_degree(type(self).__name__, "shard", shard)
 
     def __repr__(self) -> str:
-        return (f"FSDP(min_params={self.min_params}, modules={tuple(m.__name__ for m in self.modules)}, "
-                f"reshard_after_forward={self.reshard_after_forward})")
+        mesh = "".join(f", {k}={getattr(self, k)}" for k in ("replicate", "shard") if getattr(self, k) is not None)
+        return (f"{type(self).__name__}(min_params={self.min_params}, modules={tuple(m.__name__ for m in self.modules)}, "
+                f"reshard_after_forward={self.reshard_after_forward}{mesh})")
+
+    # ---- the mesh ----------------------------------------------------------------------------
+    def connect(self, engine, amp=None) -> None:
+        """The layout of the world (refused, before training, when its degrees do not make the world), its device
+        mesh where it has more than one dimension, the engine's data-parallel place in it, and sharded
+        checkpoints."""
+        super().connect(engine, amp)
+        self.layout = self.make_layout(engine)
+        self.mesh = build_mesh(self.layout, engine.device.type) if engine.is_distributed and self.needs_mesh() else None
+        place(engine, self.layout)
+        self.checkpoint_io = ShardedCheckpointIO(engine)  # a directory of every rank's shards (collective)
+
+    def make_layout(self, engine) -> MeshLayout:
+        """``replicate x shard`` of the world; by default every rank shards."""
+        return complete(repr(self), engine.world_size, 1, self.replicate, self.shard, engine.world_size)
+
+    def needs_mesh(self) -> bool:
+        """True when FSDP's default mesh (every rank a shard) is not the layout."""
+        return self.layout.replicate > 1 or self.layout.tensor > 1
+
+    @property
+    def label(self) -> str:
+        """How messages name this strategy."""
+        return f"strategy={self.name!r}" if self.name else f"strategy={type(self).__name__}(...)"
+
+    def describe(self) -> str:
+        """The mesh, for the line that announces the world."""
+        layout = self.layout
+        if layout is None or layout.size == 1:
+            return ""
+        parts = [f"replicate {layout.replicate}"] if layout.replicate > 1 else []
+        parts += [f"shard {layout.shard}"] + ([f"tensor {layout.tensor}"] if layout.tensor > 1 else [])
+        return "mesh " + " x ".join(parts)
+
+    def shard_mesh(self):
+        """The mesh ``fully_shard`` shards over (None: all ranks)."""
+        return None if self.mesh is None else data_mesh(self.mesh, self.layout)
 
     # ---- wrapping ----------------------------------------------------------------------------
     def units(self, model: torch.nn.Module) -> list:
@@ -65,31 +114,44 @@ class FSDP(Strategy):
 
     def setup(self, models, optimizers, plans=(), batch_size=None):
         """Shard every trainable model in place and rebind ``optimizers`` to the sharded parameters."""
-        _check_optimizers(models, optimizers)
+        _check_optimizers(models, optimizers, self.label)
         amp_dtype = self.precision.dtype
         if amp_dtype is torch.float16:
-            raise ValueError("amp='fp16' is not supported with strategy='fsdp' (it needs a sharded grad scaler); "
+            raise ValueError(f"amp='fp16' is not supported with {self.label} (it needs a sharded grad scaler); "
                              "use amp='bf16'")
         compiled = [key for key, model in models.items() if hasattr(model, "_orig_mod")]
         if compiled:
-            raise ValueError(f"compile=True is not supported with strategy='fsdp' (model {compiled[0]!r} is compiled "
+            raise ValueError(f"compile=True is not supported with {self.label} (model {compiled[0]!r} is compiled "
                              f"before sharding); train without compile, or use strategy='ddp'")
         if not self.engine.is_distributed:
             return dict(models), list(optimizers)
+        before = {id(p): (key, clean_name(name)) for key, model in models.items()
+                  for name, p in model.named_parameters()}
+        models = {key: self.parallelize(model) for key, model in models.items()}
+        self.shard_models(models, amp_dtype)
+        after = {(key, clean_name(name)): p for key, model in models.items() for name, p in model.named_parameters()}
+        for optimizer in optimizers:
+            _rebind(optimizer, {old: after[where] for old, where in before.items()})
+        return dict(models), list(optimizers)
+
+    def parallelize(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The model before it is sharded; tensor parallelism's place (:class:`ModelParallel`), as is here."""
+        return model
+
+    def shard_models(self, models: dict, amp_dtype) -> None:
+        """``fully_shard`` each trainable model in place over :meth:`shard_mesh`: its units, then itself."""
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # heavy; FSDP runs only
         policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
                   if amp_dtype is torch.bfloat16 else MixedPrecisionPolicy())
-        before = {id(p): (key, name) for key, model in models.items() for name, p in model.named_parameters()}
+        options = dict(mp_policy=policy, reshard_after_forward=self.reshard_after_forward)
+        if self.mesh is not None:
+            options["mesh"] = self.shard_mesh()
         for model in models.values():
             if not any(p.requires_grad for p in model.parameters()):
                 continue
             for unit in self.units(model):
-                fully_shard(unit, mp_policy=policy, reshard_after_forward=self.reshard_after_forward)
-            fully_shard(model, mp_policy=policy, reshard_after_forward=self.reshard_after_forward)
-        after = {(key, name): p for key, model in models.items() for name, p in model.named_parameters()}
-        for optimizer in optimizers:
-            _rebind(optimizer, {old: after[where] for old, where in before.items()})
-        return dict(models), list(optimizers)
+                fully_shard(unit, **options)
+            fully_shard(model, **options)
 
     # ---- gradients ---------------------------------------------------------------------------
     def no_sync(self, model):
@@ -103,17 +165,15 @@ class FSDP(Strategy):
 
     def finish_partial_group(self, optimizer, scale):
         if self.engine.is_distributed:
-            raise RuntimeError("strategy='fsdp' with accumulation_steps > 1 needs loaders with a length: the last "
+            raise RuntimeError(f"{self.label} with accumulation_steps > 1 needs loaders with a length: the last "
                                "accumulation group of a loader ended early, and its gradients were never "
                                "reduce-scattered; give the loader a __len__ or use accumulation_steps=1")
         super().finish_partial_group(optimizer, scale)
 
     def clip_grad_norm_(self, params, max_norm):
-        """Clip by the norm of the whole (sharded) gradient: local norms are reduced over ranks first."""
-        grads = [p.grad for p in params]
-        total = torch.nn.utils.get_total_norm(grads)
-        if hasattr(total, "full_tensor"):  # a DTensor holding this rank's partial norm
-            total = total.full_tensor()
+        """Clip by the norm of the whole (sharded) gradient: local norms are reduced over ranks first (over each
+        device mesh the gradients live on)."""
+        total = total_norm([p.grad for p in params])
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
         return total
 
@@ -134,12 +194,20 @@ class FSDP(Strategy):
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict  # heavy; FSDP runs only
         return get_optimizer_state_dict(optimizer_module(optimizer, models), optimizer)
 
-    def connect(self, engine, amp=None) -> None:
-        super().connect(engine, amp)
-        self.checkpoint_io = ShardedCheckpointIO(engine)  # a directory of every rank's shards (collective)
 
 
-def _check_optimizers(models: dict, optimizers) -> None:
+#: Wrappers that torch puts between a module and its parameters' names (activation checkpointing, compile).
+WRAPPER_NAMES = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
+
+
+def clean_name(name: str) -> str:
+    """A parameter's name without wrapper prefixes: the same before and after a model is wrapped."""
+    for wrapper in WRAPPER_NAMES:
+        name = name.replace(wrapper, "")
+    return name
+
+
+def _check_optimizers(models: dict, optimizers, label: str) -> None:
     """Every parameter an optimizer holds must belong to one of the models (else it would never change)."""
     known = {id(p) for model in models.values() for p in model.parameters()}
     for optimizer in optimizers:
@@ -148,7 +216,7 @@ def _check_optimizers(models: dict, optimizers) -> None:
                 if id(p) not in known:
                     raise ValueError(f"the optimizer ({type(optimizer).__name__}) holds a parameter of shape "
                                      f"{tuple(p.shape)} in param_groups[{i}] that is in no model given to train(); "
-                                     f"strategy='fsdp' rebinds parameters by their place in the model, so build the "
+                                     f"{label} rebinds parameters by their place in the model, so build the "
                                      f"optimizer from model.parameters()")
 
 

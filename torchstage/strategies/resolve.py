@@ -3,9 +3,10 @@ from torchstage.strategies.base import Strategy
 from torchstage.strategies.ddp import DDP
 from torchstage.strategies.deepspeed import DeepSpeed
 from torchstage.strategies.fsdp import FSDP
+from torchstage.strategies.hsdp import HSDP
 
 #: Names ``train(strategy=...)`` accepts, each with the class it makes.
-NAMED = (DDP, FSDP, DeepSpeed)
+NAMED = (DDP, FSDP, HSDP, DeepSpeed)
 
 
 def resolve_strategy(strategy):

@@ -101,7 +101,7 @@ class MetricsAveragingCallback(Callback):
         sums = torch.stack([partial[k].reshape(()) for k in keys])
         if runner.engine.is_distributed:  # one all-reduce of every rank's sums and counts, one host copy
             totals = torch.cat([sums, torch.tensor([counts[k] for k in keys], dtype=sums.dtype, device=sums.device)])
-            values = runner.engine.all_reduce_(totals).tolist()
+            values = runner.engine.all_reduce_samples_(totals).tolist()  # each sample once under tensor parallel
             sums, counts = values[:len(keys)], values[len(keys):]
         else:
             sums, counts = sums.tolist(), [counts[k] for k in keys]

@@ -1,0 +1,23 @@
+"""HSDP: shard each model within a node and replicate it across nodes (FSDP2 on a 2-D device mesh).
+
+Plain FSDP shards over every rank, so each layer's all-gather and reduce-scatter cross the slow network between
+nodes. HSDP keeps them inside a node (over NVLink or shared memory) and only all-reduces the already
+reduce-scattered gradient shards across nodes, once per step.
+"""
+from torchstage.strategies.fsdp import FSDP
+from torchstage.strategies.mesh import complete
+
+
+class HSDP(FSDP):
+    """``strategy="hsdp"``: FSDP's options, its layout from the world by default: each node's ranks shard the model
+    (``shard`` = the processes on a node), the nodes replicate it (``replicate`` = the nodes).
+
+    ``HSDP(replicate=R, shard=S)`` chooses the layout, as ``FSDP(replicate=R, shard=S)`` does; ``R x S`` must be the
+    world size. On one node the default layout is plain FSDP over that node's ranks.
+    """
+
+    name = "hsdp"
+
+    def make_layout(self, engine):
+        """``nodes x ranks per node`` unless given."""
+        return complete(repr(self), engine.world_size, 1, self.replicate, self.shard, engine.node_size)

@@ -1,0 +1,71 @@
+"""Tensor parallelism inside a node, FSDP2 over the data-parallel ranks: one device mesh
+``replicate x shard x tensor``.
+
+The user's ``parallelize(model, tensor_mesh)`` applies a tensor-parallel plan with torch's own
+``parallelize_module`` (``ColwiseParallel``/``RowwiseParallel``...), and may add activation checkpointing or compile
+blocks; the result is then sharded with ``fully_shard`` over the data-parallel sub-mesh, as torchtitan composes them.
+The ranks of a tensor-parallel group train the same batch (the engine's ``dp_rank``), and metrics count its
+samples once.
+"""
+import torch
+
+from torchstage.strategies.fsdp import FSDP
+from torchstage.strategies.mesh import check_degree, complete
+
+
+class ModelParallel(FSDP):
+    """``ModelParallel(tensor=T, parallelize=fn)``: each model split over ``T`` ranks of a node by ``fn(model,
+    tensor_mesh)`` (which returns the model), then sharded with FSDP2 over the other dimension(s).
+
+    ``data_shard``/``data_replicate`` lay out the data-parallel ranks (the world over ``T``): by default all of
+    them shard; ``data_replicate=R`` replicates across ``R`` groups (HSDP + TP, a 3-D mesh). ``T`` must divide the
+    ranks of a node (tensor parallelism talks at every layer: it belongs on the fastest links) and
+    ``data_replicate x data_shard x T`` the world; both are refused before training. Other keyword arguments are
+    FSDP's (``modules=``, ``min_params=``, ``reshard_after_forward=``).
+    """
+
+    name = None  # needs parallelize=: chosen as an object, never by name
+
+    def __init__(self, tensor: int = None, parallelize=None, *, data_shard: int = None, data_replicate: int = None,
+                 **fsdp_options):
+        for key in ("replicate", "shard"):
+            if key in fsdp_options:
+                raise TypeError(f"ModelParallel lays out the data-parallel ranks with data_{key}=..., not {key}=...")
+        super().__init__(replicate=data_replicate, shard=data_shard, **fsdp_options)
+        self.tensor = check_degree("ModelParallel", "tensor", tensor, allow_none=False)
+        if not callable(parallelize):
+            raise TypeError(f"ModelParallel(parallelize=...) must be a function fn(model, tensor_mesh) -> model that "
+                            f"applies the tensor-parallel plan (torch.distributed.tensor.parallel.parallelize_module), "
+                            f"got {parallelize!r}")
+        self.parallelize_fn = parallelize
+
+    def __repr__(self) -> str:
+        data = "".join(f", data_{k}={getattr(self, k)}" for k in ("replicate", "shard") if getattr(self, k) is not None)
+        return f"ModelParallel(tensor={self.tensor}, parallelize={getattr(self.parallelize_fn, '__name__', '?')}{data})"
+
+    def make_layout(self, engine):
+        """``data_replicate x data_shard x tensor``; the tensor groups inside a node."""
+        if engine.node_size % self.tensor:
+            raise ValueError(f"{self!r}: tensor={self.tensor} does not divide the {engine.node_size} processes of a "
+                             f"node; a tensor-parallel group must sit on one node (its ranks talk at every layer), "
+                             f"so give a tensor degree that divides {engine.node_size}")
+        return complete(repr(self), engine.world_size, self.tensor, self.replicate, self.shard,
+                        engine.world_size // self.tensor)
+
+    def needs_mesh(self) -> bool:
+        return True
+
+    @property
+    def tensor_mesh(self):
+        """The 1-D sub-mesh of this rank's tensor-parallel group."""
+        return self.mesh["tensor"]
+
+    def parallelize(self, model):
+        """``parallelize(model, tensor_mesh)``, checked to return a module whose parameters are the model's."""
+        if not any(p.requires_grad for p in model.parameters()):
+            return model
+        result = self.parallelize_fn(model, self.tensor_mesh)
+        if not isinstance(result, torch.nn.Module):
+            raise TypeError(f"{self!r}: parallelize(model, tensor_mesh) must return the model (an nn.Module), got "
+                            f"{type(result).__name__}")
+        return result
