@@ -5,21 +5,24 @@ Environment: STRATEGY (ddp | fsdp | hsdp | hsdp-name | tp | tp-dp | tp-hsdp), NP
 process, 4), SAMPLES (96), SHUFFLE (1), PERIOD (batches between checkpoints, 0: epochs only), CLIP (grad_clip_norm),
 KILL_AT_BATCH=n and KILL_RANK=r (SIGKILL rank r after global train batch n, once every rank's saves landed),
 FAIL_ONCE_AT_BATCH=n (rank KILL_RANK exits with 3 after batch n in the first attempt only, for restarts),
-MAX_RESTARTS, MONITOR=1, NAN_AT_BATCH=n (the loss of batch n is NaN).
+MAX_RESTARTS, MONITOR=1, NAN_AT_BATCH=n (the loss of batch n is NaN), HANG_AT_BATCH=n (rank KILL_RANK sleeps
+there) with HANG_TIMEOUT. Loader metric ``samples`` counts the samples of each loader over the world.
 Each rank appends to LOGDIR/seen-rank<R>.jsonl the sample indices of every train batch (global batch step, epoch,
-indices) and writes LOGDIR/report-rank<R>.json at the end (weights, metrics per epoch, its place in the mesh).
+attempt: ATTEMPT plus the restart count, whether the rank counts its samples, indices) and writes LOGDIR/report-rank<R>.json at the end (weights, metrics per epoch, its place in the mesh).
 """
 import json
 import os
 import signal
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from torchstage import FSDP, HSDP, Batch, Callback, Epoch, ModelParallel, SupervisedRunner
+from torchstage import FSDP, HSDP, Batch, Callback, Epoch, MetricCallback, ModelParallel, SupervisedRunner
+from torchstage.metrics import AdditiveStateMetric
 
 env = os.environ
 logdir, resume = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else None)
@@ -74,6 +77,21 @@ class Indexed(Dataset):
         return {"features": self.x[i], "targets": self.y[i], "index": i}
 
 
+class SampleCount(AdditiveStateMetric):
+    """How many samples a loader had over the world (each once, whatever the mesh)."""
+
+    _state_size = 1
+
+    def _update(self, outputs, targets):
+        self._add(torch.ones(1, device=outputs.device) * outputs.shape[0])
+
+    def _names(self):
+        return ("samples",)
+
+    def _compute(self):
+        return {"samples": self._checked_state()[0]}
+
+
 class Report(Callback):
     """Records the samples each rank trains, and what the tests compare at the end."""
 
@@ -82,7 +100,7 @@ class Report(Callback):
     def __init__(self):
         self.rank = int(env.get("RANK", 0))
         self.kill_at, self.kill_rank = int(env.get("KILL_AT_BATCH", 0)), int(env.get("KILL_RANK", -1))
-        self.fail_at = int(env.get("FAIL_ONCE_AT_BATCH", 0))
+        self.fail_at, self.hang_at = int(env.get("FAIL_ONCE_AT_BATCH", 0)), int(env.get("HANG_AT_BATCH", 0))
         self.history, self.seen = [], None
 
     def on_experiment_start(self, runner):
@@ -92,6 +110,8 @@ class Report(Callback):
         if not runner.is_train_loader:
             return
         self.seen.write(json.dumps({"step": runner.global_batch_step, "epoch": runner.global_epoch_step,
+                                    "attempt": int(env.get("ATTEMPT", 0)) + int(env.get("TORCHSTAGE_RESTART_COUNT", 0)),
+                                    "counts": runner.engine.counts_samples,
                                     "indices": runner.batch["index"].tolist()}) + "\n")
         self.seen.flush()
         if runner.global_batch_step == self.kill_at:
@@ -99,6 +119,8 @@ class Report(Callback):
             runner.engine.barrier()
             if self.rank == self.kill_rank:
                 os.kill(os.getpid(), signal.SIGKILL)
+        if runner.global_batch_step == self.hang_at and self.rank == self.kill_rank:
+            time.sleep(3600)
         if runner.global_batch_step == self.fail_at and self.rank == self.kill_rank \
                 and env.get("TORCHSTAGE_RESTART_COUNT", "0") == "0":
             runner.file_writer.wait()
@@ -137,7 +159,7 @@ class PoisonBatch(Callback):
 
 STRATEGIES = {"ddp": lambda: "ddp", "fsdp": lambda: FSDP(min_params=50),
               "hsdp": lambda: FSDP(min_params=50, replicate=2, shard=2), "hsdp-name": lambda: "hsdp",
-              "hsdp-default": lambda: HSDP(min_params=50),
+              "hsdp-default": lambda: HSDP(min_params=50), "hsdp-half": lambda: HSDP(min_params=50, replicate=2),
               "tp": lambda: ModelParallel(tensor=2, parallelize=plan, min_params=50),
               "tp-dp": lambda: ModelParallel(tensor=2, parallelize=plan, data_shard=2, min_params=50),
               "tp-hsdp": lambda: ModelParallel(tensor=2, parallelize=plan, data_replicate=2, min_params=50)}
@@ -155,7 +177,7 @@ if __name__ == "__main__":
     loaders = {"train": DataLoader(Indexed(x[:n], y[:n]), batch_size=batch, shuffle=env.get("SHUFFLE", "1") == "1"),
                "valid": DataLoader(Indexed(x[n:], y[n:]), batch_size=batch)}
     period = int(env.get("PERIOD", 0))
-    callbacks = [Report()] + ([PoisonBatch(int(env["NAN_AT_BATCH"]))] if env.get("NAN_AT_BATCH") else [])
+    callbacks = [Report(), MetricCallback(SampleCount())] + ([PoisonBatch(int(env["NAN_AT_BATCH"]))] if env.get("NAN_AT_BATCH") else [])
     SupervisedRunner().train(model=model, criterion=nn.MSELoss(), optimizer=optimizer, scheduler=scheduler,
                              loaders=loaders, callbacks=callbacks, logdir=logdir, resume=resume,
                              num_epochs=int(env.get("EPOCHS", 2)), seed=5, distributed=True,
@@ -164,4 +186,5 @@ if __name__ == "__main__":
                              grad_clip_norm=float(env["CLIP"]) if env.get("CLIP") else None,
                              monitor=bool(env.get("MONITOR")), verbose=bool(env.get("VERBOSE")),
                              max_restarts=int(env["MAX_RESTARTS"]) if env.get("MAX_RESTARTS") else None,
+                             hang_timeout=float(env.get("HANG_TIMEOUT", 300)),
                              overwrite=resume is None)
