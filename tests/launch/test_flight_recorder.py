@@ -31,6 +31,15 @@ def test_the_first_collective_of_another_shape_names_each_side():
         "called from a.py:3 in f; rank 1 in all_reduce(Float[3]) #2 called from b.py:9 in g.")
 
 
+def test_a_scatter_whose_inputs_only_its_source_holds_is_no_difference():
+    # DTensor's distribute_tensor (tensor parallel plans) scatters from one rank; the others record no input
+    ranks = {0: [entry(1, op="scatter", size=(2, 16, 16)), entry(2)], 1: [{**entry(1, op="scatter"), "sizes": []},
+                                                                        entry(2)]}
+    assert first_difference(ranks) is None
+    ranks[1][1] = entry(2, size=(3,))
+    assert first_difference(ranks).startswith("First collective where the ranks differ (group 'default_pg', #2)")
+
+
 def test_a_rank_behind_is_named_with_its_last_collective():
     ranks = {0: [entry(7), entry(8, op="broadcast")], 1: [entry(6), entry(7)]}  # rings that start at other points
     assert first_difference(ranks) == (

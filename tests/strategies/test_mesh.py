@@ -125,8 +125,9 @@ def test_the_ranks_of_a_tensor_parallel_group_train_the_same_batches(runs):
 
 @pytest.fixture(scope="module")
 def killed(tmp_path_factory):
-    """mesh -> a logdir of its run killed (SIGKILL of one rank) at global batch 9, the epoch's 3rd, after a
-    checkpoint at batch 8; each test resumes a copy."""
+    """mesh -> a logdir of its run killed (SIGKILL of one rank) at global batch 9, mid-epoch (the 3rd batch of epoch 2
+    under 4 data-parallel ranks, the 9th of epoch 1 under 2), after a checkpoint at batch 8; each test resumes a
+    copy."""
     base, made = tmp_path_factory.mktemp("killed"), {}
 
     def get(mesh):
@@ -143,6 +144,12 @@ def killed(tmp_path_factory):
 def copy_of(source, target):
     shutil.copytree(source, target, symlinks=True)
     return target
+
+
+def each_once(logdir, cut: dict) -> bool:
+    """True when in each of the 2 epochs the attempts recorded in ``logdir`` trained every sample once (see
+    :func:`trained`)."""
+    return all(trained(logdir, epoch, cut) == Counter(range(SAMPLES)) for epoch in (1, 2))
 
 
 def trained(logdir, epoch: int, cut: dict) -> Counter:
@@ -165,7 +172,7 @@ def test_a_killed_mesh_run_resumes_bitwise_on_the_same_mesh(runs, killed, tmp_pa
     assert resumed["code"] == 0, resumed["out"][-3000:]
     a, b = final(runs[mesh]), final(resumed)
     assert [d for key in EXACT_KEYS if key != "callbacks" for d in differences(a[key], b[key], key)] == []
-    assert trained(logdir, 2, {0: 8}) == Counter(range(SAMPLES))
+    assert each_once(logdir, {0: 8})
 
 
 def test_hsdp_resumes_as_fsdp_then_as_ddp_each_sample_once(runs, killed, tmp_path):
@@ -176,7 +183,7 @@ def test_hsdp_resumes_as_fsdp_then_as_ddp_each_sample_once(runs, killed, tmp_pat
     ddp = launch(logdir, "last", ATTEMPT=2, STRATEGY="ddp", PERIOD=2, CLIP=0.5)
     assert ddp["code"] == 0, ddp["out"][-3000:]
     assert_close_models(final(ddp), final(runs["hsdp"]))
-    assert trained(logdir, 2, {0: 8, 1: 11}) == Counter(range(SAMPLES))
+    assert each_once(logdir, {0: 8, 1: 11})
 
 
 def test_tensor_parallel_resumes_without_it_each_sample_once(runs, killed, tmp_path):
@@ -184,7 +191,7 @@ def test_tensor_parallel_resumes_without_it_each_sample_once(runs, killed, tmp_p
     ddp = launch(logdir, "last", ATTEMPT=1, STRATEGY="ddp", NPROC=2, PERIOD=2, CLIP=0.5)
     assert ddp["code"] == 0, ddp["out"][-3000:]
     assert_close_models(final(ddp), final(runs["tp-dp"]))
-    assert trained(logdir, 2, {0: 8}) == Counter(range(SAMPLES))
+    assert each_once(logdir, {0: 8})
 
 
 def test_hsdp_resumes_on_half_the_world_each_sample_once(runs, killed, tmp_path):
@@ -195,4 +202,4 @@ def test_hsdp_resumes_on_half_the_world_each_sample_once(runs, killed, tmp_path)
     assert final(half)["meta"]["mesh"] == {"replicate": 2, "shard": 1, "tensor": 1}
     assert "written by 4 process(es), resumed by 2" in half["out"]
     assert_close_models(final(half), final(runs["hsdp"]))
-    assert trained(logdir, 2, {0: 8}) == Counter(range(SAMPLES))
+    assert each_once(logdir, {0: 8})

@@ -71,6 +71,10 @@ def format_summary(path: str, info: dict) -> str:
              f"written     {meta.get('time')} by torchstage {meta.get('torchstage')}, torch {meta.get('torch')}, "
              f"world size {meta.get('world_size')}" + (" (sharded: one directory, read whole)" if info["sharded"]
                                                        else "")]
+    if meta.get("mesh"):  # a strategy with a device mesh (HSDP, tensor parallel)
+        mesh = meta["mesh"]
+        lines.append(f"strategy    {meta.get('strategy')}, mesh replicate {mesh.get('replicate')} x shard "
+                     f"{mesh.get('shard')} x tensor {mesh.get('tensor')}")
     for name, summary in info["models"].items():
         lines.append(f"model       {name}: {summary['tensors']} tensors, {summary['parameters']:,} values, "
                      f"{summary['bytes'] / 2**20:.2f} MiB")

@@ -290,6 +290,18 @@ def _scan(ranks: dict) -> list:
     return scans
 
 
+#: Rooted collectives whose inputs only the root holds (the others record none): compared by kind alone.
+ROOTED = frozenset({"scatter", "gather"})
+
+
+def _kind(entry: dict) -> tuple:
+    """What must be equal on every rank for one collective: its kind, input shapes and dtypes (the kind alone for
+    :data:`ROOTED` ones, e.g. DTensor's ``distribute_tensor`` scatters from one rank)."""
+    if entry["op"] in ROOTED:
+        return (entry["op"],)
+    return entry["op"], json.dumps(entry["sizes"]), json.dumps(entry["dtypes"])
+
+
 def _compare_group(group: str, seen: dict) -> dict:
     start = max(min(by_seq) for by_seq in seen.values())  # the oldest sequence number every rank still holds
     end = max(max(by_seq) for by_seq in seen.values())
@@ -299,7 +311,7 @@ def _compare_group(group: str, seen: dict) -> dict:
         present = {rank: by_seq[seq] for rank, by_seq in seen.items() if seq in by_seq}
         if not present:
             continue  # no rank holds it (the tail a failure record keeps mixes groups)
-        kinds = _sides(present, lambda e: (e["op"], json.dumps(e["sizes"]), json.dumps(e["dtypes"])))
+        kinds = _sides(present, _kind)
         if len(kinds) > 1:
             return {"parting": parting, "behind": [],
                     "difference": f"First collective where the ranks differ {where.format(seq)}: {_in(kinds, present)}."}

@@ -12,7 +12,8 @@ import torch
 
 from torchstage.files.checkpoint_io import ShardedCheckpointIO
 from torchstage.strategies.base import Strategy, optimizer_module
-from torchstage.strategies.mesh import MeshLayout, build_mesh, check_degree, complete, data_mesh, place, total_norm
+from torchstage.strategies.mesh import (MeshLayout, build_mesh, by_mesh, check_degree, complete, data_mesh, place,
+                                        total_norm)
 
 #: Modules that hold sub-modules without running them in a forward of their own: the policy looks inside.
 CONTAINERS = (torch.nn.ModuleList, torch.nn.ModuleDict)
@@ -70,7 +71,12 @@ class FSDP(Strategy):
 
     def make_layout(self, engine) -> MeshLayout:
         """``replicate x shard`` of the world; by default every rank shards."""
-        return complete(repr(self), engine.world_size, 1, self.replicate, self.shard, engine.world_size)
+        return complete(self.mesh_label(), engine.world_size, 1, self.replicate, self.shard, engine.world_size)
+
+    def mesh_label(self) -> str:
+        """``strategy=FSDP(replicate=2, shard=2)``: how a refused layout names the strategy, by its mesh arguments."""
+        args = ", ".join(f"{k}={getattr(self, k)}" for k in ("replicate", "shard") if getattr(self, k) is not None)
+        return f"strategy={type(self).__name__}({args})"
 
     def needs_mesh(self) -> bool:
         """True when FSDP's default mesh (every rank a shard) is not the layout."""
@@ -174,7 +180,8 @@ class FSDP(Strategy):
         """Clip by the norm of the whole (sharded) gradient: local norms are reduced over ranks first (over each
         device mesh the gradients live on)."""
         total = total_norm([p.grad for p in params])
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+        for group in by_mesh(params).values():  # torch's foreach ops take the tensors of one mesh at a time
+            torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
         return total
 
     # ---- checkpoint state --------------------------------------------------------------------

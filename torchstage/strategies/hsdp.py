@@ -20,4 +20,4 @@ class HSDP(FSDP):
 
     def make_layout(self, engine):
         """``nodes x ranks per node`` unless given."""
-        return complete(repr(self), engine.world_size, 1, self.replicate, self.shard, engine.node_size)
+        return complete(self.mesh_label(), engine.world_size, 1, self.replicate, self.shard, engine.node_size)

@@ -101,15 +101,19 @@ def place(engine, layout: MeshLayout) -> None:
                              layout.tensor)
 
 
+def by_mesh(tensors: list) -> dict:
+    """``tensors`` grouped by the device mesh of each (None for plain tensors), in order."""
+    groups = {}
+    for tensor in tensors:
+        groups.setdefault(getattr(tensor, "device_mesh", None), []).append(tensor)  # meshes compare by ranks, names
+    return groups
+
+
 def total_norm(grads: list) -> torch.Tensor:
     """The 2-norm of all of ``grads`` on every rank: plain tensors, or DTensors on any device meshes (tensor-parallel
     parameters live on a 2-D mesh, the rest on the data mesh: torch's ``get_total_norm`` takes one mesh)."""
-    groups = {}
-    for grad in grads:
-        mesh = getattr(grad, "device_mesh", None)
-        groups.setdefault(mesh, []).append(grad)  # meshes compare by their ranks and dimension names
     norms = []
-    for group in groups.values():
+    for group in by_mesh(grads).values():
         norm = torch.nn.utils.get_total_norm(group)
         norms.append(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
     if len(norms) == 1:

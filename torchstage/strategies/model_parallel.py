@@ -46,11 +46,15 @@ class ModelParallel(FSDP):
     def make_layout(self, engine):
         """``data_replicate x data_shard x tensor``; the tensor groups inside a node."""
         if engine.node_size % self.tensor:
-            raise ValueError(f"{self!r}: tensor={self.tensor} does not divide the {engine.node_size} processes of a "
+            raise ValueError(f"{self.mesh_label()}: tensor={self.tensor} does not divide the {engine.node_size} processes of a "
                              f"node; a tensor-parallel group must sit on one node (its ranks talk at every layer), "
                              f"so give a tensor degree that divides {engine.node_size}")
-        return complete(repr(self), engine.world_size, self.tensor, self.replicate, self.shard,
+        return complete(self.mesh_label(), engine.world_size, self.tensor, self.replicate, self.shard,
                         engine.world_size // self.tensor)
+
+    def mesh_label(self) -> str:
+        data = "".join(f", data_{k}={getattr(self, k)}" for k in ("replicate", "shard") if getattr(self, k) is not None)
+        return f"strategy=ModelParallel(tensor={self.tensor}{data})"
 
     def needs_mesh(self) -> bool:
         return True
@@ -66,6 +70,6 @@ class ModelParallel(FSDP):
             return model
         result = self.parallelize_fn(model, self.tensor_mesh)
         if not isinstance(result, torch.nn.Module):
-            raise TypeError(f"{self!r}: parallelize(model, tensor_mesh) must return the model (an nn.Module), got "
+            raise TypeError(f"{self.mesh_label()}: parallelize(model, tensor_mesh) must return the model (an nn.Module), got "
                             f"{type(result).__name__}")
         return result

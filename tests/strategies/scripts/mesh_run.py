@@ -1,14 +1,15 @@
 """A small transformer block trained under DDP, FSDP, HSDP or tensor parallel + FSDP, for the mesh tests.
 
 Usage: python mesh_run.py LOGDIR [RESUME]; the world comes from train(distributed=True, nprocs=NPROC).
-Environment: STRATEGY (ddp | fsdp | hsdp | hsdp-name | tp | tp-dp | tp-hsdp), NPROC (4), EPOCHS (2), BATCH (per
-process, 4), SAMPLES (96), SHUFFLE (1), PERIOD (batches between checkpoints, 0: epochs only), CLIP (grad_clip_norm),
-KILL_AT_BATCH=n and KILL_RANK=r (SIGKILL rank r after global train batch n, once every rank's saves landed),
-FAIL_ONCE_AT_BATCH=n (rank KILL_RANK exits with 3 after batch n in the first attempt only, for restarts),
-MAX_RESTARTS, MONITOR=1, NAN_AT_BATCH=n (the loss of batch n is NaN), HANG_AT_BATCH=n (rank KILL_RANK sleeps
-there) with HANG_TIMEOUT. Loader metric ``samples`` counts the samples of each loader over the world.
+Environment: STRATEGY (ddp | fsdp | hsdp | hsdp-name | hsdp-half | tp | tp-dp | tp-hsdp), NPROC (4; 0: as
+launched), EPOCHS (2), BATCH (per process, 4), SAMPLES (96), SHUFFLE (1), PERIOD (batches between checkpoints, 0:
+epochs only), CLIP (grad_clip_norm), KILL_AT_BATCH=n and KILL_RANK=r (SIGKILL rank r after global train batch n,
+once every rank's saves landed), FAIL_ONCE_AT_BATCH=n (SIGKILL of rank KILL_RANK after batch n in the first attempt
+only, for restarts), MAX_RESTARTS, MONITOR=1, NAN_AT_BATCH=n (the loss of batch n is NaN), HANG_AT_BATCH=n (rank
+KILL_RANK sleeps there) with HANG_TIMEOUT. Loader metric ``samples`` counts the samples of each loader over the world.
 Each rank appends to LOGDIR/seen-rank<R>.jsonl the sample indices of every train batch (global batch step, epoch,
-attempt: ATTEMPT plus the restart count, whether the rank counts its samples, indices) and writes LOGDIR/report-rank<R>.json at the end (weights, metrics per epoch, its place in the mesh).
+attempt: ATTEMPT plus the restart count, whether the rank counts its samples, indices) and writes
+LOGDIR/report-rank<R>.json at the end (weights, metrics per epoch, its place in the mesh).
 """
 import json
 import os
@@ -124,7 +125,7 @@ class Report(Callback):
         if runner.global_batch_step == self.fail_at and self.rank == self.kill_rank \
                 and env.get("TORCHSTAGE_RESTART_COUNT", "0") == "0":
             runner.file_writer.wait()
-            os._exit(3)
+            os.kill(os.getpid(), signal.SIGKILL)
 
     def on_epoch_end(self, runner):
         self.history.append({"epoch": runner.global_epoch_step, "lrs": [g["lr"] for g in runner.optimizer.param_groups],
@@ -138,10 +139,18 @@ class Report(Callback):
         report = {"rank": self.rank, "world_size": engine.world_size, "dp_rank": engine.dp_rank,
                   "dp_size": engine.dp_size, "tp_rank": engine.tp_rank, "tp_size": engine.tp_size,
                   "history": self.history, "weights": weights, "strategy": repr(engine.strategy),
-                  "param_type": type(next(runner.model.parameters())).__name__}
+                  "param_type": type(next(runner.model.parameters())).__name__,
+                  "node": env.get("SLURMD_NODENAME"), "shard_group": _group(engine.strategy, "shard"),
+                  "replicate_group": _group(engine.strategy, "replicate")}
         with open(os.path.join(logdir, f"report-rank{engine.rank}.json"), "w") as f:
             json.dump(report, f)
         self.seen.close()
+
+
+def _group(strategy, dim):
+    """The global ranks of this rank's group along mesh dimension ``dim`` (None without a mesh)."""
+    mesh = getattr(strategy, "mesh", None)
+    return None if mesh is None else sorted(int(r) for r in mesh[dim].mesh.flatten().tolist())
 
 
 class PoisonBatch(Callback):
@@ -181,7 +190,8 @@ if __name__ == "__main__":
     SupervisedRunner().train(model=model, criterion=nn.MSELoss(), optimizer=optimizer, scheduler=scheduler,
                              loaders=loaders, callbacks=callbacks, logdir=logdir, resume=resume,
                              num_epochs=int(env.get("EPOCHS", 2)), seed=5, distributed=True,
-                             nprocs=int(env.get("NPROC", 4)), strategy=STRATEGIES[env.get("STRATEGY", "hsdp")](),
+                             nprocs=int(env.get("NPROC", 4)) or None,  # 0: the launcher's world (srun)
+                             strategy=STRATEGIES[env.get("STRATEGY", "hsdp")](),
                              checkpoint_period=(Batch(period), Epoch(1)) if period else Epoch(1),
                              grad_clip_norm=float(env["CLIP"]) if env.get("CLIP") else None,
                              monitor=bool(env.get("MONITOR")), verbose=bool(env.get("VERBOSE")),
