@@ -76,9 +76,15 @@ class Runs(dict):
         return run
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+@pytest.fixture(scope="session")
+def mesh_runs(tmp_path_factory):
+    """The reference runs, shared with test_mesh_features.py."""
     return Runs(tmp_path_factory.mktemp("mesh"))
+
+
+@pytest.fixture
+def runs(mesh_runs):
+    return mesh_runs
 
 
 def assert_close_models(a, b, atol=1e-5):

@@ -6,16 +6,19 @@ import torch
 
 from torchstage.files.format import CheckpointError, clean_state_dict
 from torchstage.one_or_many import named
+from torchstage.runner.state import data_layout
 
 logger = logging.getLogger("torchstage")
 
 
 def check_before_load(runner, checkpoint: dict, path: str) -> list:
     """Refuse a checkpoint this run cannot continue (another world size, unless the checkpoint is a sharded
-    directory that reshards; parameter shapes; a changed learning rate under ``resume_lr='refuse'``); return the learning rates given now, to apply after loading if asked."""
+    directory that reshards; parameter shapes; a changed learning rate under ``resume_lr='refuse'``); return the
+    learning rates given now, to apply after loading if asked."""
     world = checkpoint.get("meta", {}).get("world_size", len(checkpoint["rng"]))
-    if world != runner.engine.world_size and runner.engine.is_main:
-        _report_world_change(runner, path, world)
+    data = data_layout(checkpoint)[0]
+    if (world, data) != (runner.engine.world_size, runner.engine.dp_size) and runner.engine.is_main:
+        _report_world_change(runner, path, world, data, checkpoint["loop"])
     for name, model in named(runner.unwrapped_model, "model").items():
         _check_shapes(path, name, model, checkpoint["models"].get(name))
     _check_optimizer_kinds(runner, checkpoint, path)
@@ -43,18 +46,28 @@ def check_before_load(runner, checkpoint: dict, path: str) -> list:
     return given if policy == "new" else {}
 
 
-def _report_world_change(runner, path: str, before: int) -> None:
-    """A resume on another number of processes: what changes, and what the user may want to scale."""
-    now = runner.engine.world_size
+def _report_world_change(runner, path: str, before: int, data_before: int, loop: dict) -> None:
+    """A resume on another number of processes (or data-parallel ranks): what changes, and what the user may want
+    to scale."""
+    engine = runner.engine
+    now, data_now = engine.world_size, engine.dp_size
     sizes = [getattr(loader, "batch_size", None) for name, loader in runner.loaders.items()
              if str(name).startswith("train")]
     per_process = next((size for size in sizes if size), None)
-    batch = "" if per_process is None else (f"; the global batch size is {per_process * now} now ({per_process} per "
-                                             f"process), {per_process * before} before")
-    logger.warning("resume from %s: written by %d process(es), resumed by %d%s: scale what depends on it, such as "
+    if loop.get("loader_batch") and not loop.get("epoch_done"):  # what the interrupted pass batched
+        per_process_before = loop["loader_sample_step"] / loop["loader_batch"]
+        per_process_before = int(per_process_before) if per_process_before.is_integer() else per_process_before
+    else:
+        per_process_before = per_process
+    unit = "process" if (now, before) == (data_now, data_before) else "data-parallel rank"
+    batch = "" if per_process is None else (f"; the global batch size is {per_process * data_now} now ({per_process} "
+                                             f"per {unit}), {per_process_before * data_before} before")
+    data = "" if unit == "process" else f" ({data_before} -> {data_now} data-parallel)"
+    scale = (per_process * data_now) / (per_process_before * data_before) if per_process else data_now / data_before
+    logger.warning("resume from %s: written by %d process(es), resumed by %d%s%s: scale what depends on it, such as "
                    "the learning rate (x%.3g by the linear rule, resume_lr='new' to pass it); each rank's random "
-                   "streams are derived anew (seed + rank + 1000003 x global batch)", path, before, now, batch,
-                   now / before)
+                   "streams are derived anew (seed + data-parallel rank + 1000003 x global batch)", path, before, now,
+                   data, batch, scale)
 
 
 def apply_after_load(runner, given: dict) -> None:

@@ -76,8 +76,8 @@ RESEED_STRIDE = 1_000_003
 
 
 def derived_seed(seed: int, rank: int, global_batch_step: int) -> int:
-    """``seed + rank + 1,000,003 x global_batch_step``: the seed of rank ``rank``'s python, numpy and torch
-    generators in a run resumed by another number of processes (the old streams belong to the old world)."""
+    """``seed + rank + 1,000,003 x global_batch_step``: the seed of (data-parallel) rank ``rank``'s python, numpy and
+    torch generators in a run resumed by another number of processes (the old streams belong to the old world)."""
     return seed + rank + RESEED_STRIDE * global_batch_step
 
 

@@ -156,7 +156,7 @@ def _group(strategy, dim):
 class PoisonBatch(Callback):
     """Makes the loss of one train batch NaN, as a bad sample would."""
 
-    order = 25  # after the criterion (20), before the backward (50)
+    order = 21  # after the criterion (20), before the non-finite check (25) and the backward (50)
 
     def __init__(self, at):
         self.at = at
@@ -186,7 +186,9 @@ if __name__ == "__main__":
     loaders = {"train": DataLoader(Indexed(x[:n], y[:n]), batch_size=batch, shuffle=env.get("SHUFFLE", "1") == "1"),
                "valid": DataLoader(Indexed(x[n:], y[n:]), batch_size=batch)}
     period = int(env.get("PERIOD", 0))
-    callbacks = [Report(), MetricCallback(SampleCount())] + ([PoisonBatch(int(env["NAN_AT_BATCH"]))] if env.get("NAN_AT_BATCH") else [])
+    callbacks = [Report(), MetricCallback(SampleCount())]
+    if env.get("NAN_AT_BATCH"):
+        callbacks.append(PoisonBatch(int(env["NAN_AT_BATCH"])))
     SupervisedRunner().train(model=model, criterion=nn.MSELoss(), optimizer=optimizer, scheduler=scheduler,
                              loaders=loaders, callbacks=callbacks, logdir=logdir, resume=resume,
                              num_epochs=int(env.get("EPOCHS", 2)), seed=5, distributed=True,
