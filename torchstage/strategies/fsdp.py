@@ -55,7 +55,8 @@ class FSDP(Strategy):
 
     def __repr__(self) -> str:
         mesh = "".join(f", {k}={getattr(self, k)}" for k in ("replicate", "shard") if getattr(self, k) is not None)
-        return (f"{type(self).__name__}(min_params={self.min_params}, modules={tuple(m.__name__ for m in self.modules)}, "
+        modules = tuple(m.__name__ for m in self.modules)
+        return (f"{type(self).__name__}(min_params={self.min_params}, modules={modules}, "
                 f"reshard_after_forward={self.reshard_after_forward}{mesh})")
 
     # ---- the mesh ----------------------------------------------------------------------------

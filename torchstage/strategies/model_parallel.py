@@ -46,17 +46,19 @@ class ModelParallel(FSDP):
     def make_layout(self, engine):
         """``data_replicate x data_shard x tensor``; the tensor groups inside a node."""
         if engine.node_size % self.tensor:
-            raise ValueError(f"{self.mesh_label()}: tensor={self.tensor} does not divide the {engine.node_size} processes of a "
-                             f"node; a tensor-parallel group must sit on one node (its ranks talk at every layer), "
-                             f"so give a tensor degree that divides {engine.node_size}")
+            raise ValueError(f"{self.mesh_label()}: tensor={self.tensor} does not divide the {engine.node_size} "
+                             f"processes of a node; a tensor-parallel group must sit on one node (its ranks talk at "
+                             f"every layer), so give a tensor degree that divides {engine.node_size}")
         return complete(self.mesh_label(), engine.world_size, self.tensor, self.replicate, self.shard,
                         engine.world_size // self.tensor)
 
     def mesh_label(self) -> str:
+        """``strategy=ModelParallel(tensor=2, data_shard=2)``: how a refused layout names the strategy."""
         data = "".join(f", data_{k}={getattr(self, k)}" for k in ("replicate", "shard") if getattr(self, k) is not None)
         return f"strategy=ModelParallel(tensor={self.tensor}{data})"
 
     def needs_mesh(self) -> bool:
+        """Always: the tensor dimension is a sub-mesh of its own, even with one data-parallel rank."""
         return True
 
     @property
@@ -70,6 +72,6 @@ class ModelParallel(FSDP):
             return model
         result = self.parallelize_fn(model, self.tensor_mesh)
         if not isinstance(result, torch.nn.Module):
-            raise TypeError(f"{self.mesh_label()}: parallelize(model, tensor_mesh) must return the model (an nn.Module), got "
-                            f"{type(result).__name__}")
+            raise TypeError(f"{self.mesh_label()}: parallelize(model, tensor_mesh) must return the model (an "
+                            f"nn.Module), got {type(result).__name__}")
         return result
