@@ -58,6 +58,15 @@ def test_degrees_that_do_not_make_the_world_are_refused_with_both_numbers(strate
     assert message in str(error.value)
 
 
+def test_hsdp_without_the_processes_per_node_asks_for_the_layout():
+    with pytest.raises(ValueError, match=r"strategy=HSDP\(\): the launcher of these 4 processes does not say how many run "
+                                         r"on each node, which the default layout shards over; give the layout, "
+                                         r"HSDP\(shard=<processes per node>\)"):
+        HSDP().make_layout(Node(4, None))
+    assert HSDP(shard=2).make_layout(Node(4, None)) == MeshLayout(2, 2, 1)
+    assert ModelParallel(tensor=2, parallelize=plan).make_layout(Node(4, None)) == MeshLayout(1, 2, 2)
+
+
 def test_tensor_degree_must_divide_the_world():
     with pytest.raises(ValueError, match="tensor=4 does not divide the world of 6 processes"):
         complete("ModelParallel(tensor=4)", 6, 4, None, None, 1)

@@ -29,7 +29,7 @@ class Engine:
     channels_last: bool = False  # 4-D inputs and models in NHWC memory format (faster convolutions)
     prefetch: bool = False  # copy the next batch to the GPU while the current one trains
     strategy: Any = None  # placement, wrapping, sync, clipping, checkpoint state (default: SingleDevice())
-    node_size: int = 1  # processes on this node (the launcher's count; 1 alone)
+    node_size: Optional[int] = 1  # processes on this node (None: the launcher does not say; 1 alone)
     #: This process's data-parallel coordinate and the number of different batches a step trains (default: its rank
     #: and the world size); set by a strategy whose device mesh has a tensor-parallel dimension.
     dp_rank: Optional[int] = None
@@ -54,7 +54,7 @@ class Engine:
             return cls(strategy=strategy, **settings)
         device = torch.device("cuda", world.local_rank) if world.backend == "nccl" else torch.device("cpu")
         return cls(device=device, rank=world.rank, world_size=world.world_size, local_rank=world.local_rank,
-                   strategy=strategy, node_size=world.local_size or world.world_size, **settings)
+                   strategy=strategy, node_size=world.local_size, **settings)
 
     @property
     def is_main(self) -> bool:

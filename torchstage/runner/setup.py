@@ -128,11 +128,11 @@ def _announce(world: World, engine: Engine) -> None:
     if not engine.is_distributed or not engine.is_main:
         return
     strategy = engine.strategy
-    nodes = world.nnodes or max(1, engine.world_size // max(1, engine.node_size))
+    nodes = world.nnodes or (max(1, engine.world_size // engine.node_size) if engine.node_size else "?")
     mesh = getattr(strategy, "describe", lambda: "")()
     data = f", data-parallel {engine.dp_size} x tensor-parallel {engine.tp_size}" if engine.tp_size > 1 else ""
-    logger.info("world: %d processes on %d node%s (%s, %s backend), strategy %s%s%s", engine.world_size, nodes,
-                "s" if nodes > 1 else "", world.source, world.backend, type(strategy).__name__,
+    logger.info("world: %d processes on %s node%s (%s, %s backend), strategy %s%s%s", engine.world_size, nodes,
+                "" if nodes == 1 else "s", world.source, world.backend, type(strategy).__name__,
                 f", {mesh}" if mesh else "", data)
 
 

@@ -20,4 +20,8 @@ class HSDP(FSDP):
 
     def make_layout(self, engine):
         """``nodes x ranks per node`` unless given."""
+        if engine.node_size is None and self.replicate is None and self.shard is None:
+            raise ValueError(f"{self.mesh_label()}: the launcher of these {engine.world_size} processes does not say "
+                             f"how many run on each node, which the default layout shards over; give the layout, "
+                             f"HSDP(shard=<processes per node>)")
         return complete(self.mesh_label(), engine.world_size, 1, self.replicate, self.shard, engine.node_size)

@@ -45,7 +45,7 @@ class ModelParallel(FSDP):
 
     def make_layout(self, engine):
         """``data_replicate x data_shard x tensor``; the tensor groups inside a node."""
-        if engine.node_size % self.tensor:
+        if engine.node_size is not None and engine.node_size % self.tensor:
             raise ValueError(f"{self.mesh_label()}: tensor={self.tensor} does not divide the {engine.node_size} "
                              f"processes of a node; a tensor-parallel group must sit on one node (its ranks talk at "
                              f"every layer), so give a tensor degree that divides {engine.node_size}")
