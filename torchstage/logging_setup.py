@@ -1,5 +1,6 @@
 """Console output through ``logging``: a stdout handler for the ``torchstage`` logger unless the user set one, and
 the one-time notes that name torchstage's spelling of another framework's (Catalyst's) names."""
+import contextlib
 import logging
 import os
 import sys
@@ -37,3 +38,15 @@ def note_alias(old: str, preferred: str, version: str = "20.12") -> None:
         ensure_console_handler()
         logging.getLogger("torchstage").info("note: %s is Catalyst %s's spelling; torchstage's is %s", old, version,
                                              preferred)
+
+
+@contextlib.contextmanager
+def at_level(name: str, level: int):
+    """Logger ``name`` at ``level`` for the block, as it was after it."""
+    log = logging.getLogger(name)
+    before = log.level
+    log.setLevel(level)
+    try:
+        yield
+    finally:
+        log.setLevel(before)

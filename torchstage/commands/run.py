@@ -8,7 +8,7 @@ import sys
 from torchstage.config.train_call import train_from_config, with_defaults
 from torchstage.config.yaml_files import add_import_paths, dump_config, load_config
 from torchstage.config.instantiate import ALLOWED_TARGETS_VAR, ConfigError
-from torchstage.logging_setup import ensure_console_handler
+from torchstage.logging_setup import at_level, ensure_console_handler
 from torchstage.runner.chain import describe_chain
 from torchstage.runner.errors import LogdirHoldsRun
 
@@ -105,10 +105,5 @@ def _kind(component) -> str:
 @contextlib.contextmanager
 def _quiet_logger():
     ensure_console_handler()
-    log = logging.getLogger("torchstage")
-    level = log.level
-    log.setLevel(logging.WARNING)
-    try:
+    with at_level("torchstage", logging.WARNING):
         yield
-    finally:
-        log.setLevel(level)

@@ -6,12 +6,13 @@ tensor-parallel group is ``tensor`` consecutive ranks (on one node when ``tensor
 shard group spans the next dimension, and the replicas are the outermost (across nodes for HSDP). The data-parallel
 coordinate of a rank is ``rank // tensor``: the ranks of a tensor-parallel group train the same batch.
 """
-import contextlib
 import logging
 import numbers
 from dataclasses import dataclass
 
 import torch
+
+from torchstage.logging_setup import at_level
 
 #: The logger of DTensor's redistribution, which warns when a 2-D partial norm is reduced one dimension at a time.
 _REDISTRIBUTE_LOG = "torch.distributed.tensor._redistribute"
@@ -118,21 +119,10 @@ def total_norm(grads: list) -> torch.Tensor:
     parameters live on a 2-D mesh, the rest on the data mesh: torch's ``get_total_norm`` takes one mesh)."""
     norms = []
     for group in by_mesh(grads).values():
-        with _quiet(_REDISTRIBUTE_LOG):  # its "2 sequential all_reduce" advice: every rank gets the same sum
+        with at_level(_REDISTRIBUTE_LOG, logging.ERROR):  # its "2 sequential all_reduce" advice: every rank gets the same sum
             norm = torch.nn.utils.get_total_norm(group)
             norms.append(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
     if len(norms) == 1:
         return norms[0]
     return torch.linalg.vector_norm(torch.stack([n.to(norms[0].device) for n in norms]))
 
-
-@contextlib.contextmanager
-def _quiet(name: str):
-    """Logger ``name`` shows errors only, for the block."""
-    log = logging.getLogger(name)
-    level = log.level
-    log.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        log.setLevel(level)
