@@ -94,6 +94,12 @@ class _TwinEngine:
     def all_gather_cat(self, tensor):
         return torch.cat([tensor, tensor])
 
+    def all_reduce_samples_(self, tensor):  # no tensor parallelism: each rank's samples are its own
+        return self.all_reduce_(tensor)
+
+    def all_gather_samples(self, tensor):
+        return self.all_gather_cat(tensor)
+
 
 @pytest.mark.parametrize("name", list(_cases()))
 def test_lifecycle_sync_is_idempotent_and_update_after_sync_raises(name):
