@@ -88,7 +88,7 @@ def test_an_unknown_strategy_is_refused_before_any_process_starts():
     from torchstage import SupervisedRunner
     model = torch.nn.Linear(2, 2)
     loader = [(torch.zeros(1, 2), torch.zeros(1, dtype=torch.long))]
-    with pytest.raises(ValueError, match="strategy must be 'ddp', 'fsdp' or 'deepspeed', got 'zero'"):
+    with pytest.raises(ValueError, match="strategy must be 'ddp', 'fsdp', 'hsdp' or 'deepspeed', got 'zero'"):
         SupervisedRunner().train(model=model, criterion=torch.nn.CrossEntropyLoss(),
                                  optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
                                  loaders={"train": loader, "valid": loader}, distributed=True, strategy="zero")
