@@ -109,8 +109,8 @@ def test_a_mesh_trains_as_ddp_with_the_same_global_batch(runs, mesh, reference):
         assert report["history"][-1]["metrics"] == every[0]["history"][-1]["metrics"]
         assert report["history"][-1]["metrics"]["valid"]["samples"] == 16
         assert report["history"][-1]["metrics"]["train"]["samples"] == SAMPLES
-    announced = {"hsdp": "world: 4 processes on 1 node (torchrun, gloo backend), strategy FSDP, mesh replicate 2 x "
-                         "shard 2",
+    announced = {"hsdp": "world: 4 processes on 1 node (torchstage's launcher, gloo backend), strategy FSDP, mesh "
+                         "replicate 2 x shard 2",
                  "tp": "strategy ModelParallel, mesh shard 1 x tensor 2, data-parallel 1 x tensor-parallel 2",
                  "tp-dp": "strategy ModelParallel, mesh shard 2 x tensor 2, data-parallel 2 x tensor-parallel 2"}
     assert announced[mesh] in runs[mesh]["out"]

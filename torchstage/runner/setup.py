@@ -2,6 +2,7 @@
 strategy's joint setup (what trains)."""
 import difflib
 import logging
+import os
 from dataclasses import replace
 
 import torch
@@ -14,7 +15,7 @@ from torchstage.files.lock import LogdirLock
 from torchstage.launch.enter import process_group_timeout, run_in_world
 from torchstage.launch.flight_recorder import mark_finished, point_dumps_to
 from torchstage.launch import startup_watch
-from torchstage.launch.resolve import restart_attempt
+from torchstage.launch.resolve import LAUNCHED_ENV, restart_attempt
 from torchstage.launch.world import World
 from torchstage.logging_setup import ensure_console_handler
 from torchstage.one_or_many import each, map_named, named
@@ -131,9 +132,10 @@ def _announce(world: World, engine: Engine) -> None:
     nodes = world.nnodes or (max(1, engine.world_size // engine.node_size) if engine.node_size else "?")
     mesh = getattr(strategy, "describe", lambda: "")()
     data = f", data-parallel {engine.dp_size} x tensor-parallel {engine.tp_size}" if engine.tp_size > 1 else ""
+    source = "torchstage's launcher" if os.environ.get(LAUNCHED_ENV) else world.source  # (its workers look torchrun's)
     logger.info("world: %d processes on %s node%s (%s, %s backend), strategy %s%s%s", engine.world_size, nodes,
-                "" if nodes == 1 else "s", world.source, world.backend, type(strategy).__name__,
-                f", {mesh}" if mesh else "", data)
+                "" if nodes == 1 else "s", source, world.backend, type(strategy).__name__, f", {mesh}" if mesh else "",
+                data)
 
 
 def stage_loaders(spec, engine) -> list:
