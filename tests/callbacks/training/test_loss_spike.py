@@ -99,3 +99,14 @@ def test_the_windows_go_into_checkpoints_per_rank_and_come_back(tmp_path):
     callback.load_state_dict({"spike_windows": {"loss": [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]}})
     assert callback.state_dict() == {"spike_windows": {"loss": [2.0, 3.0, 4.0, 5.0, 6.0]}}
     assert callback.merge_rank_states([{"spike_windows": {"loss": [1.0]}}, {}]) == {"spike_windows": {"loss": [1.0]}}
+
+
+def test_the_window_keeps_the_last_values_in_order_and_their_median():
+    import random
+    import statistics
+    rng, window, values = random.Random(0), LossSpike(window=7).history(), []
+    for _ in range(60):
+        value = rng.choice([rng.random(), 1.0, 0.5])  # repeated values too
+        window.append(value)
+        values.append(value)
+        assert list(window) == values[-7:] and window.median() == statistics.median(values[-7:])

@@ -4,6 +4,7 @@ A loss is compared with the median of the last ``window`` train losses that were
 lazily by :class:`~torchstage.callbacks.training.nonfinite.NonFiniteLossCallback` with the non-finite check
 (``spike=LossSpike(...)``): no host sync per batch.
 """
+import bisect
 import math
 import statistics
 from collections import deque
@@ -48,16 +49,18 @@ class LossSpike:
         rules += [f"deviations={self.deviations}"] if self.deviations is not None else []
         return f"LossSpike({', '.join(rules)}, window={self.window}, warmup={self.warmup})"
 
-    def history(self, values=()) -> deque:
+    def history(self, values=()) -> "Window":
         """A window of accepted losses (empty, or holding ``values``' last ``window``)."""
-        return deque(values, maxlen=self.window)
+        return Window(values, self.window)
 
-    def judge(self, history: deque, value: float):
-        """Why ``value`` is a spike against ``history`` (its window), or None: then it is added to the window."""
+    def judge(self, history: "Window", value: float, keep: bool = True):
+        """Why ``value`` is a spike against ``history`` (its window), or None: then it is added to the window (unless
+        not ``keep``: the caller adds it once the batch is trained on)."""
         if len(history) < self.warmup:
-            history.append(value)
+            if keep:
+                history.append(value)
             return None
-        median = statistics.median(history)
+        median = history.median()
         over = f"over the last {len(history)} train losses"
         if self.factor is not None and value > median + (self.factor - 1) * abs(median):
             return f"above {self.factor:g} x its running median {median:.4g} {over}"
@@ -67,5 +70,32 @@ class LossSpike:
             if value > median + self.deviations * spread:
                 return (f"{(value - median) / spread:.1f} robust deviations above its running median {median:.4g} "
                         f"(deviation unit {spread:.3g}) {over}")
-        history.append(value)
+        if keep:
+            history.append(value)
         return None
+
+
+class Window:
+    """The last ``size`` accepted losses in order, kept sorted too: the median of each new loss costs a lookup, not a
+    sort (one judgement per train batch, at the checks)."""
+
+    def __init__(self, values=(), size: int = 100):
+        self.order, self.sorted = deque(maxlen=size), []
+        for value in values:
+            self.append(value)
+
+    def append(self, value: float) -> None:
+        if len(self.order) == self.order.maxlen:
+            del self.sorted[bisect.bisect_left(self.sorted, self.order[0])]
+        self.order.append(value)
+        bisect.insort(self.sorted, value)
+
+    def median(self) -> float:
+        values, n = self.sorted, len(self.sorted)
+        return values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def __iter__(self):
+        return iter(self.order)

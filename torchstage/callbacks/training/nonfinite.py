@@ -222,12 +222,9 @@ class NonFiniteLossCallback(Callback):
         """Why a loss makes this batch skipped (mode="skip"), judged without keeping it; None if it is fine."""
         if not math.isfinite(value):
             return f"non-finite {key}"
-        history = self._history.setdefault(key, self.spike.history())
-        why = self.spike.judge(history, value)
-        if why is None:
-            history.pop()  # kept only once every rank agrees the batch is trained on
-            return None
-        return f"loss spike {key!r} {value:.4g}, {why}"
+        why = self.spike.judge(self._history.setdefault(key, self.spike.history()), value, keep=False)
+        # kept in the window only once every rank agrees the batch is trained on
+        return None if why is None else f"loss spike {key!r} {value:.4g}, {why}"
 
     def state_dict(self) -> dict:
         """The spike rule's windows of this rank (none without a spike rule)."""
