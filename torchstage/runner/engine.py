@@ -29,6 +29,7 @@ class Engine:
     channels_last: bool = False  # 4-D inputs and models in NHWC memory format (faster convolutions)
     prefetch: bool = False  # copy the next batch to the GPU while the current one trains
     strategy: Any = None  # placement, wrapping, sync, clipping, checkpoint state (default: SingleDevice())
+    nodes: Any = None  # the world's nodes ({"host", "agent", "ranks"}), gathered as a run starts (launch/membership)
 
     def __post_init__(self):
         self.device = torch.device(self.device) if self.device is not None else default_device()

@@ -16,7 +16,7 @@ from torchstage.data.resume import (batch_size_changed, capture_loader_rng, disc
 from torchstage.data.reshard import order_kind, pass_order, resume_shard
 from torchstage.runner.loop_state import dataset_size
 from torchstage.runner.resume_checks import apply_after_load, check_before_load, report_epochs
-from torchstage.launch.resolve import RESTART_ENV, job_identity, restart_attempt, same_job
+from torchstage.launch.resolve import LAUNCHER_COUNTERS, job_identity, restart_attempt, same_job
 from torchstage.runner.errors import LogdirHoldsRun
 from torchstage.runner.loop_state import ResumePoint
 from torchstage.rng import set_rng_state
@@ -71,12 +71,13 @@ def checkpoint_to_resume(spec, engine, chains):
     return path, checkpoint if checkpoint is not None else load_checkpoint(path)
 
 
-def resume_of_this_attempt(resume):
+def resume_of_this_attempt(resume, agreed: int = 0):
     """``'last'`` for a job that its launcher restarted (``torchrun --max-restarts``, ``train(max_restarts=...)``)
     and that names no checkpoint: the unchanged script continues its own run; else ``resume`` (a SLURM requeue is
-    :func:`~torchstage.launch.slurm.requeue.check_requeue_arg`'s, applied before)."""
-    attempt = restart_attempt({name: os.environ.get(name, "") for name in ("TORCHELASTIC_RESTART_COUNT", RESTART_ENV)})
-    if resume is None and attempt > 0:
+    :func:`~torchstage.launch.slurm.requeue.check_requeue_arg`'s, applied before). ``agreed``: the restart count the
+    world's ranks agreed on (a node that joined an elastic job later counts 0 restarts of its own)."""
+    attempt = restart_attempt({name: os.environ.get(name, "") for name in LAUNCHER_COUNTERS})
+    if resume is None and max(attempt, agreed) > 0:
         return "last"
     return resume
 

@@ -14,6 +14,7 @@ from torchstage.files.lock import LogdirLock
 from torchstage.launch.enter import process_group_timeout, run_in_world
 from torchstage.launch.flight_recorder import mark_finished, point_dumps_to
 from torchstage.launch import startup_watch
+from torchstage.launch.membership import agree_membership
 from torchstage.launch.resolve import restart_attempt
 from torchstage.launch.world import World
 from torchstage.logging_setup import ensure_console_handler
@@ -23,7 +24,7 @@ from torchstage.runner.chain import describe_chain
 from torchstage.runner.compile import compile_models
 from torchstage.runner.failure_record import record_on_abort
 from torchstage.runner.loop_state import LoopState
-from torchstage.runner.resume import checkpoint_to_resume, restore
+from torchstage.runner.resume import checkpoint_to_resume, restore, resume_of_this_attempt
 from torchstage.runner.spec_optimization import check_scheduler_steps
 from torchstage.runner.spec_stages import check_built_loaders
 from torchstage.runner.engine import Engine
@@ -73,6 +74,8 @@ def prepare(runner, spec, world: World = None):
                          f"device from its rank: drop engine=... (got {spec.engine!r})")
     startup_watch.phase("setting up the strategy")
     runner.engine = run_engine(spec.engine or runner.engine, world, spec)
+    runner.engine.nodes, restarts = agree_membership(runner.engine.all_gather_object)
+    spec.resume = resume_of_this_attempt(spec.resume, restarts)  # a node that joined later counts 0 restarts itself
     set_seed(spec.seed + runner.engine.rank, spec.deterministic)
     runner.model = spec.model
     for stage in spec.stage_specs:

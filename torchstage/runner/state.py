@@ -32,6 +32,7 @@ def runner_state_dict(runner) -> dict:
         "rng": [rank["rng"] for rank in per_rank],
         "metrics": {loader: dict(values) for loader, values in runner.epoch_metrics.items()},
         "meta": {"torchstage": __version__, "torch": str(torch.__version__), "world_size": runner.engine.world_size,
+                 "nodes": runner.engine.nodes or [],
                  "job": job_identity(), "restart_attempt": restart_attempt(),
                  "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "stage_names": [s.name for s in spec.stage_specs],
                  "stage_epochs": [s.num_epochs for s in spec.stage_specs],

@@ -23,7 +23,7 @@ logger = logging.getLogger("torchstage")
 #: After every phase (loggers and user callbacks included): a snapshot holds what every callback did with a batch.
 ROLLBACK_ORDER = 10_000
 #: Sample indices shown per rank in a rollback's log line (all are kept in the skip list).
-SHOWN = 8
+SHOWN = 32
 
 
 class RollbackCallback(Callback):
