@@ -24,7 +24,7 @@ def agree_membership(gather) -> tuple:
     --nnodes=MIN:MAX`` a node that returns starts a new agent, whose workers count 0 restarts while the others count
     theirs, and the run, its logs and its lock are those of the one job all the same."""
     seen = gather((this_node(), restart_attempt(), launcher_attempt()))
-    set_agreed_attempt(max(count for _, count, _ in seen))
+    set_agreed_attempt(max(count for _, count, _ in seen) if len(seen) > 1 else 0)  # one process: its own count
     nodes = {}
     for rank, (node, _, _) in enumerate(seen):
         nodes.setdefault((node["host"], node["agent"]), {**node, "ranks": []})["ranks"].append(rank)

@@ -15,7 +15,7 @@ from torchstage.launch.enter import process_group_timeout, run_in_world
 from torchstage.launch.flight_recorder import mark_finished, point_dumps_to
 from torchstage.launch import startup_watch
 from torchstage.launch.membership import agree_membership
-from torchstage.launch.resolve import restart_attempt
+from torchstage.launch.resolve import restart_attempt, set_agreed_attempt
 from torchstage.launch.world import World
 from torchstage.logging_setup import ensure_console_handler
 from torchstage.one_or_many import each, map_named, named
@@ -57,6 +57,7 @@ def _train_here(runner, spec, world: World):
         return result
     finally:
         restore()
+        set_agreed_attempt(0)  # the restart count agreed by this run's world is this run's
         runner.model = model
         runner.engine.strategy.teardown(complete)  # before the world's process group is destroyed
 
