@@ -96,7 +96,8 @@ def test_a_node_lost_mid_epoch_goes_on_with_the_nodes_left_and_grows_back_when_i
     env = child_env(TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, EPOCHS=4, MLFLOW=1)
     args = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1:2", "--nproc-per-node=2",
             "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-id=elastic-test",
-            "--max-restarts=2", "--rdzv-conf=last_call_timeout=3", "--monitor-interval=0.5", SCRIPT, str(logdir)]
+            "--max-restarts=2", "--rdzv-conf=last_call_timeout=3,keep_alive_interval=1,keep_alive_max_attempt=3",
+            "--monitor-interval=0.5", SCRIPT, str(logdir)]
     logs = {name: open(tmp_path / f"{name}.log", "w+") for name in ("first", "third")}  # not pipes: read at the end
     first = subprocess.Popen(args, env=env, stdout=logs["first"], stderr=subprocess.STDOUT, start_new_session=True)
     time.sleep(1)
