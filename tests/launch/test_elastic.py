@@ -50,7 +50,7 @@ def _rows(logdir, attempt) -> list:
 def _phases(logdir) -> list:
     """Each world's rows (``rows-PHASE-RANK.jsonl``), worlds in the order they trained: ``[(phase, rows)]``."""
     phases = {}
-    for name in os.listdir(logdir):
+    for name in os.listdir(logdir) if os.path.isdir(logdir) else ():
         if name.startswith("rows-"):
             phase = name[len("rows-"):].rsplit("-", 1)[0]
             phases.setdefault(phase, []).extend(json.loads(line) for line in open(os.path.join(logdir, name))
