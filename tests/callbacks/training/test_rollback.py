@@ -41,12 +41,27 @@ def metrics_without_rollbacks(checkpoint) -> dict:
             for loader, values in checkpoint["metrics"].items()}
 
 
-def check_against_reference(tmp_path, nproc: int, **env):
-    """The rollback run: exit 0, finite weights, every rollback logged and every skipped batch holding a poisoned
-    sample; the same run whose loaders leave out the skipped batches ends with the same bits."""
-    code, out = rollback_run(tmp_path / "rollback", NPROC=nproc, **env)
+@pytest.fixture(scope="module")
+def whole_runs(tmp_path_factory):
+    """``nproc -> (logdir, exit code, output)`` of the rollback run with checkpoints every 2 batches, run once for
+    the comparison with the reference and for the one with a run killed and resumed."""
+    done = {}
+
+    def run(nproc: int):
+        if nproc not in done:
+            logdir = tmp_path_factory.mktemp(f"whole-{nproc}")
+            done[nproc] = (logdir, *rollback_run(logdir, NPROC=nproc, PERIOD=2))
+        return done[nproc]
+    return run
+
+
+def check_against_reference(tmp_path, nproc: int, whole=None, **env):
+    """The rollback run (``whole``: one run already, else run here): exit 0, finite weights, every rollback logged
+    and every skipped batch holding a poisoned sample; the same run whose loaders leave out the skipped batches
+    ends with the same bits."""
+    logdir, code, out = whole or (tmp_path / "rollback", *rollback_run(tmp_path / "rollback", NPROC=nproc, **env))
     assert code == 0, out[-4000:]
-    final = last(tmp_path / "rollback")
+    final = last(logdir)
     assert all(torch.isfinite(t).all() for t in final["models"]["model"].values())
     skipped = skip_list(final)
     lines = [line for line in out.splitlines() if "rollback " in line and " of at most 10: " in line]
@@ -62,7 +77,7 @@ def check_against_reference(tmp_path, nproc: int, **env):
     for epoch in (1, 2, 3):  # each poisoned sample once an epoch, each in a batch that was left out
         held = [i for e in skipped if e["epoch"] == epoch for s in e["samples"] for i in s.tolist()]
         assert NAN_ID in held and SPIKE_ID in held, (epoch, skipped)
-    assert [row.split(",")[3] for row in open(tmp_path / "rollback" / "logs" / "train.csv").read().split()[1:]] == \
+    assert [row.split(",")[3] for row in open(logdir / "logs" / "train.csv").read().split()[1:]] == \
         ["2.0", "2.0", "2.0"]  # counted in the loggers, per epoch
     drops = json.dumps([[e["epoch"], e["ordinal"]] for e in skipped])
     code, ref_out = rollback_run(tmp_path / "reference", "reference", NPROC=nproc, REFERENCE_DROPS=drops, **env)
@@ -72,13 +87,13 @@ def check_against_reference(tmp_path, nproc: int, **env):
     assert metrics_without_rollbacks(final) == reference["metrics"]
 
 
-def test_one_process_ends_bitwise_equal_to_the_run_without_the_bad_batches(tmp_path):
-    check_against_reference(tmp_path, 1)
+def test_one_process_ends_bitwise_equal_to_the_run_without_the_bad_batches(tmp_path, whole_runs):
+    check_against_reference(tmp_path, 1, whole_runs(1), PERIOD=2)
 
 
 @pytest.mark.distributed
-def test_two_processes_end_bitwise_equal_to_the_run_without_the_bad_batches(tmp_path):
-    check_against_reference(tmp_path, 2)
+def test_two_processes_end_bitwise_equal_to_the_run_without_the_bad_batches(tmp_path, whole_runs):
+    check_against_reference(tmp_path, 2, whole_runs(2), PERIOD=2)
 
 
 def test_accumulation_rolls_back_to_group_boundaries_and_stays_exact(tmp_path):
@@ -87,11 +102,12 @@ def test_accumulation_rolls_back_to_group_boundaries_and_stays_exact(tmp_path):
 
 
 @pytest.mark.parametrize("nproc, kill_at, before", [(1, 12, 1), pytest.param(2, 10, 2, marks=pytest.mark.distributed)])
-def test_killed_right_after_a_rollback_and_resumed_it_ends_as_the_uninterrupted_run(tmp_path, nproc, kill_at, before):
+def test_killed_right_after_a_rollback_and_resumed_it_ends_as_the_uninterrupted_run(tmp_path, whole_runs, nproc,
+                                                                                   kill_at, before):
     """Checkpoints every 2 batches; SIGKILL right after a rollback and the checkpoint that records it (global batch
     12 after the one at 10 alone; 10 after the two at 7 with 2 processes); resume='last' skips those batches by the
     skip list it holds."""
-    code, out = rollback_run(tmp_path / "whole", NPROC=nproc, PERIOD=2)
+    whole_logdir, code, out = whole_runs(nproc)
     assert code == 0, out[-3000:]
     code, out = rollback_run(tmp_path / "killed", NPROC=nproc, PERIOD=2, KILL_AT=kill_at)
     assert code != 0 and out.count(" of at most 10: ") == before, out[-3000:]
@@ -100,7 +116,7 @@ def test_killed_right_after_a_rollback_and_resumed_it_ends_as_the_uninterrupted_
     code, out = rollback_run(tmp_path / "killed", "resume", NPROC=nproc, PERIOD=2)
     assert code == 0, out[-3000:]
     assert f"rollback {before} of" not in out and f"rollback {before + 1} of at most 10" in out, out[-3000:]
-    whole, resumed = (load_checkpoint(str(tmp_path / name / "checkpoints" / "last.pth")) for name in ("whole", "killed"))
+    whole, resumed = last(whole_logdir), last(tmp_path / "killed")
     assert [d for key in (*SAME, "metrics", "callbacks") for d in differences(whole[key], resumed[key], key)] == []
 
 
