@@ -195,3 +195,20 @@ def test_the_errors_are_floating_point_errors_with_the_origin_rank():
     for kind in (NonFiniteLossError, LossSpikeError):
         error = kind("message", origin_rank=3)
         assert isinstance(error, FloatingPointError) and error.origin_rank == 3
+
+
+def test_the_batch_logs_hold_the_run_as_it_trained(tmp_path):
+    """The CSV batch rows written for batches later rolled back are cut back: each step once, in order."""
+    from torchstage import Batch
+    torch.manual_seed(0)
+    x, y = torch.randn(64, 4), torch.randn(64, 1)
+    x[37] = float("nan")
+    model = nn.Linear(4, 1)
+    runner = SupervisedRunner()
+    runner.train(model=model, criterion=nn.MSELoss(), optimizer=torch.optim.SGD(model.parameters(), lr=0.01),
+                 loaders={"train": DataLoader(TensorDataset(x, y), batch_size=4, shuffle=True)}, valid_loader="train",
+                 num_epochs=2, logdir=tmp_path, log_period=Batch(1),
+                 callbacks={"nonfinite": NonFiniteLossCallback(mode="rollback", check_every=5)})
+    assert runner.callbacks["rollback"].rollbacks == 2  # once an epoch
+    steps = [int(row.split(",")[0]) for row in (tmp_path / "logs" / "batch" / "train.csv").read_text().split()[1:]]
+    assert steps == list(range(1, 31))  # 2 epochs of 15 batches trained

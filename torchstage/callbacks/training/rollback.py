@@ -121,6 +121,8 @@ class RollbackCallback(Callback):
                            "pass goes on without that batch (ordinal %d of the pass; samples %s)", self.rollbacks,
                            limit, what, snapshot.global_batch, back, snapshot.batch, snapshot.loader, ordinal,
                            _shown(samples))
+        if runner.file_writer is not None:  # the log rows handed over land first: a logger put back cuts them back
+            runner.file_writer.wait()
         runner.restore_snapshot(snapshot)
         self._start_rng = snapshot.rng if snapshot.at_start else None
         raise RollBack()
