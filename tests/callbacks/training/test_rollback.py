@@ -96,6 +96,21 @@ def test_two_processes_end_bitwise_equal_to_the_run_without_the_bad_batches(tmp_
     check_against_reference(tmp_path, 2, whole_runs(2), PERIOD=2)
 
 
+@pytest.mark.distributed
+def test_fsdp_rolls_back_its_shards_and_stays_exact(tmp_path):
+    """Two processes under strategy="fsdp", one epoch: the snapshots hold each rank's shards (DTensors), put back
+    in place; the run equals the FSDP run without the two bad batches of that epoch."""
+    code, out = rollback_run(tmp_path / "rollback", NPROC=2, STRATEGY="fsdp", EPOCHS=1)
+    assert code == 0 and out.count(" of at most 10: ") == 2, out[-3000:]
+    final = last(tmp_path / "rollback")
+    drops = json.dumps([[e["epoch"], e["ordinal"]] for e in skip_list(final)])
+    code, out = rollback_run(tmp_path / "reference", "reference", NPROC=2, STRATEGY="fsdp", EPOCHS=1,
+                             REFERENCE_DROPS=drops)
+    assert code == 0, out[-3000:]
+    reference = last(tmp_path / "reference")
+    assert [d for key in SAME for d in differences(final[key], reference[key], key)] == []
+
+
 def test_accumulation_rolls_back_to_group_boundaries_and_stays_exact(tmp_path):
     """Checks every 3 batches, groups of 2: a snapshot only where no gradient is held (6, 12...)."""
     check_against_reference(tmp_path, 1, ACCUMULATION=2, CHECK_EVERY=3)
