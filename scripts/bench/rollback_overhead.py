@@ -6,7 +6,9 @@ Contenders run in turns (each in each position of a round equally often, after a
 (``mode="stop"``), with ``mode="rollback"`` and with ``mode="rollback"`` plus ``spike=LossSpike()``, all with
 ``check_every`` 100. Prints each one's median wall and CPU time and ratio to the hand-written loop, and the
 paired per-round ratio of each rollback contender to ``mode="stop"`` with a 95 % bootstrap interval: the price
-of the snapshots themselves. ``--hidden N`` trains a two-layer MLP of width N instead of the tutorial's linear
+of the snapshots themselves; and the snapshots' own CPU time (``Runner.take_snapshot``, timed in the training
+thread): how many a run takes, each one's cost, and their share of the rollback runs' CPU time, a figure that
+the load of a shared host moves little. ``--hidden N`` trains a two-layer MLP of width N instead of the tutorial's linear
 model (N=1024: 12 k parameters; 8192: 98 k), so that the copies weigh more; ``--control`` adds the hand-written
 loop again (A/A), whose ratio is the noise of the figures.
 Usage: python scripts/bench/rollback_overhead.py [--repeats 21] [--hidden 0] [--num-workers 0] [--control]
@@ -26,8 +28,25 @@ import workload  # noqa: E402
 from overhead import cpu_seconds, median_interval, round_order  # noqa: E402
 
 from torchstage import LossSpike, NonFiniteLossCallback, SupervisedRunner  # noqa: E402
+from torchstage.runner.runner import Runner  # noqa: E402
 
 CHECK_EVERY = 100
+#: The snapshots' count and thread CPU seconds, summed over the rollback runs (see :func:`timed_snapshots`).
+SNAPSHOTS = {"count": 0, "cpu": 0.0}
+
+
+def timed_snapshots() -> None:
+    """Count the snapshots the rollback runs take and sum the training thread's CPU time in them."""
+    take = Runner.take_snapshot
+
+    def timed(self, *args, **kwargs):
+        start = time.thread_time()
+        try:
+            return take(self, *args, **kwargs)
+        finally:
+            SNAPSHOTS["cpu"] += time.thread_time() - start
+            SNAPSHOTS["count"] += 1
+    Runner.take_snapshot = timed
 
 
 def make_parts(hidden: int):
@@ -78,6 +97,7 @@ def main():
     params = sum(p.numel() for p in make_parts(args.hidden)[0].parameters())
     print(f"model: {params} parameters; {workload.NUM_EPOCHS} epochs of {len(loaders['train'])} train batches; "
           f"check_every={CHECK_EVERY}")
+    timed_snapshots()
     wall, cpu = {name: [] for name in runs}, {name: [] for name in runs}
     with tempfile.TemporaryDirectory() as logdir:
         for repeat in range(args.repeats + 1):
@@ -92,6 +112,10 @@ def main():
         med, med_cpu = statistics.median(wall[name]), statistics.median(cpu[name])
         print(f"{name:>18}: wall median {med:.3f} s (ratio {med / base:.3f})   cpu median {med_cpu:.3f} s (ratio "
               f"{med_cpu / base_cpu:.3f})   over {len(wall[name])} runs")
+    rollback_runs = 2 * (args.repeats + 1)  # the two rollback contenders, warm-up round included
+    per_run, each = SNAPSHOTS["count"] / rollback_runs, SNAPSHOTS["cpu"] / max(1, SNAPSHOTS["count"])
+    print(f"snapshots: {per_run:.0f} a run, {1e3 * each:.3f} ms of CPU each, {100 * per_run * each / base_cpu:.2f} % "
+          f"of the hand-written loop's CPU time")
     for name in ("rollback", "rollback+spike"):
         for label, measured in (("wall", wall), ("cpu", cpu)):
             per_round = [a / b for a, b in zip(measured[name], measured["stop"])]

@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 
 from torchstage.one_or_many import named
-from torchstage.rng import get_rng_state, set_rng_state
+from torchstage.rng import capture_rng, set_rng_state
 from torchstage.runner.loop_state import ResumePoint
 
 #: The loop's counters a snapshot keeps (its position and metrics are kept apart).
@@ -38,7 +38,7 @@ class Snapshot:
     callbacks: dict = field(default_factory=dict)
     counters: dict = field(default_factory=dict)
     metrics: dict = field(default_factory=dict)  #: epoch metrics, and the periodic validation's
-    rng: dict = field(default_factory=dict)
+    rng: tuple = ()  #: the generators' states (:func:`~torchstage.rng.capture_rng`)
     resume_point: Optional[ResumePoint] = None  #: the resume point the loader had yet to apply (at a start)
 
     @property
@@ -64,7 +64,7 @@ def take_snapshot(runner, at_start: bool, leave_out=(), reuse: Snapshot = None) 
                           for name, callback in runner.callbacks.items() if name not in leave_out}
     snapshot.counters = {name: getattr(loop, name) for name in _COUNTERS}
     snapshot.metrics = copy.deepcopy({"epoch": dict(loop.epoch_metrics), "periodic": loop.periodic_metrics})
-    snapshot.rng = get_rng_state()
+    snapshot.rng = capture_rng()
     snapshot.resume_point = copy.copy(point)
     return snapshot
 

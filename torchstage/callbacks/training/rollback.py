@@ -98,7 +98,8 @@ class RollbackCallback(Callback):
         :class:`~torchstage.callbacks.base.RollBack`); raise ``finding["error"]`` instead when that would be
         rollback ``limit + 1`` or the same batch twice. Collective: every rank calls it at the same check."""
         loop, engine = runner.loop, runner.engine
-        ordinal, item = loop.pass_filter.drawn.get(finding["position"], (None, None))
+        drawn = loop.pass_filter.drawn if loop.pass_filter is not None else {}  # None: no train pass under way
+        ordinal, item = drawn.get(finding["position"], (None, None))
         samples = engine.all_gather_object(sample_indices(item))
         entry = {"stage": runner.stage_key, "epoch": runner.global_epoch_step, "loader": runner.loader_key,
                  "ordinal": ordinal, "world": engine.world_size, "global_batch": finding["step"],
@@ -107,6 +108,7 @@ class RollbackCallback(Callback):
         again = self._seen(entry)
         if again or self.rollbacks >= limit or ordinal is None:
             why = (f"batch {ordinal} of this pass was rolled back past before ({again})" if again else
+                   "no train loader's pass is under way" if loop.pass_filter is None else
                    "its ordinal in the pass is unknown" if ordinal is None else
                    f"it would be rollback {self.rollbacks + 1}, over max_rollbacks={limit}")
             raise finding["error"](f"{what}; not rolled back: {why}, so the run stops here (the last checkpoint "
