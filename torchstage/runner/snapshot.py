@@ -135,6 +135,11 @@ def _copy(value, into=None):
         copied = {key: _copy(item, into.get(key)) for key, item in value.items()}
         return copied if type(value) is dict else type(value)(copied)
     if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+        if len(value) > 4 and type(value[0]) is torch.Tensor:  # per-batch values (metric sums): one copy for all
+            try:
+                return type(value)(torch.stack([item.detach() for item in value]).unbind(0))
+            except (RuntimeError, TypeError):  # tensors of several shapes, devices or kinds: one by one below
+                pass
         into = into if isinstance(into, (list, tuple)) and len(into) == len(value) else [None] * len(value)
         return type(value)(_copy(item, old) for item, old in zip(value, into))
     if isinstance(value, (str, int, float, bool, bytes, type(None))):
