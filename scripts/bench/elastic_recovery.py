@@ -106,6 +106,7 @@ def one_round(folder: str, index: int) -> dict:
         for proc in procs:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=60)
     small, full = started(logdir, 2, lost_at), started(logdir, 4, returned_at)
     return {"loss -> training": shrunk["t"] - lost_at, "loss: to the workers' start": small["at"] - lost_at,
             "loss: their setup": small["t"] - small["at"], "loss: to the first batch": shrunk["t"] - small["t"],
@@ -120,7 +121,7 @@ def main():
     parser.add_argument("--keep", help="a folder to keep each round's logdir and agents' log in")
     args = parser.parse_args()
     results = []
-    with tempfile.TemporaryDirectory() as scratch:
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as scratch:
         folder = args.keep or scratch
         for index in range(args.rounds):
             results.append(one_round(folder, index))
