@@ -130,22 +130,25 @@ class NonFiniteLossCallback(Callback):
             return
         engine = runner.engine
         if engine.is_distributed and self._agreed_clean:  # the ranks run their train batches in step
-            self._clean(runner)
             return
         self._scan()
         rank = engine.rank
         mine = min(((found[0], key, rank, *found[1:]) for key, found in self._first.items()), default=None)
+        snapshot = self._keeper is not None and self._keeper.snapshot_due()
         if engine.is_distributed:  # every rank must agree, so every rank acts at the same point
             earliest = mine[0] if mine is not None else NONE_SEEN
-            earliest = int(engine.all_reduce_(torch.tensor([earliest], device=engine.device), op="min").item())
+            # with it, whether a rank would snapshot now (a rollback run's): then every rank does
+            agreed = engine.all_reduce_(torch.tensor([earliest, int(not snapshot)], device=engine.device), op="min")
+            earliest, snapshot = (int(v) for v in agreed.tolist())
+            snapshot = snapshot == 0
             if earliest == NONE_SEEN:
                 self._agreed_clean = True
-                self._clean(runner)
+                self._clean(runner, snapshot)
                 return
             # which loss, and on which rank: only after one was seen
             mine = min(found for found in engine.all_gather_object(mine) if found is not None)
         if mine is None:
-            self._clean(runner)
+            self._clean(runner, snapshot)
             return
         step, key, origin, position, value, why = mine
         finding = {"step": step, "key": key, "rank": origin, "position": position, "value": value, "why": why,
@@ -157,8 +160,8 @@ class NonFiniteLossCallback(Callback):
             f"{what}; the run stops so that no checkpoint holds weights trained on it (the last checkpoint is the "
             f"last {'finite' if why is None else 'good'} one). {_FIX}", origin_rank=origin)
 
-    def _clean(self, runner) -> None:
-        if self._keeper is not None:
+    def _clean(self, runner, snapshot: bool) -> None:
+        if snapshot:
             self._keeper.clean(runner)
 
     def _scan(self) -> None:

@@ -11,6 +11,7 @@ skips those batches too; it counts the rollbacks of the run, at most ``max_rollb
 ``mode="stop"`` does) at the next one or at the same batch twice.
 """
 import logging
+import time
 
 import torch
 
@@ -24,6 +25,9 @@ logger = logging.getLogger("torchstage")
 ROLLBACK_ORDER = 10_000
 #: Sample indices shown per rank in a rollback's log line (all are kept in the skip list).
 SHOWN = 32
+#: Seconds between two snapshots at least (besides the one as each train loader starts): where a check comes every
+#: few milliseconds, a snapshot at each would cost a share of the run; a rollback then goes back a little further.
+SNAPSHOT_PERIOD = 1.0
 
 
 class RollbackCallback(Callback):
@@ -37,6 +41,7 @@ class RollbackCallback(Callback):
         self.skipped = []  #: the batches left out: where, why, and the samples each rank held there
         self.rollbacks = 0  #: rollbacks of the run
         self._snapshot, self._clean_at, self._mid_pass, self._start_rng = None, None, False, None
+        self._taken = 0.0  # time.monotonic() of the last snapshot
 
     # ---- before training -------------------------------------------------------------------------
     def on_experiment_start(self, runner):
@@ -72,11 +77,16 @@ class RollbackCallback(Callback):
         # mid-pass snapshots resume by index; a pass dealt out anew on resume goes back to its start only
         self._mid_pass = point is None or not (point.indices is not None or point.by_samples or point.loader_restored)
         self._snapshot = runner.take_snapshot(at_start=True, leave_out=(self.name,), reuse=self._snapshot)
-        self._clean_at = None
+        self._clean_at, self._taken = None, time.monotonic()
+
+    def snapshot_due(self) -> bool:
+        """Whether this rank would take a snapshot after a clean check now: inside a pass that resumes by index, at
+        least :data:`SNAPSHOT_PERIOD` seconds after the last one (the ranks agree on it with the check)."""
+        return self._mid_pass and time.monotonic() - self._taken >= SNAPSHOT_PERIOD
 
     def clean(self, runner) -> None:
-        """A check found every loss good up to this batch: the run may be snapshot after it (by this callback's
-        ``on_batch_end``, after every other callback's)."""
+        """A check found every loss good up to this batch and the ranks agreed on a snapshot: the run is snapshot
+        after it (by this callback's ``on_batch_end``, after every other callback's)."""
         if runner.loop.pass_filter is not None:
             self._clean_at = runner.loop.batch_step
 
@@ -87,6 +97,7 @@ class RollbackCallback(Callback):
         if _gradients_pending(runner):  # inside an accumulation group: the snapshot could not hold the gradients
             return
         self._snapshot = runner.take_snapshot(at_start=False, leave_out=(self.name,), reuse=self._snapshot)
+        self._taken = time.monotonic()
         loop.pass_filter.forget(loop.batch_step)
 
     def on_loader_end(self, runner):
@@ -118,7 +129,7 @@ class RollbackCallback(Callback):
         self.rollbacks += 1
         if engine.is_main:
             back = ("the loader's start" if snapshot.at_start and snapshot.resume_point is None else
-                    "where the loader resumed" if snapshot.at_start else "the last clean check")
+                    "where the loader resumed" if snapshot.at_start else "the snapshot after a clean check")
             logger.warning("rollback %d of at most %d: %s; back to global batch %d (%s, batch %d of loader %r); the "
                            "pass goes on without that batch (ordinal %d of the pass; samples %s)", self.rollbacks,
                            limit, what, snapshot.global_batch, back, snapshot.batch, snapshot.loader, ordinal,
