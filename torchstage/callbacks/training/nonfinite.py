@@ -7,9 +7,10 @@ checkpoint ever holds weights trained on a non-finite loss; the error names the 
 (one host sync per batch, as AMP's grad scaler does); a skipped batch sets ``runner.batch_skipped``, so
 it is left out of the averages, the backward and the step; skipped batches are counted in the loader
 metric ``nonfinite_skipped``.
-``mode="rollback"`` checks as ``"stop"`` does; at a bad loss every rank puts the run back to its last clean
-check (an in-memory snapshot, :class:`~torchstage.callbacks.training.rollback.RollbackCallback`) and goes on
-without the first bad batch, as a run whose loader never gave it would; at most ``max_rollbacks`` times.
+``mode="rollback"`` checks as ``"stop"`` does; at a bad loss every rank puts the run back to its last snapshot
+(in memory, taken after a clean check or as the loader started,
+:class:`~torchstage.callbacks.training.rollback.RollbackCallback`) and goes on without the first bad batch, as a
+run whose loader never gave it would; at most ``max_rollbacks`` times.
 """
 import logging
 import math

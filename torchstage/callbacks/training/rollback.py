@@ -2,8 +2,9 @@
 
 :class:`RollbackCallback` (``rollback`` in the chain, added when a :class:`NonFiniteLossCallback` has
 ``mode="rollback"``) runs after every other callback. It takes an in-memory snapshot of the run (see
-:mod:`torchstage.runner.snapshot`) as each train loader starts and after each clean check of the losses (every
-``check_every`` batches, before each checkpoint). When a check finds a bad loss, every rank puts that snapshot
+:mod:`torchstage.runner.snapshot`) as each train loader starts and after a clean check of the losses (every
+``check_every`` batches, before each checkpoint), at most once a second (:data:`SNAPSHOT_PERIOD`, agreed by the
+ranks in the check's all-reduce). When a check finds a bad loss, every rank puts its last snapshot
 back, the loader starts again from its point as a run resumed there would, and the first bad batch is left out
 of the pass by its ordinal (never read again): a run that rolls back past batch k ends as a run whose loader
 yields the same batches without batch k. The skip list is kept in checkpoints, so a resumed or restarted run
