@@ -29,8 +29,11 @@ from torchstage.callbacks.safety.stop import StopCallback
 from torchstage.callbacks.safety.watchdog import HangWatchdog
 from torchstage.callbacks.training.backward import BackwardCallback
 from torchstage.callbacks.training.loop import LoopCallback
-from torchstage.callbacks.training.nonfinite import NonFiniteLossCallback, NonFiniteLossError, NonFiniteStateError
+from torchstage.callbacks.training.loss_spike import LossSpike
+from torchstage.callbacks.training.nonfinite import (LossSpikeError, NonFiniteLossCallback, NonFiniteLossError,
+                                                     NonFiniteStateError)
 from torchstage.callbacks.training.output_losses import Loss, OutputLossesCallback, Regularizer
+from torchstage.callbacks.training.rollback import RollbackCallback
 from torchstage.callbacks.training.scheduler import SchedulerCallback
 from torchstage.callbacks.training.swa import SWACallback
 from torchstage.callbacks.training.weight_averaging import EMACallback, WeightAveragingCallback
@@ -121,7 +124,8 @@ __all__ = [
     "BatchOverfitCallback", "MetricAggregationCallback", "MultiLabelAccuracyCallback", "RunnerException",
     "LoggerCallback", "MLflowLogger", "ProfilerCallback", "ThroughputMonitor",
     "TorchMetricsCallback", "EMACallback", "SWACallback", "WeightAveragingCallback", "OptunaPruningCallback", "tune",
-    "LogdirLocked", "NonFiniteLossCallback", "NonFiniteLossError", "NonFiniteStateError",
+    "LogdirLocked", "NonFiniteLossCallback", "NonFiniteLossError", "NonFiniteStateError", "LossSpike", "LossSpikeError",
+    "RollbackCallback",
     "HangWatchdog", "EvenBatchesCallback", "UnevenBatchesError", "BatchTransformCallback", "BackwardCallback",
     "HSDP", "ModelParallel",
 ]

@@ -1,6 +1,7 @@
 """An elastic torchrun job (``--nnodes=1:2``, two agents on this host) loses a node mid-epoch: the surviving
 agent restarts its workers, which continue the run on half the processes, each sample of the interrupted epoch
-trained once. The script is unchanged between attempts (it names no resume)."""
+trained once, naming the lost node; when the node's command starts again the world grows back at the next
+re-rendezvous. The script is unchanged between attempts (it names no resume)."""
 import collections
 import json
 import os
@@ -12,9 +13,11 @@ import time
 
 import pytest
 
+from torch import nn
+
 from tests.helpers import free_port
 from tests.resume_helpers import ROOT, child_env
-from torchstage import load_checkpoint
+from torchstage import load_checkpoint, load_model_weights
 
 pytestmark = pytest.mark.distributed
 
@@ -44,42 +47,110 @@ def _rows(logdir, attempt) -> list:
             for line in open(os.path.join(logdir, name)) if line.endswith("\n")]
 
 
-@pytest.mark.timeout(400)
-def test_losing_a_node_mid_epoch_goes_on_with_the_nodes_left(tmp_path):
+def _phases(logdir) -> list:
+    """Each world's rows (``rows-PHASE-RANK.jsonl``), worlds in the order they trained: ``[(phase, rows)]``."""
+    phases = {}
+    for name in os.listdir(logdir) if os.path.isdir(logdir) else ():
+        if name.startswith("rows-"):
+            phase = name[len("rows-"):].rsplit("-", 1)[0]
+            phases.setdefault(phase, []).extend(json.loads(line) for line in open(os.path.join(logdir, name))
+                                                if line.endswith("\n"))
+    return sorted(phases.items(), key=lambda item: min(row["batch"] for row in item[1]))
+
+
+def _trained(logdir) -> dict:
+    """Global epoch -> the sample ids its train batches were made of, over every world: a world's batches after the
+    checkpoint the next world resumed from (its first batch less one) were lost with it and trained again."""
+    phases, ids = _phases(logdir), collections.defaultdict(list)
+    for index, (_, rows) in enumerate(phases):
+        end = min(row["batch"] for row in phases[index + 1][1]) if index + 1 < len(phases) else float("inf")
+        for row in rows:
+            if row["batch"] < end:
+                ids[row["epoch"]] += row["ids"]
+    return ids
+
+
+def _kill_tree(proc) -> None:
+    for pid in _descendants(proc.pid):  # the node is lost: its agent and its workers
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _wait_for(condition, what: str, seconds: float = 150) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"waited {seconds} s for {what}"
+        time.sleep(0.1)
+
+
+@pytest.mark.timeout(500)
+def test_a_node_lost_mid_epoch_goes_on_with_the_nodes_left_and_grows_back_when_it_returns(tmp_path):
+    """Two agents of one job; the second (its agent and workers) is killed mid-epoch 2, the first goes on with its 2
+    processes, naming the lost node; the second's command started again joins at the next re-rendezvous and the run
+    ends with 4 processes. Every epoch trains each sample once; one logdir, one MLflow run, one restart count."""
+    from mlflow import MlflowClient  # the MLflow extra
     logdir = tmp_path / "run"
+    # torch's shared rendezvous store hands a returning node no master address: grow-back needs it off (docs)
+    env = child_env(TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, EPOCHS=4, MLFLOW=1)
     args = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1:2", "--nproc-per-node=2",
             "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-id=elastic-test",
-            "--max-restarts=2", "--rdzv-conf=last_call_timeout=3", "--monitor-interval=0.5", SCRIPT, str(logdir)]
-    first = subprocess.Popen(args, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             start_new_session=True)
+            "--max-restarts=2", "--rdzv-conf=last_call_timeout=3,keep_alive_interval=1,keep_alive_max_attempt=3",
+            "--monitor-interval=0.5", SCRIPT, str(logdir)]
+    logs = {name: open(tmp_path / f"{name}.log", "w+") for name in ("first", "third")}  # not pipes: read at the end
+    first = subprocess.Popen(args, env=env, stdout=logs["first"], stderr=subprocess.STDOUT, start_new_session=True)
     time.sleep(1)
-    second = subprocess.Popen(args, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    second = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120  # until the world of 4 trains in epoch 2, past its first checkpoint
-        while time.monotonic() < deadline and not any(row["batch"] >= 9 for row in _rows(logdir, 0)):
-            time.sleep(0.1)
-        for pid in _descendants(second.pid):  # the node is lost: its agent and its workers
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        out, _ = first.communicate(timeout=300)
+    third = None
+    try:  # the world of 4 trains in epoch 2, past its first checkpoint there: the node is lost
+        _wait_for(lambda: any(row["batch"] >= 9 for row in _rows(logdir, 0)), "epoch 2 with 4 processes")
+        _kill_tree(second)
+        _wait_for(lambda: any(phase.split("-")[1].startswith("2x") for phase, _ in _phases(logdir)),
+                  "the 2 processes left training")
+        third = subprocess.Popen(args, env=env, stdout=logs["third"], stderr=subprocess.STDOUT,
+                                 start_new_session=True)  # the lost node's command again
+        first.wait(timeout=300)
+        third.wait(timeout=120)
     finally:
-        for proc in (first, second):
-            if proc.poll() is None:
+        for proc in (first, second, third):
+            if proc is not None and proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
+    out, third_out = (open(tmp_path / f"{name}.log").read() for name in ("first", "third"))
     assert first.returncode == 0, out[-3000:]
+    assert third.returncode == 0, third_out[-3000:]
+    both = out + third_out
+    # the survivor's log names the lost node (host, agent, ranks) and the attempt
+    lost = re.search(r"\(restart attempt 1 of this job\): the world that wrote it had 2 node\(s\) and 4 "
+                     rf"process\(es\), this one has 1 and 2: lost node \S+ \(agent pid {second.pid}\) with ranks "
+                     r"(\d)-(\d) of 4", out)
+    assert lost, out[-4000:]
     assert "written by 4 process(es), resumed by 2; the global batch size is 8 now (4 per process), 16 before" in out
-    assert "; restart attempt 1 of this job" in out and "already holds a run" not in out
+    assert re.search(r"had 1 node\(s\) and 2 process\(es\), this one has 2 and 4: joined node \S+ \(agent pid "
+                     rf"{third.pid}\) with ranks \d-\d of 4", both), both[-4000:]
+    assert "written by 2 process(es), resumed by 4" in both
+    assert "already holds a run" not in both and "Traceback" not in third_out
+    # the final checkpoint: the world grown back, the last epoch done, loadable
     final = load_checkpoint(str(logdir / "checkpoints" / "last.pth"))
-    assert (final["meta"]["world_size"], final["loop"]["global_epoch_step"], final["loop"]["epoch_done"]) == (2, 3,
+    assert (final["meta"]["world_size"], final["loop"]["global_epoch_step"], final["loop"]["epoch_done"]) == (4, 4,
                                                                                                             True)
-    resumed_from = [line for line in out.splitlines() if "resuming from" in line][0]
-    epoch, done = map(int, re.search(r"epoch (\d+), batch (\d+)", resumed_from).groups())  # batches done in it
-    if "(epoch complete)" not in resumed_from:  # lost mid-epoch: that epoch's samples each trained once
-        first_batch = (epoch - 1) * 6  # 96 samples, 4 per batch, 4 ranks: 6 batches per epoch
-        ids = [i for row in _rows(logdir, 0) if row["epoch"] == epoch and row["batch"] <= first_batch + done
-               for i in row["ids"]]
-        ids += [i for row in _rows(logdir, 1) if row["epoch"] == epoch for i in row["ids"]]
-        assert sorted(collections.Counter(ids).items()) == [(i, 1) for i in range(96)]
+    assert [len(node["ranks"]) for node in final["meta"]["nodes"]] == [2, 2]
+    model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 1))
+    load_model_weights(model, str(logdir / "checkpoints" / "last.pth"))
+    # each epoch trained each sample once, over the worlds of 4, 2 and 4 processes
+    phases = [phase.split("-")[1].split("x")[0] for phase, _ in _phases(logdir)]
+    assert phases == ["4", "2", "4"], phases
+    trained = _trained(logdir)
+    assert sorted(trained) == [1, 2, 3, 4]
+    for epoch, ids in trained.items():
+        assert sorted(collections.Counter(ids).items()) == [(i, 1) for i in range(96)], epoch
+    # one logdir, one lock, one MLflow run, one restart count: the job's
+    assert not (logdir / ".torchstage.lock").exists()
+    rows = (logdir / "logs" / "train.csv").read_text().splitlines()
+    assert [row.split(",")[:3] for row in rows[1:]] == [["main", str(e), str(e)] for e in (1, 2, 3, 4)]
+    assert [row.split(",")[-1] for row in (logdir / "logs" / "run.csv").read_text().splitlines()[1:]] == ["1", "1"]
+    client = MlflowClient(tracking_uri=f"sqlite:///{logdir}/mlflow.db")
+    runs = client.search_runs([client.get_experiment_by_name("torchstage").experiment_id])
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    assert sorted({m.step for m in client.get_metric_history(runs[0].info.run_id, "train/loss")}) == [1, 2, 3, 4]

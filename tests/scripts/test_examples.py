@@ -49,3 +49,36 @@ def test_the_readme_snippet_is_the_tutorial():
     tutorial = open(os.path.join(ROOT, "scripts", "tutorial.py")).read()
     assert len(snippet.strip().splitlines()) <= 20
     assert snippet.split("runner = SupervisedRunner()")[1].replace('"./logdir"', "logdir") in tutorial
+
+
+def test_the_rollback_example_rolls_back_past_its_two_bad_records(tmp_path):
+    result = run_script("rollback_example.py", str(tmp_path))
+    out = result.stdout + result.stderr
+    assert "rollback 1 of at most 10: non-finite loss: 'loss' was nan" in out or \
+        "rollback 1 of at most 10: loss spike: 'loss' was" in out, out[-3000:]
+    left_out = result.stdout.split("left out:")[1]
+    assert "17," in left_out and "200" in left_out  # the two bad records, in the batches left out
+    final = torch.load(tmp_path / "checkpoints" / "last.pth", weights_only=True)
+    assert all(torch.isfinite(t).all() for t in final["models"]["model"].values())
+
+
+def test_the_elastic_example_trains_under_torchrun_and_its_rate_follows_the_world(tmp_path):
+    """Two processes under an elastic torchrun, then the same script alone as a restarted job (one process): it
+    continues the run with the learning rate of its world (0.01 x 1/4), saying so."""
+    import subprocess
+    import sys
+    from tests.helpers import free_port, script_env
+    script = os.path.join(ROOT, "scripts", "elastic_train.py")
+    env = script_env(TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, EPOCHS=1)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1:2", "--nproc-per-node=2",
+                "--max-restarts=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+                "--rdzv-id=example", "--rdzv-conf=last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=3"]
+    first = subprocess.run([*torchrun, script, str(tmp_path)], env=env, capture_output=True, text=True, timeout=240)
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
+    again = subprocess.run([sys.executable, script, str(tmp_path)], env={**env, "EPOCHS": "2",
+                                                                         "TORCHSTAGE_RESTART_COUNT": "1"},
+                           capture_output=True, text=True, timeout=240)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "lr is 0.0025 now but 0.005 in the checkpoint; using 0.0025 (resume_lr='new')" in again.stdout
+    final = torch.load(tmp_path / "checkpoints" / "last.pth", weights_only=True)
+    assert final["meta"]["world_size"] == 1 and final["optimizers"]["optimizer"]["param_groups"][0]["lr"] == 0.0025

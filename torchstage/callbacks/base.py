@@ -138,3 +138,9 @@ class CancelStage(CancelException):
 
 class CancelRun(CancelException):
     """End the whole run now (early stopping, a smoke run's end, a requested stop)."""
+
+
+class RollBack(Exception):
+    """Raised by a callback that put the run back to a snapshot of the current train loader's pass (a rollback,
+    :class:`~torchstage.callbacks.training.rollback.RollbackCallback`): the runner starts that loader again, firing
+    ``on_loader_start``, and its pass goes on from the snapshot's point as a run resumed there would."""

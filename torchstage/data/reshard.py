@@ -13,6 +13,8 @@ import torch
 from torch.utils.data import (BatchSampler, DataLoader, DistributedSampler, IterableDataset, RandomSampler,
                               SequentialSampler)
 
+from torchstage.data.resume import discard_persistent_iterator, filtered_batch_sampler
+
 
 def order_kind(loader):
     """``(shuffle, seed)`` of a loader whose pass this module can rebuild, else None: a map-style DataLoader
@@ -89,13 +91,18 @@ def pass_order(base: dict, steps: list) -> list:
     return order
 
 
-def resume_shard(loader, indices: list):
+def resume_shard(loader, indices: list, source=None):
     """``(iterator, batches)``: ``loader`` yielding the samples ``indices`` in batches of its own size, and how
-    many of its batches that counts as done (so the pass ends at ``len(loader)``)."""
+    many of its batches that counts as done (so the pass ends at ``len(loader)``); ``source``: a function giving
+    the pass filter of these batches (a rollback run's, see :func:`~torchstage.data.resume.filtered_batch_sampler`)."""
     original = loader.batch_sampler
     batches = BatchSampler(indices, original.batch_size, original.drop_last)
-    object.__setattr__(loader, "batch_sampler", batches)  # DataLoader refuses a plain assignment after __init__
-    try:
-        return iter(loader), max(0, len(original) - len(batches))
+    done = max(0, len(original) - len(batches))
+    if source is not None:
+        discard_persistent_iterator(loader)
+        source().first_position = done + 1
+    object.__setattr__(loader, "batch_sampler", filtered_batch_sampler(batches, loader, source))
+    try:  # DataLoader refuses a plain assignment after __init__
+        return iter(loader), done
     finally:
         object.__setattr__(loader, "batch_sampler", original)

@@ -124,7 +124,7 @@ class LogdirLock:
     def _stale_reason(holder: dict):
         job = os.environ.get("SLURM_JOB_ID")
         if job and holder.get("slurm_job_id") == job:
-            return f"the same SLURM job {job}, requeued"
+            return f"the same SLURM job {job}, requeued or restarted"
         if restart_attempt() > 0 and same_job(holder.get("job") or {}):
             return f"the same job ({', '.join(f'{k} {v}' for k, v in holder['job'].items())}), restarted"
         if not holder:

@@ -129,13 +129,32 @@ def _slurm_step_or_none(environ):
         return None
 
 
+#: The restart count the ranks of this process's world agreed on (:func:`agree_restart_attempt`): the largest of
+#: theirs, for a node that joined an elastic job later counts its own restarts from 0.
+_agreed_attempt = 0
+#: The restart counters of a launcher (a SLURM requeue's, SLURM_RESTART_COUNT, is decided apart).
+LAUNCHER_COUNTERS = ("TORCHELASTIC_RESTART_COUNT", RESTART_ENV)
+
+
 def restart_attempt(environ: Mapping = None) -> int:
     """How often this job was restarted by its scheduler or launcher (SLURM requeue, ``torchrun --max-restarts``);
-    0 on its first attempt."""
+    0 on its first attempt. Without ``environ``, at least what the ranks of this world agreed on."""
+    agreed = _agreed_attempt if environ is None else 0
     environ = os.environ if environ is None else environ
-    counts = [environ.get(name, "").strip() for name in ("SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT",
-                                                          RESTART_ENV)]
-    return max((int(count) for count in counts if count.isdigit()), default=0)
+    counts = [environ.get(name, "").strip() for name in ("SLURM_RESTART_COUNT", *LAUNCHER_COUNTERS)]
+    return max([agreed, *(int(count) for count in counts if count.isdigit())])
+
+
+def launcher_attempt() -> int:
+    """How often a launcher (torchrun, torchstage's) restarted this process's workers; a SLURM requeue not counted."""
+    return restart_attempt({name: os.environ.get(name, "") for name in LAUNCHER_COUNTERS})
+
+
+def set_agreed_attempt(count: int) -> None:
+    """The restart count the ranks of this world agreed on (the largest of theirs, see
+    :func:`~torchstage.launch.membership.agree_membership`): :func:`restart_attempt` is at least that from now on."""
+    global _agreed_attempt
+    _agreed_attempt = count
 
 
 def job_identity(environ: Mapping = None) -> dict:

@@ -23,6 +23,7 @@ from torchstage.callbacks.control.periodic_validation import PeriodicValidationC
 from torchstage.callbacks.monitoring.model_summary import ModelSummary
 from torchstage.callbacks.monitoring.monitor import ThroughputMonitor
 from torchstage.callbacks.training.nonfinite import NonFiniteLossCallback
+from torchstage.callbacks.training.rollback import RollbackCallback
 from torchstage.callbacks.loggers.progress import ProgressBar
 from torchstage.callbacks.safety.requeue import RequeueCallback
 from torchstage.callbacks.training.scheduler import SchedulerCallback
@@ -46,11 +47,21 @@ def stage_chains(runner, spec) -> list:
     ``train(callbacks=...)``, then the stage's own, by name."""
     defaults = runner.get_default_callbacks(spec)
     loggers = runner_loggers(runner, spec)
-    chains = [merge_chain(defaults, loggers, spec.callbacks,
-                          stage.callbacks if stage.callbacks is not spec.callbacks else None)
+    keeper = RollbackCallback()  # one for the run: its skip list and count span the stages
+    chains = [with_rollback(merge_chain(defaults, loggers, spec.callbacks,
+                                        stage.callbacks if stage.callbacks is not spec.callbacks else None), keeper)
               for stage in spec.stage_specs]
     _check_optimizer_args(spec, defaults, chains)
     return chains
+
+
+def with_rollback(chain: dict, keeper: RollbackCallback) -> dict:
+    """``chain`` with ``keeper`` (``rollback``) when a NonFiniteLossCallback in it rolls back and it has no
+    RollbackCallback: the callback that takes the snapshots and puts them back, after every other one."""
+    rolls_back = any(isinstance(cb, NonFiniteLossCallback) and cb.mode == "rollback" for cb in chain.values())
+    if not rolls_back or any(isinstance(cb, RollbackCallback) for cb in chain.values()):
+        return chain
+    return merge_chain(chain, {"rollback": keeper})
 
 
 def runner_loggers(runner, spec) -> dict:

@@ -38,6 +38,7 @@ class Engine:
     #: same batch, and only the group's first (``tp_rank == 0``) counts its samples in metrics.
     tp_rank: int = 0
     tp_size: int = 1
+    nodes: Any = None  # the world's nodes ({"host", "agent", "ranks"}), gathered as a run starts (launch/membership)
 
     def __post_init__(self):
         self.device = torch.device(self.device) if self.device is not None else default_device()

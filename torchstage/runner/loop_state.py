@@ -61,6 +61,8 @@ class LoopState:
     periodic_step: Optional[int] = None  #: global batch step of the last mid-epoch validation
     loader_start_rng: Optional[dict] = None  #: random state the current loader pass started from
     resume_point: Optional[ResumePoint] = None  #: set by resume until the interrupted loader restarts
+    #: the batches the current train pass leaves out and what it drew (a rollback run's; None otherwise)
+    pass_filter: Any = None
     stop_request: Optional[StopRequest] = None  #: the graceful stop every rank agreed on
 
     def position(self) -> dict:

@@ -11,13 +11,13 @@ import os
 from torchstage.callbacks.checkpoints.checkpoint_saver import checkpoint_folders
 from torchstage.files.checkpoint import checkpoint_files, load_checkpoint, load_newest_intact
 from torchstage.files.format import CheckpointError
-from torchstage.data.resume import (batch_size_changed, capture_loader_rng, resume_after_samples, resume_iterator,
-                                    skips_samples)
+from torchstage.data.resume import (batch_size_changed, capture_loader_rng, discard_persistent_iterator,
+                                    filtered_pass, resume_after_samples, resume_iterator, skips_samples)
 from torchstage.data.reshard import order_kind, pass_order, resume_shard
 from torchstage.runner.loop_state import dataset_size
 from torchstage.runner.resume_checks import apply_after_load, check_before_load, report_epochs
 from torchstage.runner.state import data_layout, same_data_layout
-from torchstage.launch.resolve import RESTART_ENV, job_identity, restart_attempt, same_job
+from torchstage.launch.resolve import LAUNCHER_COUNTERS, job_identity, restart_attempt, same_job
 from torchstage.runner.errors import LogdirHoldsRun
 from torchstage.runner.loop_state import ResumePoint
 from torchstage.rng import set_rng_state
@@ -72,12 +72,13 @@ def checkpoint_to_resume(spec, engine, chains):
     return path, checkpoint if checkpoint is not None else load_checkpoint(path)
 
 
-def resume_of_this_attempt(resume):
+def resume_of_this_attempt(resume, agreed: int = 0):
     """``'last'`` for a job that its launcher restarted (``torchrun --max-restarts``, ``train(max_restarts=...)``)
     and that names no checkpoint: the unchanged script continues its own run; else ``resume`` (a SLURM requeue is
-    :func:`~torchstage.launch.slurm.requeue.check_requeue_arg`'s, applied before)."""
-    attempt = restart_attempt({name: os.environ.get(name, "") for name in ("TORCHELASTIC_RESTART_COUNT", RESTART_ENV)})
-    if resume is None and attempt > 0:
+    :func:`~torchstage.launch.slurm.requeue.check_requeue_arg`'s, applied before). ``agreed``: the restart count the
+    world's ranks agreed on (a node that joined an elastic job later counts 0 restarts of its own)."""
+    attempt = restart_attempt({name: os.environ.get(name, "") for name in LAUNCHER_COUNTERS})
+    if resume is None and max(attempt, agreed) > 0:
         return "last"
     return resume
 
@@ -239,12 +240,17 @@ def loader_batches(runner):
     """``(batch_step, batch)`` pairs of the current loader; a resumed loader starts after its done batches.
 
     Also records in ``runner.loader_start_rng`` the random state the pass starts from, which every
-    checkpoint keeps so that a mid-epoch resume replays the same order.
+    checkpoint keeps so that a mid-epoch resume replays the same order. A pass with a pass filter (a rollback
+    run's train pass, ``runner.loop.pass_filter``) leaves out the batches of its skip list and records the rest.
     """
-    point = runner.resume_point
+    point, source = runner.resume_point, _filter_source(runner)
     if point is None or point.loader != runner.loader_key:
+        if source is None:
+            runner.loader_start_rng = capture_loader_rng(runner.loader)
+            return enumerate(runner.loader, 1)
+        discard_persistent_iterator(runner.loader, unless_filtered=True)  # before the capture: it may draw anew
         runner.loader_start_rng = capture_loader_rng(runner.loader)
-        return enumerate(runner.loader, 1)
+        return enumerate(filtered_pass(runner.loader, source), 1)
     runner.resume_point = None
     runner.loader_start_rng = point.loader_rng
     runner.train_batches_done = point.train_batches_done
@@ -257,11 +263,20 @@ def loader_batches(runner):
         set_rng_state(point.rng)
     elif point.indices is not None:  # resumed on another world (or resumed so before): its share of the rest
         runner.loader_sample_step = 0  # samples of this rank's share, from which a later resume goes on
-        batches, done = resume_shard(runner.loader, point.indices)
+        batches, done = resume_shard(runner.loader, point.indices, source)
         if point.rng is not None:
             set_rng_state(point.rng)
     elif point.by_samples:  # its batch size changed: on from the first sample not done
-        batches, done = resume_after_samples(runner.loader, point.loader_sample_step, point.loader_rng, point.rng)
+        batches, done = resume_after_samples(runner.loader, point.loader_sample_step, point.loader_rng, point.rng,
+                                             source)
     else:
-        batches = resume_iterator(runner.loader, point.batch, point.loader_rng, point.rng)
+        batches = resume_iterator(runner.loader, point.batch, point.loader_rng, point.rng, source)
     return enumerate(batches, done + 1)
+
+
+def _filter_source(runner):
+    """A function giving the pass filter of the current pass (read when a sampler starts its pass: a persistent
+    iterator keeps the sampler, and the filter of a later pass), or None without one."""
+    if runner.loop.pass_filter is None:
+        return None
+    return lambda: runner.loop.pass_filter

@@ -5,6 +5,8 @@ import logging
 import torch
 
 from torchstage.files.format import CheckpointError, clean_state_dict
+from torchstage.launch import membership
+from torchstage.launch.resolve import restart_attempt
 from torchstage.one_or_many import named
 from torchstage.runner.state import data_layout
 
@@ -16,6 +18,8 @@ def check_before_load(runner, checkpoint: dict, path: str) -> list:
     directory that reshards; parameter shapes; a changed learning rate under ``resume_lr='refuse'``); return the
     learning rates given now, to apply after loading if asked."""
     world = checkpoint.get("meta", {}).get("world_size", len(checkpoint["rng"]))
+    if runner.engine.is_main:
+        _report_nodes(runner, path, checkpoint.get("meta", {}).get("nodes"), world)
     data = data_layout(checkpoint)[0]
     if (world, data) != (runner.engine.world_size, runner.engine.dp_size) and runner.engine.is_main:
         _report_world_change(runner, path, world, data, checkpoint["loop"])
@@ -44,6 +48,19 @@ def check_before_load(runner, checkpoint: dict, path: str) -> list:
                 logger.warning("resume from %s: %s; using %s (resume_lr=%r)", path, what,
                                value if policy == "new" else old, policy)
     return given if policy == "new" else {}
+
+
+def _report_nodes(runner, path: str, before, world: int) -> None:
+    """The nodes lost or joined since the checkpoint was written (an elastic job that lost one, or that one came back
+    to), by host, agent and ranks, with this job's restart attempt; nothing when the same nodes go on."""
+    now = runner.engine.nodes
+    said = membership.changes(before, now) if before and now else []
+    if not said:
+        return
+    attempt = restart_attempt()
+    logger.warning("resume from %s%s: the world that wrote it had %d node(s) and %d process(es), this one has %d and "
+                   "%d: %s", path, f" (restart attempt {attempt} of this job)" if attempt else "", len(before), world,
+                   len(now), runner.engine.world_size, "; ".join(said))
 
 
 def _report_world_change(runner, path: str, before: int, data_before: int, loop: dict) -> None:

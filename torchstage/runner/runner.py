@@ -4,7 +4,7 @@ from collections.abc import Mapping
 from typing import Any, Optional
 
 from torchstage.callbacks.base import (EVENTS, CallbackScope, CancelBatch, CancelEpoch, CancelLoader, CancelRun,
-                                       CancelStage)
+                                       CancelStage, RollBack)
 from torchstage.data.prefetch import prefetch_to_device
 from torchstage.files.lock import LogdirLock
 from torchstage.files.writer import FileWriter
@@ -16,6 +16,7 @@ from torchstage.runner.defaults import default_callbacks
 from torchstage.runner.failure_record import record_run_failure
 from torchstage.runner.loop_state import EpochMetrics, LoopState, expose_loop_state
 from torchstage.runner.resume import loader_batches, remaining_loaders
+from torchstage.runner.snapshot import Snapshot, restore_snapshot, take_snapshot
 from torchstage.runner.setup import train_in_world
 from torchstage.runner.spec import TrainSpec, make_spec, passes_arguments_as_given
 from torchstage.runner.state import load_runner_state_dict, runner_state_dict
@@ -260,7 +261,16 @@ class Runner:
     def _run_loaders(self) -> None:
         for self.loader_key, self.loader in remaining_loaders(self):
             self.is_train_loader = self.loader_key.startswith("train")
-            self._run_event("loader", self._run_batches, CancelLoader)
+            self._run_loader()
+
+    def _run_loader(self) -> None:
+        # A rollback put the run back to a snapshot of this pass: the loader starts again from there, as a run
+        # resumed there would (callbacks/training/rollback.py).
+        while True:
+            try:
+                return self._run_event("loader", self._run_batches, CancelLoader)
+            except RollBack:
+                self.loader = self.loaders[self.loader_key]
 
     def _run_batches(self) -> None:
         engine, batches = self.engine, loader_batches(self)
@@ -314,6 +324,14 @@ class Runner:
     def load_state_dict(self, checkpoint: dict, weights_only: bool = False) -> None:
         """Restore a checkpoint: weights always; optimizers, loop position and RNG unless weights_only."""
         load_runner_state_dict(self, checkpoint, weights_only=weights_only)
+
+    def take_snapshot(self, at_start: bool, leave_out=(), reuse: Snapshot = None) -> Snapshot:
+        """This rank's run now, copied in memory, for a rollback (see :mod:`torchstage.runner.snapshot`)."""
+        return take_snapshot(self, at_start, leave_out, reuse)
+
+    def restore_snapshot(self, snapshot: Snapshot) -> None:
+        """Put a snapshot back; the loader it was taken in goes on from its point when it starts again."""
+        restore_snapshot(self, snapshot)
 
     def loop_position(self) -> dict:
         """Where the run stands: stage, completed epochs, batches done in this epoch, global counters."""

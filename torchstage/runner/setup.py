@@ -15,7 +15,8 @@ from torchstage.files.lock import LogdirLock
 from torchstage.launch.enter import process_group_timeout, run_in_world
 from torchstage.launch.flight_recorder import mark_finished, point_dumps_to
 from torchstage.launch import startup_watch
-from torchstage.launch.resolve import LAUNCHED_ENV, restart_attempt
+from torchstage.launch.membership import agree_membership
+from torchstage.launch.resolve import LAUNCHED_ENV, restart_attempt, set_agreed_attempt
 from torchstage.launch.world import World
 from torchstage.logging_setup import ensure_console_handler
 from torchstage.one_or_many import each, map_named, named
@@ -24,7 +25,7 @@ from torchstage.runner.chain import describe_chain
 from torchstage.runner.compile import compile_models
 from torchstage.runner.failure_record import record_on_abort
 from torchstage.runner.loop_state import LoopState
-from torchstage.runner.resume import checkpoint_to_resume, restore
+from torchstage.runner.resume import checkpoint_to_resume, restore, resume_of_this_attempt
 from torchstage.runner.spec_optimization import check_scheduler_steps
 from torchstage.runner.spec_stages import check_built_loaders
 from torchstage.runner.engine import Engine
@@ -57,6 +58,7 @@ def _train_here(runner, spec, world: World):
         return result
     finally:
         restore()
+        set_agreed_attempt(0)  # the restart count agreed by this run's world is this run's
         runner.model = model
         runner.engine.strategy.teardown(complete)  # before the world's process group is destroyed
 
@@ -75,6 +77,8 @@ def prepare(runner, spec, world: World = None):
     startup_watch.phase("setting up the strategy")
     runner.engine = run_engine(spec.engine or runner.engine, world, spec)
     _announce(world, runner.engine)
+    runner.engine.nodes, restarts = agree_membership(runner.engine.all_gather_object)
+    spec.resume = resume_of_this_attempt(spec.resume, restarts)  # a node that joined later counts 0 restarts itself
     # by data-parallel rank: the ranks of a tensor-parallel group draw alike (dropout on their replicated activations)
     set_seed(spec.seed + runner.engine.dp_rank, spec.deterministic)
     runner.model = spec.model

@@ -33,7 +33,7 @@ def runner_state_dict(runner) -> dict:
         "metrics": {loader: dict(values) for loader, values in runner.epoch_metrics.items()},
         "meta": {"torchstage": __version__, "torch": str(torch.__version__), "world_size": runner.engine.world_size,
                  "data_parallel": runner.engine.dp_size, "tensor_parallel": runner.engine.tp_size,
-                 "strategy": repr(strategy), "mesh": _mesh_of(strategy),
+                 "strategy": repr(strategy), "mesh": _mesh_of(strategy), "nodes": runner.engine.nodes or [],
                  "job": job_identity(), "restart_attempt": restart_attempt(),
                  "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "stage_names": [s.name for s in spec.stage_specs],
                  "stage_epochs": [s.num_epochs for s in spec.stage_specs],

@@ -57,6 +57,9 @@ class Strategy(abc.ABC):
     #: True when the strategy's own configuration names an optimizer, which :meth:`setup` builds for a run given
     #: none (DeepSpeed's config ``optimizer`` section): a runner that needs an optimizer then has one.
     supplies_optimizer = False
+    #: Why this strategy cannot have its models and optimizers copied in memory and put back in place (a rollback's
+    #: snapshot: each rank's ``model.state_dict()`` and ``optimizer.state`` tensors), or None where it can.
+    no_snapshots = None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

@@ -35,6 +35,8 @@ class DeepSpeed(Strategy):
     """
 
     name = "deepspeed"
+    no_snapshots = ("its engine keeps the optimizer's state (fp32 master weights, ZeRO partitions, loss scale) where "
+                    "a copy of the model's and optimizer's tensors cannot put it back")
 
     def __init__(self, stage: int = None, config=None, offload_optimizer: bool = False, offload_params: bool = False,
                  **overrides):

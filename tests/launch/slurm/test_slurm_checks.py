@@ -60,6 +60,23 @@ def test_a_second_launcher_inside_srun_is_refused(slurm, run, found):
     assert found in str(info.value) and "srun --ntasks-per-node=1 torchrun --nnodes=$SLURM_NNODES" in str(info.value)
 
 
+def test_an_elastic_torchrun_world_of_other_nodes_than_the_step_is_one_world():
+    """``srun --no-kill torchrun --nnodes=1:2``: after a node of the step is lost, torchrun's re-formed world holds
+    the nodes left (a restart); a node that comes back in a step of its own joins a world larger than its step."""
+    lost = {**step(procid=0, ntasks=2, tpn="1(x2)"), **torchrun(1, 2, 2, GROUP_WORLD_SIZE="1",
+                                                                TORCHELASTIC_RESTART_COUNT="1")}
+    assert resolve_world(environ=lost, gpus=0).world_size == 2
+    joined = {**step(procid=0, ntasks=1, tpn="1", nodes="node2", SLURM_STEP_NUM_NODES="1"),
+              **torchrun(3, 4, 2, GROUP_WORLD_SIZE="2", GROUP_RANK="1")}
+    assert (resolve_world(environ=joined, gpus=0).rank, resolve_world(environ=joined, gpus=0).world_size) == (3, 4)
+    first_attempt = {**lost, "TORCHELASTIC_RESTART_COUNT": "0"}  # torchruns that never met: separate worlds
+    with pytest.raises(SlurmConfigError, match="inside them torchrun started a world of 2"):
+        resolve_world(environ=first_attempt, gpus=0)
+    inconsistent = {**lost, "WORLD_SIZE": "6"}  # not torchrun's nodes times its processes: refused
+    with pytest.raises(SlurmConfigError):
+        resolve_world(environ=inconsistent, gpus=0)
+
+
 def test_mpirun_inside_srun_tasks_is_refused_but_mpirun_in_an_allocation_is_mpi():
     two_mpiruns = {**step(procid=0, ntasks=2, tpn="2", nodes="node1", SLURM_STEP_NUM_NODES="1"),
                    "OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1",

@@ -41,6 +41,7 @@ class ProgressBar(Callback):
             self._redirect.__enter__()
 
     def on_loader_start(self, runner):
+        self.on_loader_end(runner)  # a rollback starts the loader again: its bar ends first
         self._total = len(runner.loader) if hasattr(runner.loader, "__len__") else None
         self._desc = f"{runner.epoch}/{runner.num_epochs} * {runner.loader_key}"
         self._done, self._quarter, self._start = 0, 0, time.monotonic()

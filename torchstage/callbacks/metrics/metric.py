@@ -33,7 +33,7 @@ class MetricCallback(Callback):
 
     def on_loader_start(self, runner):
         self.metric.reset()
-        if self._resumed is not None:  # a run resumed mid-loader continues the partial state
+        if self._resumed:  # a run resumed mid-loader (or rolled back) continues the partial state
             self.metric.load_state_dict({k: v.to(runner.engine.device) for k, v in self._resumed.items()})
             self._resumed = None
         self._in_loader = True

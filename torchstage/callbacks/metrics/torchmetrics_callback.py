@@ -65,7 +65,7 @@ class TorchMetricsCallback(Callback):
             metric.reset()
         self._loader_key = runner.loader_key
         resumed, self._resumed = self._resumed, None
-        if resumed is not None and resumed["loader"] == runner.loader_key:
+        if resumed and resumed.get("loader") == runner.loader_key:
             self._load_states(resumed["states"], runner.engine.device)
 
     def on_batch_end(self, runner):

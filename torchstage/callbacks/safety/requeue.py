@@ -7,6 +7,7 @@ rank; SLURM then ends this run and starts the job again, which resumes from ``la
 (``SLURM_RESTART_COUNT`` > 0 means ``resume='last'``, see :mod:`torchstage.launch.slurm.requeue`).
 """
 import logging
+import os
 import signal
 
 from torchstage.callbacks.base import Callback
@@ -17,7 +18,9 @@ from torchstage.stop_request import SignalStop
 logger = logging.getLogger("torchstage")
 
 #: Signals after which the job is requeued: SLURM's ``--signal=USR1@T`` warning and SIGTERM (preemption,
-#: ``scancel -s TERM``); a plain ``scancel`` also sends SIGTERM but leaves the job CANCELLED: not requeued.
+#: ``scancel -s TERM``); a plain ``scancel`` also sends SIGTERM but leaves the job CANCELLED: not requeued. Under
+#: torchrun SIGTERM is its agent's, which ends its workers to start them again (a rank failed, a node was lost or
+#: joined an elastic job): the run stops with a checkpoint and torchrun restarts it; only SIGUSR1 requeues.
 REQUEUE_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 
 
@@ -54,6 +57,8 @@ class RequeueCallback(Callback):
             self.enabled = False
             return
         self.job_id, self.enabled = job_id, True
+        if os.environ.get("TORCHELASTIC_RESTART_COUNT") is not None:  # torchrun's worker: its SIGTERM restarts
+            self.signals = tuple(s for s in self.signals if s != signal.SIGTERM)
         caught = {s for cb in runner.callbacks.values() if isinstance(cb, StopCallback) for s in cb.signals}
         self._handlers = SignalStop([s for s in self.signals if s not in caught])
         self._handlers.install()

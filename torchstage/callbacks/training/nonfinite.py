@@ -1,4 +1,4 @@
-"""Non-finite losses: stop the run at the first NaN/inf train loss (default), or skip such batches.
+"""Bad train losses: NaN/inf (and, with ``spike=LossSpike(...)``, spikes): stop the run, skip such batches, or roll back.
 
 ``mode="stop"`` keeps each train loss (detached, on its device: no host sync) and reads them, stacked, every
 ``check_every`` train batches, at the end of each train loader and before any mid-epoch checkpoint, so no
@@ -7,18 +7,25 @@ checkpoint ever holds weights trained on a non-finite loss; the error names the 
 (one host sync per batch, as AMP's grad scaler does); a skipped batch sets ``runner.batch_skipped``, so
 it is left out of the averages, the backward and the step; skipped batches are counted in the loader
 metric ``nonfinite_skipped``.
+``mode="rollback"`` checks as ``"stop"`` does; at a bad loss every rank puts the run back to its last snapshot
+(in memory, taken after a clean check or as the loader started,
+:class:`~torchstage.callbacks.training.rollback.RollbackCallback`) and goes on without the first bad batch, as a
+run whose loader never gave it would; at most ``max_rollbacks`` times.
 """
 import logging
 import math
 
 import torch
 
+from torchstage.arguments import check_int
 from torchstage.callbacks.base import Callback, CallbackOrder
+from torchstage.callbacks.training.loss_spike import LossSpike
 from torchstage.one_or_many import named
 
 logger = logging.getLogger("torchstage")
-#: The all-reduced first step of a non-finite loss when no rank has seen one.
+#: The all-reduced first step of a bad loss when no rank has seen one.
 NONE_SEEN = 2 ** 62
+MODES = ("stop", "skip", "rollback")
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -30,30 +37,46 @@ class NonFiniteLossError(FloatingPointError):
         self.origin_rank = origin_rank
 
 
+class LossSpikeError(FloatingPointError):
+    """A train loss spiked (:class:`~torchstage.callbacks.training.loss_spike.LossSpike`); said as for
+    :class:`NonFiniteLossError`."""
+
+    def __init__(self, message: str, origin_rank: int = None):
+        super().__init__(message)
+        self.origin_rank = origin_rank
+
+
 class NonFiniteStateError(FloatingPointError):
     """A checkpoint would have held NaN or infinite weights or optimizer state: it was not written."""
 
 
 class NonFiniteLossCallback(Callback):
-    """Watches the train losses (``batch_metrics`` keys containing ``"loss"``, or ``keys``) for NaN/inf."""
+    """Watches the train losses (``batch_metrics`` keys containing ``"loss"``, or ``keys``) for NaN/inf, and for
+    spikes with ``spike=LossSpike(...)``; ``mode`` is ``"stop"``, ``"skip"`` or ``"rollback"`` (see the module)."""
 
     order = CallbackOrder.Metric + 5  # after the criterion, before averaging, backward and the step
     name = "nonfinite"
     train_batches_only = True
 
-    def __init__(self, mode: str = "stop", check_every: int = 100, keys=None):
-        if mode not in ("stop", "skip"):
-            raise ValueError(f"mode must be 'stop' (end the run at a non-finite loss) or 'skip' (skip such "
-                             f"batches), got {mode!r}")
+    def __init__(self, mode: str = "stop", check_every: int = 100, keys=None, spike: LossSpike = None,
+                 max_rollbacks: int = 10):
+        if mode not in MODES:
+            raise ValueError(f"mode must be 'stop' (end the run at a non-finite loss), 'skip' (skip such batches) or "
+                             f"'rollback' (go back to the last clean check and on without the batch), got {mode!r}")
         if isinstance(check_every, bool) or not isinstance(check_every, int) or check_every < 1:
             raise ValueError(f"check_every must be an integer >= 1, got {check_every!r}")
+        if spike is not None and not isinstance(spike, LossSpike):
+            raise TypeError(f"spike must be a LossSpike(factor=..., deviations=..., window=...) or None, got "
+                            f"{type(spike).__name__}")
         self.mode, self.check_every, self.keys = mode, check_every, None if keys is None else tuple(keys)
-        self._first, self._skipped, self._loader_start_step = {}, 0, 0
+        self.spike, self.max_rollbacks = spike, check_int("max_rollbacks", max_rollbacks)
+        self.state_per_rank = spike is not None  # each rank's window of its own losses
+        self._first, self._skipped, self._history, self._keeper = {}, 0, {}, None
         self._values, self._pending, self._agreed_clean = {}, 0, False
 
     @property
     def produces(self):
-        return ("nonfinite_skipped",) if self.mode == "skip" else ()
+        return {"skip": ("nonfinite_skipped",), "rollback": ("rollbacks",)}.get(self.mode, ())
 
     def _losses(self, runner) -> dict:
         metrics = runner.batch_metrics
@@ -63,95 +86,180 @@ class NonFiniteLossCallback(Callback):
     def _watches(self, key: str) -> bool:
         return key in self.keys if self.keys is not None else "loss" in key
 
+    def on_stage_start(self, runner):
+        if self.mode == "rollback":
+            from torchstage.callbacks.training.rollback import keeper_of  # the rollback module imports this one
+            self._keeper = keeper_of(runner)
+
     def on_loader_start(self, runner):
         self._values, self._pending, self._first, self._skipped = {}, 0, {}, 0
-        self._loader_start_step = runner.global_batch_step
 
     def on_batch_end(self, runner):
         loop = runner.loop
         if not loop.is_train_loader:
             return
         if self.mode == "skip":
-            self._skip_if_nonfinite(runner)
+            self._skip_if_bad(runner)
             return
-        step, watched = loop.global_batch_step, self._values
+        step, position, watched = loop.global_batch_step, loop.batch_step, self._values
         for key, loss in loop.batch_metrics.items():  # the detached losses, read at the next check
             seen = watched.get(key)
             if seen is None:  # first time since the last check: a list if this key is watched, else False
                 seen = watched[key] = [] if self._watches(key) else False
             if seen is not False and isinstance(loss, torch.Tensor):
-                seen.append((step, loss.detach()))
+                seen.append((step, position, loss.detach()))
         self._pending += 1
         self._agreed_clean = False
         if self._pending == self.check_every:
             self.check(runner)
 
     def on_loader_end(self, runner):
-        if runner.is_train_loader and self.mode == "stop":
+        if not runner.is_train_loader:
+            return
+        if self.mode != "skip":
             self.check(runner)
-        if runner.is_train_loader and self.mode == "skip":
+        if self.mode == "skip":
             runner.loader_metrics["nonfinite_skipped"] = float(self._skipped)
+        if self.mode == "rollback":
+            runner.loader_metrics["rollbacks"] = float(self._keeper.rollbacks_in_pass(runner))
 
     def check(self, runner) -> None:
         """Read the losses since the last check (one host read; under several processes one all-reduce of an
-        integer, skipped when no rank has had a train batch since the last clean one); raise at the first
-        non-finite one."""
-        if self.mode != "stop":
+        integer, skipped when no rank has had a train batch since the last clean one); at the first bad one,
+        raise (``"stop"``) or roll back (``"rollback"``); after a clean check a rollback run may snapshot."""
+        if self.mode == "skip":
             return
         engine = runner.engine
         if engine.is_distributed and self._agreed_clean:  # the ranks run their train batches in step
             return
         self._scan()
         rank = engine.rank
-        first = min(((step, key, rank) for key, (step, _) in self._first.items()), default=(float("inf"), "", rank))
-        if engine.is_distributed:  # every rank must agree, so every rank raises at the same point
-            earliest = first[0] if first[0] != float("inf") else NONE_SEEN
-            earliest = int(engine.all_reduce_(torch.tensor([earliest], device=engine.device), op="min").item())
+        mine = min(((found[0], key, rank, *found[1:]) for key, found in self._first.items()), default=None)
+        snapshot = self._keeper is not None and self._keeper.snapshot_due()
+        if engine.is_distributed:  # every rank must agree, so every rank acts at the same point
+            earliest = mine[0] if mine is not None else NONE_SEEN
+            # with it, whether a rank would snapshot now (a rollback run's): then every rank does
+            agreed = engine.all_reduce_(torch.tensor([earliest, int(not snapshot)], device=engine.device), op="min")
+            earliest, snapshot = (int(v) for v in agreed.tolist())
+            snapshot = snapshot == 0
             if earliest == NONE_SEEN:
                 self._agreed_clean = True
+                self._clean(runner, snapshot)
                 return
-            first = min(engine.all_gather_object(first))  # which loss, and on which rank: only after one was seen
-        step, key, origin = first
-        if step == float("inf"):
+            # which loss, and on which rank: only after one was seen
+            mine = min(found for found in engine.all_gather_object(mine) if found is not None)
+        if mine is None:
+            self._clean(runner, snapshot)
             return
-        mine = self._first.get(key)
-        value = mine[1] if mine is not None and mine[0] == step else None
-        step = int(step)
-        seen = f" on rank {origin}" if runner.engine.is_distributed else ""
-        raise NonFiniteLossError(
-            f"non-finite loss: {key!r} was {value if value is not None else 'nan/inf'}{seen} at stage "
-            f"{runner.stage_key!r}, epoch {runner.epoch}, loader {runner.loader_key!r}, batch "
-            f"{step - self._loader_start_step} (global batch {step}); the run stops so that no checkpoint holds "
-            f"weights trained on it (the last checkpoint is the last finite one). Lower the learning rate, "
-            f"clip gradients (grad_clip_norm=...), or skip such batches with "
-            f"callbacks={{'nonfinite': NonFiniteLossCallback(mode='skip')}}", origin_rank=origin)
+        step, key, origin, position, value, why = mine
+        finding = {"step": step, "key": key, "rank": origin, "position": position, "value": value, "why": why,
+                   "error": NonFiniteLossError if why is None else LossSpikeError}
+        what = describe(runner, finding)
+        if self.mode == "rollback":
+            self._keeper.roll_back(runner, finding, what, self.max_rollbacks)
+        raise finding["error"](
+            f"{what}; the run stops so that no checkpoint holds weights trained on it (the last checkpoint is the "
+            f"last {'finite' if why is None else 'good'} one). {_FIX}", origin_rank=origin)
+
+    def _clean(self, runner, snapshot: bool) -> None:
+        if snapshot:
+            self._keeper.clean(runner)
 
     def _scan(self) -> None:
-        """Find, per loss, the first non-finite value kept since the last scan (one host read); start anew."""
+        """Find, per loss, the first bad value kept since the last scan (one host read); start anew. Without a
+        spike rule only non-finite values are bad; with one, each finite value is judged against the window of
+        the values accepted before it."""
         values, self._values, self._pending = self._values, {}, 0
         for key, seen in values.items():
             if not seen or key in self._first:
                 continue
             # one host read of them all; a non-scalar loss by its sum, which NaN/inf survive
-            read = torch.stack([loss if loss.dim() == 0 else loss.sum() for _, loss in seen]).tolist()
-            if all(map(math.isfinite, read)):
-                continue
-            index = next(i for i, value in enumerate(read) if not math.isfinite(value))
-            self._first[key] = (seen[index][0], read[index])
+            read = torch.stack([loss if loss.dim() == 0 else loss.sum() for _, _, loss in seen]).tolist()
+            found = self._judge(key, read)
+            if found is not None:
+                index, why = found
+                self._first[key] = (seen[index][0], seen[index][1], read[index], why)
 
-    def _skip_if_nonfinite(self, runner):
+    def _judge(self, key: str, read: list):
+        """``(index, why)`` of the first bad value of ``read`` (``why`` None: non-finite), else None."""
+        if self.spike is None:
+            if all(map(math.isfinite, read)):
+                return None
+            return next(i for i, value in enumerate(read) if not math.isfinite(value)), None
+        history = self._history.get(key)
+        if history is None:
+            history = self._history[key] = self.spike.history()
+        for index, value in enumerate(read):
+            if not math.isfinite(value):
+                return index, None
+            why = self.spike.judge(history, value)
+            if why is not None:
+                return index, why
+        return None
+
+    def _skip_if_bad(self, runner):
         losses = self._losses(runner)
         if not losses:
             return
-        bad = torch.stack([~torch.isfinite(loss.detach()).all() for loss in losses.values()]).any()
+        if self.spike is None:
+            bad = torch.stack([~torch.isfinite(loss.detach()).all() for loss in losses.values()]).any()
+            why = "non-finite " + "/".join(losses)
+        else:  # judged on the host: the values are read now (mode="skip" syncs every batch anyway)
+            read = torch.stack([loss.detach() if loss.dim() == 0 else loss.detach().sum()
+                                for loss in losses.values()]).tolist()
+            whys = [self._skip_judgement(key, value) for key, value in zip(losses, read)]
+            why = "; ".join(w for w in whys if w)
+            bad = torch.tensor(bool(why), device=runner.engine.device)
         flag = runner.engine.all_reduce_(bad.to(torch.int32).reshape(1), op="max")
         if not flag.item():  # the one host sync per batch of mode="skip"
+            if self.spike is not None:
+                for key, value in zip(losses, read):
+                    self._history.setdefault(key, self.spike.history()).append(value)
             return
         self._skipped += 1
         runner.batch_skipped = True  # the averaging and optimizer callbacks leave this batch out
         if runner.engine.is_main:
-            logger.warning("skipped train batch %d of epoch %d (global batch %d): non-finite %s",
-                           runner.batch_step, runner.epoch, runner.global_batch_step, "/".join(losses))
+            logger.warning("skipped train batch %d of epoch %d (global batch %d): %s", runner.batch_step,
+                           runner.epoch, runner.global_batch_step, why or "a bad loss on another rank")
+
+    def _skip_judgement(self, key: str, value: float):
+        """Why a loss makes this batch skipped (mode="skip"), judged without keeping it; None if it is fine."""
+        if not math.isfinite(value):
+            return f"non-finite {key}"
+        why = self.spike.judge(self._history.setdefault(key, self.spike.history()), value, keep=False)
+        # kept in the window only once every rank agrees the batch is trained on
+        return None if why is None else f"loss spike {key!r} {value:.4g}, {why}"
+
+    def state_dict(self) -> dict:
+        """The spike rule's windows of this rank (none without a spike rule)."""
+        if not self._history:
+            return {}
+        return {"spike_windows": {key: list(history) for key, history in self._history.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.spike is not None:
+            self._history = {key: self.spike.history(values) for key, values in state.get("spike_windows",
+                                                                                           {}).items()}
+
+    def merge_rank_states(self, states: list) -> dict:
+        """On another number of processes the main rank keeps the first rank's windows (the others start anew)."""
+        return states[0] if states else {}
+
+
+_FIX = ("Lower the learning rate, clip gradients (grad_clip_norm=...), skip such batches with "
+        "callbacks={'nonfinite': NonFiniteLossCallback(mode='skip')}, or roll back past them with "
+        "NonFiniteLossCallback(mode='rollback')")
+
+
+def describe(runner, finding: dict) -> str:
+    """``non-finite loss: 'loss' was nan on rank 1 at stage 'main', epoch 2, loader 'train', batch 2 (global batch
+    10)``, or ``loss spike: 'loss' was 1.2e+08 (above 10 x its running median ...) on rank 1 at ...``."""
+    seen = f" on rank {finding['rank']}" if runner.engine.is_distributed else ""
+    value, why = finding["value"], finding["why"]
+    what = (f"non-finite loss: {finding['key']!r} was {value}" if why is None else
+            f"loss spike: {finding['key']!r} was {value:.4g} ({why})")
+    return (f"{what}{seen} at stage {runner.stage_key!r}, epoch {runner.epoch}, loader {runner.loader_key!r}, batch "
+            f"{finding['position']} (global batch {finding['step']})")
 
 
 def first_nonfinite_state(runner):

@@ -41,6 +41,7 @@ class OptimizerCallback(Callback):
         self.accumulation_steps = accumulation_steps
         self.grad_clip_norm, self.grad_clip_value = grad_clip_norm, grad_clip_value
         self._step_only, self._steps_counted = False, 0  # set per stage: a BackwardCallback of this loss backprops
+        self._no_sync = None  # the strategy's no_sync context, open during the batches of an accumulation group
 
     @property
     def produces(self):
@@ -66,7 +67,8 @@ class OptimizerCallback(Callback):
                               for cb in runner.callbacks.values())
 
     def on_loader_start(self, runner):
-        self._pending, self._group, self._no_sync = 0, self.accumulation_steps, None
+        self._leave_no_sync()  # a rollback starts the loader again mid-batch (callbacks/training/rollback.py)
+        self._pending, self._group, self._length = 0, self.accumulation_steps, None
         if runner.is_train_loader and not self._step_only:
             self._length = _length(runner.loader)
             self._strategy.zero_grad(self._optimizer_now)
@@ -80,7 +82,9 @@ class OptimizerCallback(Callback):
         if not runner.is_train_loader or self._step_only:
             return
         if self._pending == 0 and self._length is not None:  # a group's first batch: how many it will hold
-            self._group = min(self.accumulation_steps, self._length - runner.loop.batch_step + 1)
+            left_out = runner.loop.pass_filter  # batches a rollback left out of this pass shorten it
+            length = self._length - (len(left_out) if left_out is not None else 0)
+            self._group = min(self.accumulation_steps, length - runner.loop.batch_step + 1)
         if self._pending + 1 < self._group:
             # DDP decides at forward time whether the backward syncs, so the context spans the batch.
             self._no_sync = self._strategy.no_sync(runner.model)

@@ -20,6 +20,17 @@ def check_not_batch_script(environ: Mapping) -> None:
             f"script ('torchstage slurm' writes that line), or ask for --ntasks=1 to train in one process")
 
 
+def _elastic_world(environ: Mapping, world_size: int, per_task: int, step) -> bool:
+    """An elastic torchrun world (``--nnodes=MIN:MAX``) of other nodes than the step's tasks: nodes of other steps
+    joined it (it is larger), or, re-formed after a failure (a restart count), nodes of this step were lost. On a
+    first attempt a smaller world is the separate worlds of torchruns that did not meet: refused."""
+    nodes = environ.get("GROUP_WORLD_SIZE", "")
+    if not nodes.isdigit() or world_size != int(nodes) * per_task:
+        return False
+    restarted = environ.get("TORCHELASTIC_RESTART_COUNT", "0").strip()
+    return int(nodes) > step.ntasks or (int(nodes) < step.ntasks and restarted.isdigit() and int(restarted) > 0)
+
+
 def check_second_launcher(environ: Mapping, launcher: str, rank: int, world_size: int,
                           step: slurm.SlurmStep) -> str:
     """A launcher (torchrun, mpirun) inside an srun step: allow the forms that make one world, refuse the rest.
@@ -37,6 +48,8 @@ def check_second_launcher(environ: Mapping, launcher: str, rank: int, world_size
     one_per_node = all(t == 1 for t in step.tasks_per_node)
     if launcher == "torchrun" and (per_task is None or world_size == step.ntasks * per_task and one_per_node):
         return "ignore-slurm"  # without LOCAL_WORLD_SIZE (variables set by hand) there is nothing to compare
+    if launcher == "torchrun" and one_per_node and _elastic_world(environ, world_size, per_task, step):
+        return "ignore-slurm"
     if launcher != "torchrun" and one_per_node and world_size > step.ntasks:
         return "ignore-slurm"
     tpn = ",".join(map(str, step.tasks_per_node))
