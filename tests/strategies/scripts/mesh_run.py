@@ -5,7 +5,8 @@ Environment: STRATEGY (ddp | fsdp | hsdp | hsdp-name | hsdp-half | tp | tp-dp | 
 launched), EPOCHS (2), BATCH (per process, 4), SAMPLES (96), SHUFFLE (1), PERIOD (batches between checkpoints, 0:
 epochs only), CLIP (grad_clip_norm), KILL_AT_BATCH=n and KILL_RANK=r (SIGKILL rank r after global train batch n,
 once every rank's saves landed), FAIL_ONCE_AT_BATCH=n (SIGKILL of rank KILL_RANK after batch n in the first attempt
-only, for restarts), MAX_RESTARTS, MONITOR=1, NAN_AT_BATCH=n (the loss of batch n is NaN), HANG_AT_BATCH=n (rank
+only, for restarts), MAX_RESTARTS, MONITOR=1, NAN_AT_BATCH=n (the loss of batch n is NaN), NAN_SAMPLE=i (that of each batch holding
+sample i), ROLLBACK=k (NonFiniteLossCallback(mode="rollback", check_every=k)), HANG_AT_BATCH=n (rank
 KILL_RANK sleeps there) with HANG_TIMEOUT. Loader metric ``samples`` counts the samples of each loader over the world.
 Each rank appends to LOGDIR/seen-rank<R>.jsonl the sample indices of every train batch (global batch step, epoch,
 attempt: ATTEMPT plus the restart count, whether the rank counts its samples, indices) and writes
@@ -22,7 +23,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from torchstage import FSDP, HSDP, Batch, Callback, Epoch, MetricCallback, ModelParallel, SupervisedRunner
+from torchstage import (FSDP, HSDP, Batch, Callback, Epoch, MetricCallback, ModelParallel, NonFiniteLossCallback,
+                        SupervisedRunner)
 from torchstage.metrics import AdditiveStateMetric
 
 env = os.environ
@@ -154,15 +156,18 @@ def _group(strategy, dim):
 
 
 class PoisonBatch(Callback):
-    """Makes the loss of one train batch NaN, as a bad sample would."""
+    """Makes the loss of one train batch NaN, as a bad sample would: the batch of global step ``at``, or each batch
+    holding sample ``sample``."""
 
     order = 21  # after the criterion (20), before the non-finite check (25) and the backward (50)
 
-    def __init__(self, at):
-        self.at = at
+    def __init__(self, at=None, sample=None):
+        self.at, self.sample = at, sample
 
     def on_batch_end(self, runner):
-        if runner.is_train_loader and runner.global_batch_step == self.at:
+        if not runner.is_train_loader:
+            return
+        if runner.global_batch_step == self.at or self.sample in runner.batch["index"].tolist():
             runner.batch_metrics["loss"] = runner.batch_metrics["loss"] * float("nan")
 
 
@@ -186,9 +191,12 @@ if __name__ == "__main__":
     loaders = {"train": DataLoader(Indexed(x[:n], y[:n]), batch_size=batch, shuffle=env.get("SHUFFLE", "1") == "1"),
                "valid": DataLoader(Indexed(x[n:], y[n:]), batch_size=batch)}
     period = int(env.get("PERIOD", 0))
-    callbacks = [Report(), MetricCallback(SampleCount())]
-    if env.get("NAN_AT_BATCH"):
-        callbacks.append(PoisonBatch(int(env["NAN_AT_BATCH"])))
+    callbacks = {"report": Report(), "samples": MetricCallback(SampleCount())}
+    if env.get("NAN_AT_BATCH") or env.get("NAN_SAMPLE"):
+        callbacks["poison"] = PoisonBatch(int(env.get("NAN_AT_BATCH", 0)) or None,
+                                          int(env["NAN_SAMPLE"]) if env.get("NAN_SAMPLE") else None)
+    if env.get("ROLLBACK"):  # bad batches rolled back past, checked every ROLLBACK batches
+        callbacks["nonfinite"] = NonFiniteLossCallback(mode="rollback", check_every=int(env["ROLLBACK"]))
     SupervisedRunner().train(model=model, criterion=nn.MSELoss(), optimizer=optimizer, scheduler=scheduler,
                              loaders=loaders, callbacks=callbacks, logdir=logdir, resume=resume,
                              num_epochs=int(env.get("EPOCHS", 2)), seed=5, distributed=True,
