@@ -22,6 +22,7 @@ from torchstage.callbacks.metrics.metric import AUCCallback, PrecisionRecallF1Ca
 from torchstage.callbacks.metrics.torchmetrics_callback import TorchMetricsCallback
 from torchstage.callbacks.monitoring.monitor import ThroughputMonitor
 from torchstage.callbacks.monitoring.profiler import ProfilerCallback
+from torchstage.callbacks.monitoring.stragglers import StragglerDetector
 from torchstage.callbacks.monitoring.timer import TimerCallback
 from torchstage.callbacks.safety.even_batches import EvenBatchesCallback, UnevenBatchesError
 from torchstage.callbacks.safety.requeue import RequeueCallback
@@ -121,4 +122,5 @@ __all__ = [
     "TorchMetricsCallback", "EMACallback", "SWACallback", "WeightAveragingCallback", "OptunaPruningCallback", "tune",
     "LogdirLocked", "NonFiniteLossCallback", "NonFiniteLossError", "NonFiniteStateError",
     "HangWatchdog", "EvenBatchesCallback", "UnevenBatchesError", "BatchTransformCallback", "BackwardCallback",
+    "StragglerDetector",
 ]

@@ -14,6 +14,7 @@ from torchstage.files.lock import LogdirLock
 from torchstage.launch.enter import process_group_timeout, run_in_world
 from torchstage.launch.flight_recorder import mark_finished, point_dumps_to
 from torchstage.launch import startup_watch
+from torchstage.launch.preflight.check import check_before_training
 from torchstage.launch.resolve import restart_attempt
 from torchstage.launch.world import World
 from torchstage.logging_setup import ensure_console_handler
@@ -41,7 +42,11 @@ def train_in_world(runner, spec):
 
 
 def _train_here(runner, spec, world: World):
-    """Prepare with this rank's engine, run with the models the strategy set up, leave the plain models behind."""
+    """Check the ranks first (``preflight=True``), prepare with this rank's engine, run with the models the strategy
+    set up, leave the plain models behind."""
+    if spec.preflight and world.is_distributed:
+        startup_watch.phase("running the pre-flight check")
+        check_before_training(world)  # PreflightFailed (exit code 1) on every rank when one is slow
     resumed = prepare(runner, spec, world)
     model = runner.model
     startup_watch.phase("setting up the strategy (wrapping the models)")
