@@ -3,8 +3,11 @@
 
 - ``logs/ranks.json``: where each rank ran (host, local rank), written once per process start by the main rank;
 - ``logs/stragglers.jsonl``: one JSON object per line and per finding of the straggler detector: a rank named
-  slow (``"slow"``), worse, recovered, or still slow when the run ended (``"ended"``). Lines are appended, never
-  rewritten: a resumed run adds its own (``attempt`` tells restarts apart);
+  slow (``"slow"``), worse, recovered, or still slow when the run ended (``"ended"``), with when it was found
+  (``time``, ``stage``, ``epoch``, ``global_batch_step``), when the change it reports began (``began``,
+  ``began_at``: the start of the first window that showed it) and when its episode began (``since``,
+  ``since_at``). Lines are appended, never rewritten: a resumed run adds its own (``attempt`` tells restarts
+  apart);
 - ``logs/ranks/<loader>.csv``: per train loader and epoch, each rank's data, compute and wait time per batch
   (milliseconds), written by the CSV logger like any metric (see ``torchstage.callbacks.loggers``).
 """

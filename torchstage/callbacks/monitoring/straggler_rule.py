@@ -26,7 +26,9 @@ WORSE = 1.5
 class Finding:
     """What the rule found in a window: ``kind`` is "slow" (a rank is named), "worse", "recovered" or "ended" (the
     run ended while it was slow). Times are seconds per batch: ``value`` the rank's, ``median`` the other ranks'
-    median; ``share`` the share of the job's time lost to it; ``worst`` the largest share of its episode."""
+    median; ``share`` the share of the job's time lost to it; ``worst`` the largest share of its episode;
+    ``windows`` how many windows in a row led to it (the slow ones before a rank is named, the calm ones before it
+    recovered), so the caller can date the change to the first of them."""
 
     kind: str
     rank: int
@@ -35,6 +37,7 @@ class Finding:
     median: float
     share: float
     worst: float = 0.0
+    windows: int = 1
 
     @property
     def excess(self) -> float:
@@ -127,22 +130,23 @@ class StragglerRule:
             if len(episode.streak) < self.patience:
                 return None
             value, median, share = (statistics.median(column) for column in zip(*episode.streak))
+            windows = len(episode.streak)
             episode.streak, episode.named, episode.calm, episode.worse = [], True, 0, 0
             episode.reported = episode.worst = share
-            return Finding("slow", rank, part, value, median, share, share)
+            return Finding("slow", rank, part, value, median, share, share, windows)
         episode.worst = max(episode.worst, share)
         if self.calm(value, median, share):
             episode.calm, episode.worse = episode.calm + 1, 0
             if episode.calm >= self.patience:
-                episode.named, episode.calm = False, 0
-                return Finding("recovered", rank, part, value, median, share, episode.worst)
+                windows, episode.named, episode.calm = episode.calm, False, 0
+                return Finding("recovered", rank, part, value, median, share, episode.worst, windows)
             return None
         episode.calm = 0
         if share >= episode.reported * WORSE and share >= episode.reported + self.min_share:
             episode.worse += 1
             if episode.worse >= self.patience:
-                episode.worse, episode.reported = 0, share
-                return Finding("worse", rank, part, value, median, share, episode.worst)
+                windows, episode.worse, episode.reported = episode.worse, 0, share
+                return Finding("worse", rank, part, value, median, share, episode.worst, windows)
         else:
             episode.worse = 0
         return None

@@ -64,7 +64,7 @@ class StragglerDetector(Callback, AgreementRider):
             raise ArgumentError("min_share", f"must be a share of the job's time in [0, 1), got {min_share!r}")
         self.threshold, self.window, self.patience, self.min_share = threshold, float(window), patience, min_share
         self._clock = self._wait = self._rule = self._files = self._schedule = self._pending = None
-        self._found, self._episodes, self._places = [], {}, []
+        self._found, self._episodes, self._places, self._marks, self._loop = [], {}, [], [], None
 
     # ---- the run ---------------------------------------------------------------------------------
     def on_experiment_start(self, runner):
@@ -76,6 +76,8 @@ class StragglerDetector(Callback, AgreementRider):
         self._wait = BackwardWait(p for model in each(runner.model) for p in model.parameters())
         self._clock = StepClock(self._wait)
         self._found, self._episodes = [], {}
+        self._loop = runner.loop
+        self._marks = [self._mark()]  # where each judged window ended: the first starts here
         self._rule = StragglerRule(self._world, self.threshold, self.window, self.patience, self.min_share) \
             if self._main else None
         logdir = runner.spec.logdir if runner.spec is not None else None
@@ -117,7 +119,7 @@ class StragglerDetector(Callback, AgreementRider):
             self._pending.result()  # no collective left running when the world ends
             self._pending = None
         if self._rule is not None:
-            self._found += [self._rule.ended(rank, part) for rank, part in self._rule.named()]
+            self._found += [(self._rule.ended(rank, part), self._mark()) for rank, part in self._rule.named()]
         self._report(runner)
         self._release(runner)
 
@@ -152,10 +154,20 @@ class StragglerDetector(Callback, AgreementRider):
             return
         data, compute, waited = ([row[i] / 1e6 for row in rows] for i in range(3))
         window = self._rule.last_window
-        self._found += self._rule.add(data, compute, waited, batches)
-        if self._rule.last_window is not window and logger.isEnabledFor(logging.DEBUG):
+        found = self._rule.add(data, compute, waited, batches)
+        if self._rule.last_window is window:
+            return
+        self._marks = (self._marks + [self._mark()])[-(4 * self.patience + 2):]
+        for finding in found:  # the change began where the first window that showed it began
+            self._found.append((finding, self._marks[max(0, len(self._marks) - 1 - finding.windows)]))
+        if logger.isEnabledFor(logging.DEBUG):
             logger.debug("straggler window (ms per batch): %s", {part: [round(v * 1e3, 2) for v in values]
                                                                  for part, values in self._rule.last_window.items()})
+
+    def _mark(self) -> tuple:
+        """Now, and where the loop is: ``(time, {stage, epoch, global_batch_step})``."""
+        loop = self._loop
+        return time.time(), {"stage": loop.stage_key, "epoch": loop.epoch, "global_batch_step": loop.global_batch_step}
 
     def _agree_alone(self, step: int) -> None:
         """Without a stop callback in the chain: the same background agreement, for the detector's numbers only."""
@@ -171,19 +183,20 @@ class StragglerDetector(Callback, AgreementRider):
     def _report(self, runner) -> None:
         found, self._found = self._found, []
         now = time.time()
-        for finding in found:
+        where = {"stage": runner.stage_key, "epoch": runner.epoch, "global_batch_step": runner.global_batch_step}
+        for finding, began in found:
             key = (finding.rank, finding.part)
-            where = {"stage": runner.stage_key, "epoch": runner.epoch, "global_batch_step": runner.global_batch_step}
             if finding.kind == "slow":
-                self._episodes[key] = (now, where)
-            since = self._episodes.get(key, (now, where))
+                self._episodes[key] = began
+            since = self._episodes.get(key, began)
             host, local_rank = self._places[finding.rank]
-            logger.warning("%s", describe(finding, host, local_rank, since, now, where))
+            logger.warning("%s", describe(finding, host, local_rank, since, began, now, where))
             if self._files is not None:
                 event = {"kind": finding.kind, "rank": finding.rank, "host": host, "local_rank": local_rank,
                          "part": finding.part, "value_ms": finding.value * 1e3, "median_ms": finding.median * 1e3,
-                         "share": finding.share, "worst": finding.worst, "time": now, "since": since[0],
-                         "since_where": since[1], "attempt": restart_attempt(), **where}
+                         "share": finding.share, "worst": finding.worst, "time": now, "began": began[0],
+                         "began_at": began[1], "since": since[0], "since_at": since[1], "attempt": restart_attempt(),
+                         **where}
                 self._files.append(runner, f"{self._logdir}/{EPISODES_FILE}", event_line(event))
             if finding.kind in ("recovered", "ended"):
                 self._episodes.pop(key, None)
@@ -233,25 +246,27 @@ def loader_figures(rows: list, per_rank: bool = True) -> dict:
     return metrics
 
 
-def describe(finding, host: str, local_rank: int, since: tuple, now: float, where: dict) -> str:
-    """The log line of a finding (each says ``straggler``, the rank, its host and local rank, and the part)."""
+def describe(finding, host: str, local_rank: int, since: tuple, began: tuple, now: float, where: dict) -> str:
+    """The log line of a finding (each says ``straggler``, the rank, its host and local rank, and the part).
+    ``since``: when and where the episode began; ``began``: when and where the change found now began."""
     who = f"rank {finding.rank} (host {host}, local rank {local_rank})"
     times = (f"{finding.value * 1e3:.1f} ms per batch against a median of {finding.median * 1e3:.1f} ms "
              f"({finding.excess:+.0%})")
     here = f"stage {where['stage']!r}, epoch {where['epoch']}, global batch {where['global_batch_step']}"
-    start = since[1]
-    began = f"epoch {start['epoch']}, global batch {start['global_batch_step']}"
+    start = f"epoch {since[1]['epoch']}, global batch {since[1]['global_batch_step']}"
     if finding.kind == "slow":
         return (f"straggler: {who} is slow in {finding.part}: {times}, costing the job {finding.share:.0%} of its "
-                f"time ({here})")
+                f"time; slow since {start}, {now - since[0]:.1f} s ago ({here})")
     if finding.kind == "worse":
         return (f"straggler worse: {who} in {finding.part}: {times}, costing the job {finding.share:.0%} of its time "
-                f"({here}; slow since {began})")
+                f"({here}; slow since {start})")
     if finding.kind == "recovered":
-        return (f"straggler recovered: {who} in {finding.part}: {times} ({here}), after {now - since[0]:.1f} s slow "
-                f"since {began}; at worst it cost the job {finding.worst:.0%} of its time")
-    return (f"straggler: {who} was still slow in {finding.part} when the run ended ({here}), for {now - since[0]:.1f} "
-            f"s since {began}; at worst it cost the job {finding.worst:.0%} of its time")
+        back = f"epoch {began[1]['epoch']}, global batch {began[1]['global_batch_step']}"
+        return (f"straggler recovered: {who} in {finding.part}: {times} ({here}); back to speed since {back}, "
+                f"{now - began[0]:.1f} s ago, after {began[0] - since[0]:.1f} s slow since {start}; at worst it cost "
+                f"the job {finding.worst:.0%} of its time")
+    return (f"straggler: {who} was still slow in {finding.part} when the run ended ({here}), for "
+            f"{now - since[0]:.1f} s since {start}; at worst it cost the job {finding.worst:.0%} of its time")
 
 
 def _us(seconds: float) -> int:

@@ -123,6 +123,8 @@ def _round_robin(items: list) -> list:
     n, found = len(items), []
     for _ in range(n - 1):
         pairs = [(items[i], items[n - 1 - i]) for i in range(n // 2)]
-        found.append([(a, b) for a, b in pairs if a is not None and b is not None])
+        pairs = [(a, b) for a, b in pairs if a is not None and b is not None]
+        if pairs:
+            found.append(pairs)
         items = [items[0], items[-1], *items[1:-1]]
     return found
