@@ -51,12 +51,15 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def run_script(path, *args, timeout=300, env=None) -> subprocess.CompletedProcess:
+def run_script(path, *args, timeout=300, env=None, cpus=None) -> subprocess.CompletedProcess:
     """Run ``scripts/<path>`` (an example of this repository) with this checkout first on PYTHONPATH, not an
-    install, and ``env`` added; assert it exits 0, showing the ends of its output if not."""
+    install, and ``env`` added (on the CPUs ``cpus`` lists, as ``taskset -c`` takes them, when given); assert it exits
+    0, showing the ends of its output if not."""
     pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / path), *map(str, args)], capture_output=True,
-                            text=True, timeout=timeout, env={**os.environ, "PYTHONPATH": pythonpath, **(env or {})})
+    pinned = ["taskset", "-c", str(cpus)] if cpus is not None else []
+    result = subprocess.run([*pinned, sys.executable, str(ROOT / "scripts" / path), *map(str, args)],
+                            capture_output=True, text=True, timeout=timeout,
+                            env={**os.environ, "PYTHONPATH": pythonpath, **(env or {})})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
 

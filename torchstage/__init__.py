@@ -54,6 +54,7 @@ from torchstage.files.checkpoint import load_checkpoint, load_model_weights
 from torchstage.files.format import CheckpointError
 from torchstage.files.lock import LogdirLocked
 from torchstage.launch.enter import distributed_cmd_run
+from torchstage.launch.preflight.check import PreflightFailed
 from torchstage.periods import Batch, Epoch
 from torchstage.rng import set_seed
 from torchstage.runner.engine import Engine
@@ -122,5 +123,5 @@ __all__ = [
     "TorchMetricsCallback", "EMACallback", "SWACallback", "WeightAveragingCallback", "OptunaPruningCallback", "tune",
     "LogdirLocked", "NonFiniteLossCallback", "NonFiniteLossError", "NonFiniteStateError",
     "HangWatchdog", "EvenBatchesCallback", "UnevenBatchesError", "BatchTransformCallback", "BackwardCallback",
-    "StragglerDetector",
+    "StragglerDetector", "PreflightFailed",
 ]

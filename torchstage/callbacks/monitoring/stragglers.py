@@ -35,6 +35,9 @@ logger = logging.getLogger("torchstage")
 SLOT = 4
 #: Above this many processes the loggers get summaries of the ranks' times, not each rank's.
 PER_RANK_LIMIT = 64
+#: Agreements kept to date a finding (about a minute at two a second); those covering fewer seconds of training are
+#: too noisy to date one (each train loader starts with agreements after 1, 4, 16... batches).
+RECENT, BRIEF = 128, 0.2
 
 
 class StragglerDetector(Callback, AgreementRider):
@@ -64,7 +67,7 @@ class StragglerDetector(Callback, AgreementRider):
             raise ArgumentError("min_share", f"must be a share of the job's time in [0, 1), got {min_share!r}")
         self.threshold, self.window, self.patience, self.min_share = threshold, float(window), patience, min_share
         self._clock = self._wait = self._rule = self._files = self._schedule = self._pending = None
-        self._found, self._episodes, self._places, self._marks, self._loop = [], {}, [], [], None
+        self._found, self._episodes, self._places, self._recent, self._first, self._loop = [], {}, [], [], None, None
 
     # ---- the run ---------------------------------------------------------------------------------
     def on_experiment_start(self, runner):
@@ -77,7 +80,7 @@ class StragglerDetector(Callback, AgreementRider):
         self._clock = StepClock(self._wait)
         self._found, self._episodes = [], {}
         self._loop = runner.loop
-        self._marks = [self._mark()]  # where each judged window ended: the first starts here
+        self._recent, self._first = [], None  # (end mark, seconds, batches) of recent agreements; the first start
         self._rule = StragglerRule(self._world, self.threshold, self.window, self.patience, self.min_share) \
             if self._main else None
         logdir = runner.spec.logdir if runner.spec is not None else None
@@ -92,6 +95,8 @@ class StragglerDetector(Callback, AgreementRider):
 
     def on_loader_start(self, runner):
         if runner.is_train_loader:
+            if self._first is None:
+                self._first = self._mark()
             self._clock.loader_start()
             if self._schedule is not None:
                 self._schedule.start_loader(runner.global_batch_step)
@@ -153,16 +158,41 @@ class StragglerDetector(Callback, AgreementRider):
             logger.debug("straggler detector: the ranks timed different batches %s", [row[3] for row in rows])
             return
         data, compute, waited = ([row[i] / 1e6 for row in rows] for i in range(3))
+        mark = self._mark()
+        self._recent = (self._recent + [(mark, {"data": data, "compute": compute, "wait": waited}, batches)])
+        self._recent = self._recent[-max(16, min(RECENT, 131_072 // self._world)):]  # a few MB on the main rank
         window = self._rule.last_window
         found = self._rule.add(data, compute, waited, batches)
         if self._rule.last_window is window:
             return
-        self._marks = (self._marks + [self._mark()])[-(4 * self.patience + 2):]
-        for finding in found:  # the change began where the first window that showed it began
-            self._found.append((finding, self._marks[max(0, len(self._marks) - 1 - finding.windows)]))
+        for finding in found:
+            self._found.append((finding, self._began(finding)))
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug("straggler window (ms per batch): %s", {part: [round(v * 1e3, 2) for v in values]
                                                                  for part, values in self._rule.last_window.items()})
+
+    def _began(self, finding) -> tuple:
+        """When and where the change a finding reports began: the start of the earliest of the agreements in a row,
+        ending with the newest, in which the rank was already slow (for "slow", "worse") or no longer slow (for
+        "recovered"), by the rule's own test on each agreement's figures (agreements of under :data:`BRIEF` seconds
+        left out); one agreement that says otherwise (a blip) does not end the row, two in a row do."""
+        rule, rank, part = self._rule, finding.rank, finding.part
+        test = (lambda *figures: not rule.slow(*figures)) if finding.kind == "recovered" else rule.slow
+        start, index, misses = len(self._recent), len(self._recent), 0
+        while index > 0 and misses < 2:
+            _, sums, batches = self._recent[index - 1]
+            values = [value / batches for value in sums[part]]
+            step = statistics.median(sum(sums[p][r] for p in sums) / batches for r in range(self._world))
+            if step * batches < BRIEF:  # a loader's first agreements, after 1, 4, 16... batches: noise
+                index -= 1
+                continue
+            median = statistics.median(values[:rank] + values[rank + 1:])
+            if step > 0 and test(values[rank], median, (values[rank] - median) / step):
+                start, misses = index - 1, 0
+            else:
+                misses += 1
+            index -= 1
+        return self._recent[start - 1][0] if start > 0 else self._first
 
     def _mark(self) -> tuple:
         """Now, and where the loop is: ``(time, {stage, epoch, global_batch_step})``."""

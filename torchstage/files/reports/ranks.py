@@ -33,9 +33,9 @@ def per_rank(logdir) -> dict:
 def episode_rows(logdir) -> list:
     """Each straggler episode with its span and cost: rank, host, local rank, part, its findings (``start``: the slow
     one, ``end``: the recovered or ended one, None if the file stops before), when it ``began`` and ``stopped``
-    (``(time, {stage, epoch, global_batch_step})``: the start of the first slow window, and of the first window back
-    at speed, or the run's end), the seconds between, the largest share of the job's time it cost, and the seconds
-    lost (the seconds slow times the mean share of its findings)."""
+    (``(time, {stage, epoch, global_batch_step})``: where it was first slow, and first back at speed, or the run's
+    end), the seconds between, the largest share of the job's time it cost, and the seconds lost: its excess over
+    the median per batch (the mean of its findings') times the train batches between, which every rank waited."""
     rows = []
     for episode in episodes(read_events(logdir)):
         start, end = episode["start"], episode["end"]
@@ -44,10 +44,13 @@ def episode_rows(logdir) -> list:
         stopped = (last.get("began", last["time"]), last.get("began_at") or _at(last)) \
             if end is not None and end["kind"] == "recovered" else (last["time"], _at(last))
         seconds = max(0.0, stopped[0] - began[0])
-        shares = [start["share"]] + [e["share"] for e in episode["updates"]]
+        findings = [start] + episode["updates"]
+        excess = statistics.mean(e["value_ms"] - e["median_ms"] for e in findings) / 1e3  # seconds per batch
+        batches = (stopped[1].get("global_batch_step") or 0) - (began[1].get("global_batch_step") or 0)
+        lost = batches * excess if batches > 0 else seconds * statistics.mean(e["share"] for e in findings)
         rows.append({"rank": episode["rank"], "host": start.get("host", "?"), "local_rank": start.get("local_rank", "?"),
                      "part": episode["part"], "start": start, "end": end, "began": began, "stopped": stopped,
-                     "seconds": seconds, "worst": episode["worst"], "lost": seconds * statistics.mean(shares),
+                     "seconds": seconds, "worst": episode["worst"], "lost": lost,
                      "recovered": end is not None and end["kind"] == "recovered"})
     return rows
 

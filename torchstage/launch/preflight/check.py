@@ -21,6 +21,7 @@ from torchstage.launch.hosts import host_name, in_slurm_job
 from torchstage.launch.preflight import probes
 from torchstage.launch.preflight.verdict import RankFigures, excluded, outliers, report
 from torchstage.launch.world import World
+from torchstage.logging_setup import ensure_console_handler
 
 logger = logging.getLogger("torchstage")
 REPEATS, SECONDS, THRESHOLD = 5, 0.15, 0.2
@@ -109,6 +110,7 @@ def check_before_training(world: World) -> Preflight:
     """``train(preflight=True)``: the check before the first epoch, on every rank of ``world``; the main rank logs the
     report (a warning when a rank is an outlier); then every rank raises :class:`PreflightFailed`, recorded as a
     stop for a launcher of torchstage's, which then does not start the run again on the same nodes."""
+    ensure_console_handler()  # before the run's own set-up: the report must show
     result = run_preflight(world)
     if world.rank == 0:
         (logger.warning if result.outliers else logger.info)("pre-flight check:\n%s", result.text)

@@ -1,12 +1,17 @@
-"""A run of several processes in which one rank may be made slow for some epochs: its compute (a sleep in a callback's
-batch end) or its data loader (a sleep in its collate function), on that rank only.
+"""The straggler detector's workload: a run of several processes (``distributed=True``) in which one rank may be made
+slow for some epochs, its compute (a sleep in a callback's batch end) or its data loader (a sleep in its collate
+function), on that rank only. Run by the tests (tests/callbacks/monitoring/test_stragglers.py) and the benchmark
+(scripts/bench/stragglers.py).
 
 Usage: python straggler_run.py LOGDIR [--slow compute|data|none] [--rank R] [--from-epoch E] [--to-epoch E]
-                                      [--epochs N] [--sleep-ms MS] [--nprocs N]
-The slow rank writes ``LOGDIR/slow-start.txt`` (the time of its first slow batch) and ``slow-end.txt`` (of its first
-batch back at speed).
+           [--epochs N] [--samples N] [--sleep-ms MS] [--nprocs N] [--no-stop] [--no-detector] [--count]
+The slow rank writes ``LOGDIR/slow-start.txt`` (the time of its first slow batch) and ``slow-end.txt`` (of the start
+of its first epoch back at speed). ``--no-stop`` removes the graceful-stop callback (the detector then agrees on its
+own), ``--no-detector`` the detector; ``--count`` writes ``LOGDIR/collectives-rank<r>.json``, the collectives of
+each process group at the run's end.
 """
 import argparse
+import json
 import logging
 import os
 import time
@@ -16,6 +21,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset, default_collate
 
 from torchstage import Callback, SupervisedRunner
+from torchstage.launch.flight_recorder import recent
 
 SLOW = {"on": False}
 
@@ -43,6 +49,17 @@ class MakeSlow(Callback):
             time.sleep(ARGS.sleep_ms / 1e3)
 
 
+class CountCollectives(Callback):
+    """At the run's end: each process group's number of collectives (its last sequence number) on this rank."""
+
+    def on_experiment_end(self, runner):
+        counts = {}
+        for entry in recent():
+            counts[entry["group"]] = max(counts.get(entry["group"], 0), entry["seq"])
+        with open(os.path.join(ARGS.logdir, f"collectives-rank{runner.engine.rank}.json"), "w") as f:
+            f.write(json.dumps(counts))
+
+
 def _stamp(name):
     with open(os.path.join(ARGS.logdir, name), "w") as f:
         f.write(repr(time.time()))
@@ -58,10 +75,17 @@ def main():
                                    generator=torch.Generator().manual_seed(1)),
                "valid": DataLoader(data, batch_size=64)}
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
+    callbacks = {"make_slow": MakeSlow()}
+    if ARGS.no_stop:
+        callbacks["stop"] = None
+    if ARGS.no_detector:
+        callbacks["stragglers"] = None
+    if ARGS.count:
+        callbacks["count"] = CountCollectives()
     SupervisedRunner().train(model=model, criterion=nn.BCEWithLogitsLoss(),
                              optimizer=torch.optim.SGD(model.parameters(), lr=0.05), loaders=loaders,
                              num_epochs=ARGS.epochs, logdir=ARGS.logdir, distributed=True, nprocs=ARGS.nprocs,
-                             callbacks={"make_slow": MakeSlow()})
+                             callbacks=callbacks)
 
 
 if __name__ == "__main__":
@@ -75,6 +99,9 @@ if __name__ == "__main__":
     parser.add_argument("--samples", type=int, default=4096)
     parser.add_argument("--sleep-ms", type=float, default=15.0)
     parser.add_argument("--nprocs", type=int, default=4)
+    parser.add_argument("--no-stop", action="store_true")
+    parser.add_argument("--no-detector", action="store_true")
+    parser.add_argument("--count", action="store_true")
     ARGS = parser.parse_args()
     if os.environ.get("STRAGGLER_DEBUG"):  # each judged window's times (calibration)
         logging.basicConfig()
