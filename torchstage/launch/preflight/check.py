@@ -61,11 +61,10 @@ class Preflight:
 def run_preflight(world: World = None, repeats: int = REPEATS, seconds: float = SECONDS,
                   threshold: float = THRESHOLD) -> Preflight:
     """Run the check as this process's rank of ``world`` (whose process group is initialised; None: one process);
-    collective: every rank calls it. Under NCCL it probes the rank's GPU, else the CPU."""
+    collective: every rank calls it. With GPUs (the NCCL backend) it probes the rank's GPU, else the CPU."""
     world = world or World()
     distributed = world.is_distributed
-    device = torch.device("cuda", torch.cuda.current_device()) if world.backend == "nccl" and distributed \
-        else torch.device("cpu")
+    device = torch.device("cuda", torch.cuda.current_device()) if world.backend == "nccl" else torch.device("cpu")
     rank = world.rank
     place = (host_name(), world.local_rank, socket.gethostname(), len(os.sched_getaffinity(0)))
     places = _gather(place, distributed)
