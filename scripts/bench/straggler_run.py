@@ -4,7 +4,7 @@ function), on that rank only. Run by the tests (tests/callbacks/monitoring/test_
 (scripts/bench/stragglers.py).
 
 Usage: python straggler_run.py LOGDIR [--slow compute|data|none] [--rank R] [--from-epoch E] [--to-epoch E]
-           [--epochs N] [--samples N] [--sleep-ms MS] [--nprocs N] [--no-stop] [--no-detector] [--count]
+           [--epochs N] [--samples N] [--sleep-ms MS] [--nprocs N] [--no-stop] [--no-detector] [--count] [--mlflow]
 The slow rank writes ``LOGDIR/slow-start.txt`` (the time of its first slow batch) and ``slow-end.txt`` (of the start
 of its first epoch back at speed). ``--no-stop`` removes the graceful-stop callback (the detector then agrees on its
 own), ``--no-detector`` the detector; ``--count`` writes ``LOGDIR/collectives-rank<r>.json``, the collectives of
@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset, default_collate
 
-from torchstage import Callback, SupervisedRunner
+from torchstage import Callback, MLflowLogger, SupervisedRunner
 from torchstage.launch.flight_recorder import recent
 
 SLOW = {"on": False}
@@ -82,6 +82,8 @@ def main():
         callbacks["stragglers"] = None
     if ARGS.count:
         callbacks["count"] = CountCollectives()
+    if ARGS.mlflow:
+        callbacks["mlflow"] = MLflowLogger()
     SupervisedRunner().train(model=model, criterion=nn.BCEWithLogitsLoss(),
                              optimizer=torch.optim.SGD(model.parameters(), lr=0.05), loaders=loaders,
                              num_epochs=ARGS.epochs, logdir=ARGS.logdir, distributed=True, nprocs=ARGS.nprocs,
@@ -102,6 +104,7 @@ if __name__ == "__main__":
     parser.add_argument("--no-stop", action="store_true")
     parser.add_argument("--no-detector", action="store_true")
     parser.add_argument("--count", action="store_true")
+    parser.add_argument("--mlflow", action="store_true", help="an MLflowLogger too (logdir/mlflow.db)")
     ARGS = parser.parse_args()
     if os.environ.get("STRAGGLER_DEBUG"):  # each judged window's times (calibration)
         logging.basicConfig()

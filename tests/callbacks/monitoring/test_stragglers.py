@@ -15,6 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from tests.callbacks.loggers.test_loggers import read_tensorboard_scalars
+from tests.callbacks.loggers.test_mlflow_logger import client_for, history, only_run
 from tests.helpers import ROOT, script_env
 from torchstage import StragglerDetector
 from torchstage.cli import main
@@ -113,10 +115,19 @@ def test_a_rank_slow_in_its_data_loader_is_named_as_data(tmp_path):
 
 
 def test_a_run_without_a_slow_rank_names_none_over_5_epochs(tmp_path):
-    output = run(tmp_path, "--epochs", 5, "--samples", 8192)
+    output = run(tmp_path, "--epochs", 5, "--samples", 8192, "--mlflow")
     assert named(output) == [], named(output)
     assert not (tmp_path / "logs" / "stragglers.jsonl").exists()
-    assert len(list(csv.DictReader(open(tmp_path / "logs" / "ranks" / "train.csv")))) == 5
+    rows = list(csv.DictReader(open(tmp_path / "logs" / "ranks" / "train.csv")))
+    assert len(rows) == 5
+    # the same figures in TensorBoard (ranks/... in the train loader's run) and MLflow (train/ranks/...)
+    scalars = read_tensorboard_scalars(tmp_path / "tensorboard" / "train")
+    client = client_for(tmp_path)
+    run_id = only_run(client, "torchstage").info.run_id
+    for name in ("rank0/compute_ms", "rank3/data_ms", "rank1/wait_ms", "median/compute_ms", "lost_share"):
+        logged = [float(row[name]) for row in rows]
+        assert [v for _, v in scalars[f"ranks/{name}"]] == pytest.approx(logged, rel=1e-6)
+        assert [v for _, v in history(client, run_id, f"train/ranks/{name}")] == pytest.approx(logged, rel=1e-12)
 
 
 def test_without_the_stop_callback_the_detector_agrees_on_its_own(tmp_path):
