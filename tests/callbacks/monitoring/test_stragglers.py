@@ -149,6 +149,19 @@ def test_the_detector_adds_no_collective_per_step(tmp_path):
     assert [count[(n, ())] - count[(n, ("--no-detector",))] for n in (256, 1024)] == [2 + 1, 2 + 1]
 
 
+def test_the_loggers_figures_of_a_loader():
+    from torchstage.callbacks.monitoring.stragglers import loader_figures
+    # (data, compute, wait microseconds, batches) of 3 ranks over 11 batches: rank 2 computes 10 ms more per batch
+    rows = [[1_000, 55_000, 110_000, 11], [1_000, 55_000, 110_000, 11], [1_000, 165_000, 0, 11]]
+    figures = loader_figures(rows)
+    assert figures["rank2/compute_ms"] == pytest.approx(15.0) and figures["rank0/wait_ms"] == pytest.approx(10.0)
+    assert figures["rank0/data_ms"] == pytest.approx(0.1)  # 10 gaps: the first batch has no data time
+    assert figures["slowest/compute_rank"] == 2 and figures["median/compute_ms"] == pytest.approx(5.0)
+    assert figures["lost_share"] == pytest.approx(10.0 / 15.1)  # of the median step, 0.1 + 5 + 10 ms
+    summary = loader_figures(rows, per_rank=False)  # above 64 processes: no per-rank columns
+    assert not any(key.startswith("rank") for key in summary) and summary["max/compute_ms"] == pytest.approx(15.0)
+
+
 def test_bad_settings_are_refused_naming_them():
     with pytest.raises(ValueError, match=r"threshold must be a number > 0, got 0"):
         StragglerDetector(threshold=0)

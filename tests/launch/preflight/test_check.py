@@ -75,6 +75,17 @@ def test_the_local_launcher_starts_the_ranks_and_prints_one_table():
     assert "processes per CPU: they take turns on the cores" in result.stdout  # 2 ranks on one CPU
 
 
+def test_a_world_that_cannot_form_exits_2_with_one_line():
+    from tests.helpers import free_port
+    result = run([sys.executable, "-m", "torchstage", "preflight", "--timeout", "3"], RANK=0, WORLD_SIZE=2,
+                 MASTER_ADDR="127.0.0.1", MASTER_PORT=free_port())  # rank 1 never comes
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.startswith("torchstage preflight: error: cannot run the check: ") and \
+        result.stderr.count("\n") == 1, result.stderr
+    result = run([sys.executable, "-m", "torchstage", "preflight"], RANK=0, WORLD_SIZE=2)
+    assert result.returncode == 2 and "MASTER_ADDR/MASTER_PORT are not" in result.stderr
+
+
 def test_bad_options_and_a_single_process():
     result = run([sys.executable, "-m", "torchstage", "preflight", "--threshold", "1.5"])
     assert result.returncode == 2 and "--threshold must be a share between 0 and 1, got 1.5" in result.stderr
