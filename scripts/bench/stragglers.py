@@ -8,7 +8,7 @@ say it recovered, over fresh 4-process runs of ``straggler_run.py`` (the default
 
 ``--cost`` measures instead what the detector adds to each step: in one world of 2 processes (its own torchrun), a
 small DDP model's train steps alternate in blocks with and without the detector's per-step work (its batch
-events and the gradient hooks that time the backward's wait); rank 0's thread CPU time per step, median over
+events and the hooks that time the backward's wait); rank 0's thread CPU time per step, median over
 blocks.
 
 Usage: python scripts/bench/stragglers.py [--calm 10] [--slow 3] [--epochs 5] [--nprocs 4]
@@ -75,7 +75,7 @@ def cost_worker(blocks: int, steps: int) -> None:
     per_step = {True: [], False: []}
     for block in range(blocks + 2):
         timed = block % 2 == 0
-        wait = BackwardWait(model.parameters()) if timed else None
+        wait = BackwardWait([model]) if timed else None
         clock = StepClock(wait) if timed else None
         dist.barrier()
         start = time.thread_time()

@@ -10,8 +10,8 @@ no device sync.
   optimizer step and every callback.
 
 So a rank that computes slowly shows a long compute time, and the others, which wait for it in the all-reduce,
-show it as wait, not as compute. Timing the wait costs one Python call per parameter per backward (a gradient
-hook) and two callbacks queued at the end of the backward pass.
+show it as wait, not as compute. Timing the wait costs a forward hook per model, a gradient hook on its output
+and two callbacks queued at the end of the backward pass: a few Python calls per step.
 """
 import time
 
@@ -25,40 +25,48 @@ except (ImportError, AttributeError):  # pragma: no cover - every torch 2.x has 
 
 
 class BackwardWait:
-    """Seconds this rank waited at the end of its backward passes, summed in :attr:`waited` (read and reset with
-    :meth:`take`): from the last gradient a hook saw computed to the end of the pass, measured after every other
-    end-of-backward callback (DDP's, which waits for the all-reduce) has run."""
+    """Seconds this rank waited at the end of its backward passes through ``models``, summed in :attr:`waited` (read
+    and reset with :meth:`take`): from the moment the pass computed its last gradient to its end, after every other
+    end-of-backward callback (DDP's, which waits for the all-reduce) has run.
 
-    def __init__(self, parameters):
+    A forward hook on each model puts a gradient hook on its output (a tensor of this step, freed with its graph);
+    when the backward pass reaches it, two callbacks are queued on the autograd engine: the first runs once every
+    gradient is computed, before DDP's (queued later, when its last bucket was ready), the second after all of them.
+    Nothing is attached to the parameters: a hook left on a parameter's gradient accumulator outlives the run, and
+    freeing it while the interpreter exits can abort the process."""
+
+    def __init__(self, models):
         self.waited = 0.0
-        self._last = None
+        self._arrived = None
         self._queued = False
-        self._handles = []
-        if _queue_callback is not None:
-            self._handles = [p.register_hook(self._computed) for p in parameters if p.requires_grad]
+        self._handles = [model.register_forward_hook(self._forward) for model in models] \
+            if _queue_callback is not None else []
 
-    def _computed(self, grad):
-        self._last = time.perf_counter()
+    def _forward(self, module, inputs, output):
+        tensor = _first_needing_grad(output)
+        if tensor is not None:
+            tensor.register_hook(self._reached)
+
+    def _reached(self, grad):
         if not self._queued:
             try:
-                _queue_callback(self._pass_ending)
+                _queue_callback(self._computed)
                 self._queued = True
             except RuntimeError:  # a gradient computed outside a backward pass of the engine's: not timed
                 pass
 
-    def _pass_ending(self):
-        # Runs with the callbacks queued during the pass, perhaps before DDP's (queued when its last bucket was
-        # ready): queue one more, which runs after all of them.
-        try:
-            _queue_callback(self._pass_ended)
+    def _computed(self):
+        self._arrived = time.perf_counter()
+        try:  # runs after the callbacks queued during the pass (DDP's finalize among them)
+            _queue_callback(self._ended)
         except RuntimeError:
-            self._pass_ended()
+            self._ended()
 
-    def _pass_ended(self):
+    def _ended(self):
         self._queued = False
-        if self._last is not None:
-            self.waited += time.perf_counter() - self._last
-            self._last = None
+        if self._arrived is not None:
+            self.waited += time.perf_counter() - self._arrived
+            self._arrived = None
 
     def take(self) -> float:
         """The seconds waited since the last call."""
@@ -66,10 +74,22 @@ class BackwardWait:
         return waited
 
     def remove(self) -> None:
-        """Take the hooks off the parameters (the user's model keeps none of them after the run)."""
+        """Take the hooks off the models (the user's models keep none of them after the run)."""
         for handle in self._handles:
             handle.remove()
         self._handles = []
+
+
+def _first_needing_grad(output, depth: int = 0):
+    """The first tensor that requires grad in a model's output (a tensor, or dicts, lists and tuples of them)."""
+    if isinstance(output, torch.Tensor):
+        return output if output.requires_grad else None
+    if depth < 3 and isinstance(output, (dict, list, tuple)):
+        for value in output.values() if isinstance(output, dict) else output:
+            found = _first_needing_grad(value, depth + 1)
+            if found is not None:
+                return found
+    return None
 
 
 class StepClock:

@@ -76,7 +76,7 @@ class StragglerDetector(Callback, AgreementRider):
         self._group = control_group()
         self._places = [None] * self._world
         dist.all_gather_object(self._places, (host_name(), engine.local_rank), group=self._group)
-        self._wait = BackwardWait(p for model in each(runner.model) for p in model.parameters())
+        self._wait = BackwardWait(each(runner.model))
         self._clock = StepClock(self._wait)
         self._found, self._episodes = [], {}
         self._loop = runner.loop
