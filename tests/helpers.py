@@ -1,5 +1,6 @@
 """What many tests share: running scripts and multi-process runs with this checkout on the path, a free port,
 seeded classification loaders and a tiny run (one import instead of a copy per test file)."""
+import json
 import os
 import socket
 import subprocess
@@ -51,12 +52,15 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def run_script(path, *args, timeout=300, env=None) -> subprocess.CompletedProcess:
+def run_script(path, *args, timeout=300, env=None, cpus=None) -> subprocess.CompletedProcess:
     """Run ``scripts/<path>`` (an example of this repository) with this checkout first on PYTHONPATH, not an
-    install, and ``env`` added; assert it exits 0, showing the ends of its output if not."""
+    install, and ``env`` added (on the CPUs ``cpus`` lists, as ``taskset -c`` takes them, when given); assert it exits
+    0, showing the ends of its output if not."""
     pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / path), *map(str, args)], capture_output=True,
-                            text=True, timeout=timeout, env={**os.environ, "PYTHONPATH": pythonpath, **(env or {})})
+    pinned = ["taskset", "-c", str(cpus)] if cpus is not None else []
+    result = subprocess.run([*pinned, sys.executable, str(ROOT / "scripts" / path), *map(str, args)],
+                            capture_output=True, text=True, timeout=timeout,
+                            env={**os.environ, "PYTHONPATH": pythonpath, **(env or {})})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
 
@@ -106,3 +110,30 @@ def tiny_run(model=_DEFAULT, *, runner=None, loaders=_DEFAULT, criterion=_DEFAUL
     return (runner or SupervisedRunner()).train(
         model=model, criterion=nn.MSELoss() if criterion is _DEFAULT else criterion, optimizer=optimizer,
         loaders=regression_loaders() if loaders is _DEFAULT else loaders, num_epochs=num_epochs, **kwargs)
+
+
+def straggler_logdir(folder, hosts=("node1", "node1", "node2", "node2")):
+    """A 4-process logdir as the straggler detector leaves it: each rank's times per epoch, its places, and one
+    episode of rank 2 (slow in compute from epoch 2, global batch 100, to epoch 4, global batch 300)."""
+    (folder / "logs" / "ranks").mkdir(parents=True)
+    columns = [f"rank{r}/{part}_ms" for r in range(4) for part in ("data", "compute", "wait")]
+    rows = []
+    for epoch in range(1, 6):
+        slow = 2 <= epoch <= 3
+        values = {f"rank{r}/{part}": {"data": 1.0, "compute": 30.0 if slow and r == 2 else 10.0,
+                                      "wait": 0.0 if slow and r == 2 else (20.0 if slow else 2.0)}[part]
+                  for r in range(4) for part in ("data", "compute", "wait")}
+        rows.append(f"{epoch},main,{epoch}," + ",".join(str(values[c[:-3]]) for c in columns))
+    (folder / "logs" / "ranks" / "train.csv").write_text("step,stage,epoch," + ",".join(columns) + "\n" +
+                                                          "\n".join(rows) + "\n")
+    (folder / "logs" / "ranks.json").write_text(json.dumps(
+        {"ranks": [{"rank": r, "host": h, "local_rank": r % 2} for r, h in enumerate(hosts)]}))
+    common = {"rank": 2, "host": "node2", "local_rank": 0, "part": "compute", "attempt": 0, "stage": "main"}
+    events = [{**common, "kind": "slow", "value_ms": 30.0, "median_ms": 10.0, "share": 0.6, "worst": 0.6,
+               "time": 1000.0, "epoch": 2, "global_batch_step": 160, "began": 994.0,
+               "began_at": {"stage": "main", "epoch": 2, "global_batch_step": 100}},
+              {**common, "kind": "recovered", "value_ms": 10.0, "median_ms": 10.0, "share": 0.0, "worst": 0.62,
+               "time": 1030.0, "epoch": 4, "global_batch_step": 360, "began": 1020.0,
+               "began_at": {"stage": "main", "epoch": 4, "global_batch_step": 300}}]
+    (folder / "logs" / "stragglers.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    return str(folder)

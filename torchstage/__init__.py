@@ -22,6 +22,7 @@ from torchstage.callbacks.metrics.metric import AUCCallback, PrecisionRecallF1Ca
 from torchstage.callbacks.metrics.torchmetrics_callback import TorchMetricsCallback
 from torchstage.callbacks.monitoring.monitor import ThroughputMonitor
 from torchstage.callbacks.monitoring.profiler import ProfilerCallback
+from torchstage.callbacks.monitoring.stragglers import StragglerDetector
 from torchstage.callbacks.monitoring.timer import TimerCallback
 from torchstage.callbacks.safety.even_batches import EvenBatchesCallback, UnevenBatchesError
 from torchstage.callbacks.safety.requeue import RequeueCallback
@@ -56,6 +57,7 @@ from torchstage.files.checkpoint import load_checkpoint, load_model_weights
 from torchstage.files.format import CheckpointError
 from torchstage.files.lock import LogdirLocked
 from torchstage.launch.enter import distributed_cmd_run
+from torchstage.launch.preflight.check import PreflightFailed
 from torchstage.periods import Batch, Epoch
 from torchstage.rng import set_seed
 from torchstage.runner.engine import Engine
@@ -128,4 +130,5 @@ __all__ = [
     "RollbackCallback",
     "HangWatchdog", "EvenBatchesCallback", "UnevenBatchesError", "BatchTransformCallback", "BackwardCallback",
     "HSDP", "ModelParallel",
+    "StragglerDetector", "PreflightFailed",
 ]

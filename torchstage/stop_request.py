@@ -93,9 +93,36 @@ class SignalStop:
         request_stop(signal.Signals(signum).name, exit_code=128 + signum, signum=signum)
 
 
+#: The gloo group :func:`control_group` made for the default group it was made under: ``(default group, group)``.
+_control = (None, None)
+
+
 def control_group():
-    """A gloo group for host-side flags when the default group is not gloo (NCCL needs device tensors)."""
-    return None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+    """A gloo group for host-side flags when the default group is not gloo (NCCL needs device tensors); None: the
+    default group. Made once per default group (every rank asks at the same point, as group creation requires),
+    so the stop agreement and the straggler detector share it."""
+    global _control
+    if dist.get_backend() == "gloo":
+        return None
+    world = dist.group.WORLD
+    if _control[0] is not world:
+        _control = (world, dist.new_group(backend="gloo"))
+    return _control[1]
+
+
+class AgreementRider:
+    """Numbers that travel with the stop agreement (one background all-reduce of integers on a CPU group, about
+    every 0.5 s): :meth:`payload` is read as each agreement starts, :meth:`arrived` gets the reduced numbers when
+    it is read. The all-reduce takes the maximum, so a rider that wants every rank's numbers puts its own in its
+    rank's slots and zeros elsewhere. A payload has the same length on every rank and at every agreement."""
+
+    def payload(self) -> torch.Tensor:
+        """This rank's numbers for the agreement starting now (a 1-D int64 CPU tensor)."""
+        raise NotImplementedError
+
+    def arrived(self, values: torch.Tensor) -> None:
+        """The element-wise maximum over the ranks of the payloads of the agreement just read."""
+        raise NotImplementedError
 
 
 class Agreement:
@@ -103,20 +130,27 @@ class Agreement:
     :meth:`result`; every rank reads the same result, so every rank acts on it at the same point. It also
     carries each rank's proposed ``interval`` to the next agreement and gives every rank the smallest."""
 
-    def __init__(self, request: Optional[StopRequest], group=None, interval: int = 0):
-        self.request = request
+    def __init__(self, request: Optional[StopRequest], group=None, interval: int = 0, riders=()):
+        self.request, self.riders = request, tuple(riders)
         local = (request.exit_code, request.signum) if request is not None else (0, 0)
         # the max of -interval is the smallest interval any rank proposed (see callbacks/safety/stop_schedule.py)
-        self.flags = torch.tensor((*local, -interval), dtype=torch.int64)
+        flags = torch.tensor((*local, -interval), dtype=torch.int64)
+        payloads = [rider.payload() for rider in self.riders]
+        self.sizes = [p.numel() for p in payloads]
+        self.flags = torch.cat([flags, *payloads]) if payloads else flags
         self.work = dist.all_reduce(self.flags, op=dist.ReduceOp.MAX, group=group, async_op=True)
         #: The smallest interval the ranks proposed, once :meth:`result` has been read (0: none proposed).
         self.interval = 0
 
     def result(self) -> Optional[StopRequest]:
-        """The stop request every rank acts on (waits for the all-reduce): any rank's request stops all."""
+        """The stop request every rank acts on (waits for the all-reduce): any rank's request stops all. The riders
+        get their numbers first."""
         self.work.wait()
-        exit_code, signum, smallest = self.flags.tolist()
+        exit_code, signum, smallest = self.flags[:3].tolist()
         self.interval = -smallest
+        if self.riders:
+            for rider, values in zip(self.riders, torch.split(self.flags[3:], self.sizes)):
+                rider.arrived(values)
         if exit_code == 0:
             return None
         if self.request is not None:

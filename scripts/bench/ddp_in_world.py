@@ -8,7 +8,8 @@ after a warm-up round; rank 0 prints medians and paired per-round ratios to the 
 time and by the CPU time of rank 0 and its loader workers. ``--split`` adds contenders without one part each
 (as in ``ddp_overhead.py``) and one with the stop agreement after every batch (``check_every=1``).
 
-Usage: python scripts/bench/ddp_in_world.py [--repeats 5] [--split]   (starts its own torchrun of 2 processes)
+Usage: python scripts/bench/ddp_in_world.py [--repeats 5] [--split] [--only NAME ...]   (starts its own torchrun of 2
+processes)
 """
 import argparse
 import os
@@ -29,7 +30,7 @@ def split_contenders() -> dict:
     return {**SPLIT, "stop agreement every batch": {"callbacks": {"stop": StopCallback(check_every=1)}}}
 
 
-def worker(repeats: int, split: bool, logdir: str) -> None:
+def worker(repeats: int, split: bool, logdir: str, only=None) -> None:
     """One rank: join the world, run every contender once a round, report on rank 0."""
     import torch.distributed as dist
     from torch.utils.data import TensorDataset
@@ -39,7 +40,8 @@ def worker(repeats: int, split: bool, logdir: str) -> None:
 
     dist.init_process_group("gloo")
     workload.quiet()
-    contenders = {"hand-written": None, "torchstage": {}, **(split_contenders() if split else {})}
+    parts = {name: part for name, part in (split_contenders() if split else {}).items() if not only or name in only}
+    contenders = {"hand-written": None, "torchstage": {}, **parts}
     names, rank = list(contenders), dist.get_rank()
     wall, cpu = {name: [] for name in names}, {name: [] for name in names}
     for repeat in range(repeats + 1):
@@ -75,11 +77,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--split", action="store_true", help="add contenders without one part each")
+    parser.add_argument("--only", nargs="*", default=None, help="of the --split contenders, only these")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--logdir", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        return worker(args.repeats, args.split, args.logdir)
+        return worker(args.repeats, args.split, args.logdir, args.only)
     import tempfile
     from ddp_overhead import child_env
     with tempfile.TemporaryDirectory() as tmp:
@@ -88,6 +91,8 @@ def main() -> None:
                    os.path.abspath(__file__), "--worker", "--repeats", str(args.repeats), "--logdir", tmp]
         if args.split:
             command.append("--split")
+        if args.only:
+            command += ["--only", *args.only]
         raise SystemExit(subprocess.call(command, env=env))
 
 

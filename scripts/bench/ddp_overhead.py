@@ -7,8 +7,8 @@ fresh ``python`` of it, the hand-written loop without DDP), timed from the comma
 per-round ratios with a 95 % bootstrap interval of their median.
 
 ``--split`` adds contenders that each remove one part of torchstage's default chain (the watchdog thread,
-the even-batches check, the graceful stop's per-batch agreement, the non-finite loss check, the per-epoch
-checkpoint, every file): the part's
+the even-batches check, the graceful stop's per-batch agreement, the straggler detector, the non-finite loss
+check, the per-epoch checkpoint, every file): the part's
 price is how much faster the run gets without it.
 Usage: python scripts/bench/ddp_overhead.py [--repeats 5] [--nproc 2] [--num-workers 1] [--split] [--only NAME ...]
 """
@@ -36,6 +36,7 @@ SPLIT = {
     "no watchdog": {"hang_timeout": None},
     "no even-batches check": {"callbacks": {"even_batches": None}},
     "no stop agreement": {"callbacks": {"stop": None}},
+    "no straggler detector": {"callbacks": {"stragglers": None}},
     "no non-finite check": {"callbacks": {"nonfinite": None}},
     "no checkpoint": {"callbacks": {"checkpoint": None}},
     "no logdir": {"logdir": None},

@@ -1,12 +1,13 @@
 """``torchstage diagnose``: one line and exit 2 for a missing logdir or a file that is not a record, never a
-traceback; with records of several attempts, the last one's, and a run that finished after them is no failure."""
+traceback; with records of several attempts, the last one's, and a run that finished after them is no failure; the
+straggler episodes of a run."""
 import json
 import subprocess
 import sys
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, straggler_logdir
 from torchstage.launch.flight_recorder import mark_finished, write_dump
 
 
@@ -73,3 +74,21 @@ def test_a_run_that_finished_after_a_failed_attempt_is_not_reported_as_failed(tm
                                  "restart recovered from."), out
     mark_finished(tmp_path / "no-records")  # a run without records gets no folder
     assert not (tmp_path / "no-records").exists()
+
+
+def test_diagnose_lists_the_episodes_of_a_run_without_a_failure(tmp_path):
+    run = straggler_logdir(tmp_path / "slow")
+    result = subprocess.run([sys.executable, "-m", "torchstage", "diagnose", run], cwd=ROOT, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"straggler episodes in {tmp_path / 'slow' / 'logs' / 'stragglers.jsonl'}: 1"
+    assert lines[1].startswith("  rank 2 (host node2, local rank 0) slow in compute from ")
+    assert lines[1].endswith("(epoch 4, global batch 300), recovered: 30.0 ms per batch against a median of 10.0 ms "
+                             "when named, at worst 62% of the job's time; about 4.0 s of it lost over 26.0 s")
+    assert lines[2] == f"no collective records in {tmp_path / 'slow' / 'flight-recorder'} (written when a run of " \
+                       f"several processes fails or hangs)"
+    (tmp_path / "slow" / "logs" / "stragglers.jsonl").unlink()
+    result = subprocess.run([sys.executable, "-m", "torchstage", "diagnose", run], cwd=ROOT, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0 and result.stdout.startswith("no straggler was named in this run")

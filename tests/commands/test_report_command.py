@@ -2,10 +2,11 @@
 import csv
 import json
 import os
+import re
 
 import pytest
 
-from tests.helpers import ROOT, run
+from tests.helpers import ROOT, run, straggler_logdir
 from torchstage.cli import main
 
 SCRIPT = ROOT / "scripts" / "observability.py"
@@ -36,8 +37,13 @@ def expected(logdir):
 def test_table_matches_the_logs(runs, tmp_path, capsys):
     out = tmp_path / "report"
     assert main(["report", str(runs / "ws2"), str(runs / "ws1"), "-o", str(out)]) == 0
-    assert capsys.readouterr().out == f"wrote {out / 'report.md'}\nwrote {out / 'report.png'}\n"
-    lines = [line for line in (out / "report.md").read_text().splitlines() if line.startswith("| ")]
+    # the 2-process run also gets its ranks side by side (the straggler detector's figures)
+    assert capsys.readouterr().out == f"wrote {out / 'report.md'}\nwrote {out / 'report.png'}\n" \
+                                      f"wrote {out / 'ranks-ws2.png'}\n"
+    assert "## Ranks of `" in (out / "report.md").read_text() and "No straggler was named." in \
+        (out / "report.md").read_text()
+    scaling = (out / "report.md").read_text().split("## Ranks of")[0]  # the ranks' tables follow
+    lines = [line for line in scaling.splitlines() if line.startswith("| ")]
     header = [cell.strip() for cell in lines[0].strip("|").split("|")]
     table = [dict(zip(header, (cell.strip() for cell in line.strip("|").split("|")))) for line in lines[1:]]
     assert [row["world size"] for row in table] == ["1", "2"]
@@ -100,3 +106,20 @@ def test_runs_with_other_threads_per_process_are_reported_as_unlike(tmp_path, ca
     same = _fake_run(tmp_path / "ws1b", 1, 1, 2.0)
     assert main(["report", same, two, "-o", str(tmp_path / "out2")]) == 0
     assert "unlike" not in capsys.readouterr().err and "Not like with like" not in (tmp_path / "out2" / "report.md").read_text()
+
+
+def test_the_ranks_of_a_run_side_by_side_with_its_episode_and_its_cost(tmp_path, capsys):
+    run = straggler_logdir(tmp_path / "slow")
+    assert main(["report", run, "-o", str(tmp_path / "out")]) == 0  # no monitor figures: the ranks alone
+    assert capsys.readouterr().out == f"wrote {tmp_path / 'out' / 'report.md'}\nwrote {tmp_path / 'out' / 'ranks-slow.png'}\n"
+    text = (tmp_path / "out" / "report.md").read_text()
+    rows = {line.split(" | ")[0].strip("| "): line for line in text.splitlines() if re.match(r"\| \d \|", line)}
+    # median over 5 epochs; worst epoch: 20 ms over the median of the others in a 32 ms step (median of 31, 31, 33)
+    assert rows["2"] == "| 2 | node2 | 0 | 10.00 | 1.00 | 2.00 | 2 (compute, 65% of the step) | 1 | 4.0 |"
+    assert rows["0"].startswith("| 0 | node1 | 0 | 10.00 | 1.00 | 2.00 | - | 0 | 0.0 |")
+    assert "- rank 2 (host node2, local rank 0) slow in compute from " in text
+    assert "(stage 'main', epoch 2, global batch 100) to " in text and "(epoch 4, global batch 300), recovered" in text
+    # 200 batches slow by 20 ms: every rank waited 4 s
+    assert "at worst 62% of the job's time; about 4.0 s of it lost over 26.0 s" in text
+    from matplotlib.image import imread
+    assert imread(tmp_path / "out" / "ranks-slow.png").shape[:2] == (450, 1200)

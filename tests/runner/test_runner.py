@@ -204,7 +204,7 @@ def test_chain_lists_defaults_in_order_and_user_callbacks_replace_by_name(tmp_pa
         callbacks={"checkpoint": custom_checkpoint, "tensorboard": None, "mine": Mine()})
     names = list(runner.callbacks)
     assert names == ["loop", "watchdog", "even_batches", "criterion", "mine", "nonfinite", "averaging", "optimizer",
-                     "checkpoint", "csv", "console", "model_summary", "stop"]
+                     "checkpoint", "csv", "console", "model_summary", "stop", "stragglers"]
     assert runner.callbacks["checkpoint"] is custom_checkpoint
     orders = [int(cb.order) for cb in runner.callbacks.values()]
     assert orders == sorted(orders)

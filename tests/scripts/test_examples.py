@@ -82,3 +82,16 @@ def test_the_elastic_example_trains_under_torchrun_and_its_rate_follows_the_worl
     assert "lr is 0.0025 now but 0.005 in the checkpoint; using 0.0025 (resume_lr='new')" in again.stdout
     final = torch.load(tmp_path / "checkpoints" / "last.pth", weights_only=True)
     assert final["meta"]["world_size"] == 1 and final["optimizers"]["optimizer"]["param_groups"][0]["lr"] == 0.0025
+
+
+def test_slow_ranks_example_checks_the_ranks_then_names_the_slow_one_and_its_recovery(tmp_path):
+    """Both ranks on one core (even turns, whatever else runs here), so that the pre-flight check agrees."""
+    result = run_script("slow_ranks.py", str(tmp_path), cpus=0)
+    out = result.stdout + result.stderr
+    assert "[rank0]: pre-flight check:" in out and "[rank0]: all 2 ranks agree" in out, out[-3000:]
+    lines = [line.split("]: ", 1)[1] for line in out.splitlines() if re.match(r"\[rank0\]: straggler", line)]
+    assert [line.split(":")[0] for line in lines] == ["straggler", "straggler recovered"], out[-3000:]
+    assert lines[0].startswith("straggler: rank 1 (host ") and ", local rank 1) is slow in compute: " in lines[0]
+    # dated within a few agreements: epoch 3 starts after 512 batches, epoch 5 (back to speed) after 1024
+    assert 500 <= int(re.search(r"slow since epoch \d+, global batch (\d+)", lines[0])[1]) <= 600, lines[0]
+    assert 1000 <= int(re.search(r"back to speed since epoch \d+, global batch (\d+)", lines[1])[1]) <= 1300, lines[1]

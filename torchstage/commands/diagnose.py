@@ -1,20 +1,24 @@
-"""``torchstage diagnose``: after a distributed failure, which rank was behind, in which collective, from where."""
+"""``torchstage diagnose``: after a distributed failure, which rank was behind, in which collective, from where; and
+the straggler episodes of the run (who was slow, in what, when, and what it cost)."""
 import argparse
 import os
 import sys
 
+from torchstage.files.reports.ranks import diagnose_lines
 from torchstage.launch.flight_recorder import (FOLDER, MalformedRecord, agreement, describe, differences, last_attempt,
                                                read_finished, read_records)
 
 EPILOG = f"""\
 examples:
-  torchstage diagnose logdir        # reads logdir/{FOLDER}/
+  torchstage diagnose logdir        # reads logdir/{FOLDER}/ and logdir/logs/stragglers.jsonl
 
 The files are written by each rank when a distributed run fails or its hang watchdog fires (rank-N.json,
 from torch's Flight Recorder), and by NCCL on a collective timeout (nccl-rank-N, pickles read without running
 any code). With records of several attempts (a run restarted after a failure), the last attempt's are shown; a
-run that finished after them is not reported as failed. Exit status 0: the ranks agree (or the run finished
-after the failure they describe); 1: they differ; 2: no logdir, no records, or a file that is not a record."""
+run that finished after them is not reported as failed. The straggler episodes of the run (a rank slower than the others while it
+trained, named by the straggler detector) are listed after them. Exit status 0: the ranks agree (or the run
+finished after the failure they describe), or the run left straggler findings and no collective records; 1: they
+differ; 2: no logdir, no records of either kind, or a file that is not a record."""
 
 
 def add_parser(subparsers) -> None:
@@ -39,9 +43,14 @@ def diagnose_command(args) -> int:
         malformed.append(str(error))
     if malformed:
         return _error(malformed[0])
+    stragglers = diagnose_lines(args.logdir)
     if not records:
-        return _error(f"no collective records in {folder} (they are written when a run of several processes fails "
-                      f"or hangs)")
+        if stragglers is None:
+            return _error(f"no collective records in {folder} (they are written when a run of several processes "
+                          f"fails or hangs)")
+        sys.stdout.write("\n".join([*stragglers, f"no collective records in {folder} (written when a run of several "
+                                                  f"processes fails or hangs)"]) + "\n")
+        return 0
     shown = last_attempt(records)
     ranks = {rank: record["entries"] for rank, record in shown.items()}
     out = [f"collective records of {len(ranks)} rank{'s' * (len(ranks) > 1)} in {folder}{_attempts(records, shown)}"]
@@ -54,7 +63,7 @@ def diagnose_command(args) -> int:
     if recovered:
         out.append(f"The run finished afterwards (attempt {finished['attempt']}): these records describe a failure "
                    f"that a restart recovered from.")
-    sys.stdout.write("\n".join(out) + "\n")
+    sys.stdout.write("\n".join(out + (stragglers or [])) + "\n")
     return 1 if found and not recovered else 0
 
 

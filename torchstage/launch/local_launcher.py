@@ -161,7 +161,9 @@ class Launcher:
         self.failure = None if code < 0 and proc.rank not in records else first_failure(records)
         self.failed_rank = proc.rank
         if self.failure is not None and self.failure.get("stopped"):
-            logger.warning("the run %s at %s; exit code %d", self.failure["error"], where(self.failure), exit_code)
+            place = where(self.failure)
+            logger.warning("the run %s %s; exit code %d", self.failure["error"],
+                           place if place.startswith("before") else f"at {place}", exit_code)
             return exit_code
         # the cause: the first recorded error, else the killed rank, else the rank whose traceback came first
         self.origin = (self.failure["rank"] if self.failure is not None else proc.rank

@@ -22,6 +22,7 @@ from torchstage.callbacks.training.loop import LoopCallback
 from torchstage.callbacks.control.periodic_validation import PeriodicValidationCallback
 from torchstage.callbacks.monitoring.model_summary import ModelSummary
 from torchstage.callbacks.monitoring.monitor import ThroughputMonitor
+from torchstage.callbacks.monitoring.stragglers import StragglerDetector
 from torchstage.callbacks.training.nonfinite import NonFiniteLossCallback
 from torchstage.callbacks.training.rollback import RollbackCallback
 from torchstage.callbacks.loggers.progress import ProgressBar
@@ -87,8 +88,8 @@ def default_callbacks(runner, spec=None, *, evaluate: bool = False) -> dict:
     Of a training run for ``spec``: the hang watchdog and the even-batches check (both act under several
     processes only), non-finite loss detection, the runner's step, metric averaging, scheduler (if any),
     checkpoints and logs (with a logdir), the feature switches (valid_every, valid_period, check, overfit,
-    timeit, monitor), console, graceful stop, SLURM requeue (inside a SLURM job), model summary, progress
-    (verbose), the config copy (config runs). Of a pass that trains nothing (no ``spec``): bookkeeping only
+    timeit, monitor), console, graceful stop, SLURM requeue (inside a SLURM job), the straggler detector (under
+    several processes only), model summary, progress (verbose), the config copy (config runs). Of a pass that trains nothing (no ``spec``): bookkeeping only
     (``infer``), and with ``evaluate`` metric averaging and the runner's loss (when it has a criterion).
     """
     if spec is None:
@@ -130,6 +131,7 @@ def default_callbacks(runner, spec=None, *, evaluate: bool = False) -> dict:
     chain["stop"] = StopCallback()
     if spec.requeue is not False and slurm_job_id() is not None:
         chain["requeue"] = RequeueCallback(required=spec.requeue is True)
+    chain["stragglers"] = StragglerDetector()
     if spec.verbose or spec.logdir is not None:
         chain["model_summary"] = ModelSummary(verbose=spec.verbose)
     if spec.verbose:

@@ -163,7 +163,7 @@ class Runner:
               # processes and strategy
               distributed: Optional[bool] = None, nprocs: Optional[int] = None, strategy: Any = "ddp",
               engine: Any = None, prefetch: bool = False, hang_timeout: Optional[float] = 300,
-              max_restarts: Optional[int] = None,
+              max_restarts: Optional[int] = None, preflight: bool = False,
               **more) -> "Runner":
         """Check every argument (each error names it, before training), then run all stages. docs/api.md has a row
         per argument; each part of :class:`~torchstage.runner.spec.TrainSpec` checks its own.
@@ -186,7 +186,7 @@ class Runner:
 
         Processes and strategy: ``distributed`` (None: join a launched world; True: also launch one),
         ``nprocs``, ``strategy`` ("ddp", "fsdp", "deepspeed" or a strategy object), ``engine``, ``prefetch``,
-        ``hang_timeout``, ``max_restarts``.
+        ``hang_timeout``, ``max_restarts``, ``preflight`` (check every rank's speed before the first epoch).
 
         ``**more``: other libraries' names for these (Catalyst's ``fp16=``, ``main_metric=``, ``ddp=``...), which
         the runner translates; any other name is refused, with the closest accepted one.

@@ -16,6 +16,7 @@ from torchstage.launch.enter import process_group_timeout, run_in_world
 from torchstage.launch.flight_recorder import mark_finished, point_dumps_to
 from torchstage.launch import startup_watch
 from torchstage.launch.membership import agree_membership
+from torchstage.launch.preflight.check import check_before_training
 from torchstage.launch.resolve import LAUNCHED_ENV, restart_attempt, set_agreed_attempt
 from torchstage.launch.world import World
 from torchstage.logging_setup import ensure_console_handler
@@ -43,7 +44,11 @@ def train_in_world(runner, spec):
 
 
 def _train_here(runner, spec, world: World):
-    """Prepare with this rank's engine, run with the models the strategy set up, leave the plain models behind."""
+    """Check the ranks first (``preflight=True``), prepare with this rank's engine, run with the models the strategy
+    set up, leave the plain models behind."""
+    if spec.preflight and world.is_distributed:
+        startup_watch.phase("running the pre-flight check")
+        check_before_training(world)  # PreflightFailed (exit code 1) on every rank when one is slow
     resumed = prepare(runner, spec, world)
     model = runner.model
     startup_watch.phase("setting up the strategy (wrapping the models)")

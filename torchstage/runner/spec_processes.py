@@ -11,7 +11,8 @@ from torchstage.strategies.resolve import resolve_strategy
 
 @dataclass
 class ProcessesAndStrategy:
-    """Processes, strategy and device. ``nprocs`` is checked where the world forms (``resolve_world``),
+    """Processes, strategy and device, and the pre-flight check. ``nprocs`` is checked where the world forms
+    (``resolve_world``),
     ``hang_timeout`` by the default chain's HangWatchdog; that ``engine`` is for one process only where the world is
     known (``runner/setup.py``)."""
 
@@ -22,6 +23,7 @@ class ProcessesAndStrategy:
     prefetch: bool = False
     hang_timeout: Optional[float] = 300
     max_restarts: Optional[int] = None  # None: $TORCHSTAGE_MAX_RESTARTS, else 0
+    preflight: bool = False  # the pre-flight check of every rank before the first epoch (several processes)
 
     def validate(self, runner) -> None:
         """``distributed`` one of None/True/False, the strategy made an object, ``max_restarts`` a count, ``engine``
@@ -31,6 +33,9 @@ class ProcessesAndStrategy:
                             f"(also launch one process per device) or False (one process), got {self.distributed!r}")
         self.strategy = resolve_strategy(self.strategy)
         self.max_restarts = check_max_restarts(self.max_restarts)
+        if not isinstance(self.preflight, bool):
+            raise TypeError(f"preflight must be True (check every rank's matmul, memory and link speed before the "
+                            f"first epoch, and stop if one is slow) or False, got {self.preflight!r}")
         if self.engine is not None and not isinstance(self.engine, Engine):
             raise TypeError(f"engine must be a torchstage Engine (such as Engine(device='cpu'), or Catalyst 22's "
                             f"dl.CPUEngine()), got {type(self.engine).__name__}")

@@ -17,11 +17,14 @@ import yaml
 from torchstage.arguments import ArgumentError
 from torchstage.callbacks.base import Callback, CallbackOrder, CallbackScope
 from torchstage.callbacks.checkpoints.config_saver import ConfigSaver
+from torchstage.files.straggler_log import RANK_FIGURES
 from torchstage.launch.resolve import restart_attempt
 from torchstage.periods import Batch, as_periods, batch_due
 
 #: ``scope`` of :meth:`LoggerCallback.log_metrics`: loader metrics of an epoch (step: the global epoch).
 EPOCH, BATCH, PERIODIC = "epoch", "batch", "periodic"
+#: ``scope`` of each rank's step times of a train loader (step: the global epoch), from the straggler detector.
+RANKS = RANK_FIGURES
 #: The ``loader`` of run-level values: the restart count of a restarted job.
 RUN = "run"
 
@@ -56,7 +59,8 @@ class LoggerCallback(Callback):
 
     def log_metrics(self, metrics: dict, step: int, loader: str, scope: str, runner) -> None:
         """Float ``metrics`` of ``loader`` at ``step``: ``scope`` is EPOCH (step = global epoch), BATCH or
-        PERIODIC (step = global train batch)."""
+        PERIODIC (step = global train batch), or RANKS (each rank's step times, ``rank3/compute_ms``...; step =
+        global epoch)."""
 
     def log_artifact(self, path: str, runner, kind: str = "file") -> None:
         """A file of the run (``kind``: "checkpoint", "plot", "trace", "summary"...) to keep with it."""

@@ -3,11 +3,11 @@ import logging
 import signal
 from typing import Optional
 
-from torchstage.callbacks.base import Callback, CancelRun
+from torchstage.callbacks.base import Callback, CallbackScope, CancelRun
 from torchstage.callbacks.checkpoints.checkpoint_saver import CheckpointCallback
 from torchstage.callbacks.safety.stop_schedule import CheckSchedule
-from torchstage.stop_request import (DEFAULT_SIGNALS, Agreement, SignalStop, agree, clear_stop_request, control_group,
-                                     stop_requested)
+from torchstage.stop_request import (DEFAULT_SIGNALS, Agreement, AgreementRider, SignalStop, agree, clear_stop_request,
+                                     control_group, stop_requested)
 
 logger = logging.getLogger("torchstage")
 
@@ -24,7 +24,9 @@ class StopCallback(Callback):
     at the next check (waiting for it, or running it every batch, cost 5-10 % of a small model's step under 2
     processes), so a request stops the ranks within about ``check_period`` seconds (with ``check_every=k``:
     a request made during batch N stops them after batch N + k); at an epoch end they agree at once.
-    It runs after every other callback, so each one sees the last batch complete.
+    It runs after every other callback, so each one sees the last batch complete. The callbacks of the chain
+    that are :class:`~torchstage.stop_request.AgreementRider` s (the straggler detector) send their numbers with
+    the periodic agreement: they add no collective of their own.
     """
 
     order = 10_000
@@ -41,7 +43,7 @@ class StopCallback(Callback):
         self.signals = tuple(signal.Signals(s) for s in signals)
         self.check_every, self.check_period = check_every, check_period
         self._handlers, self._group, self._distributed, self._pending = None, None, False, None
-        self._schedule = None
+        self._schedule, self._riders = None, ()
 
     def on_experiment_start(self, runner):
         clear_stop_request()
@@ -51,6 +53,10 @@ class StopCallback(Callback):
         self._distributed = runner.engine.is_distributed
         self._group = control_group() if self._distributed else None
         self._schedule = CheckSchedule(self.check_every, self.check_period)
+        self._riders = riders(runner)
+
+    def on_stage_start(self, runner):
+        self._riders = riders(runner)
 
     def on_loader_start(self, runner):
         if runner.is_train_loader:
@@ -65,7 +71,7 @@ class StopCallback(Callback):
             agreed, interval = self._agreed()  # started at the previous check; every rank reads the same result
             self._schedule.agreed(step, interval)
             if agreed is None:  # runs during the next batches
-                self._pending = Agreement(stop_requested(), self._group, self._schedule.proposal(step))
+                self._pending = Agreement(stop_requested(), self._group, self._schedule.proposal(step), self._riders)
             self._stop(runner, agreed)
 
     def on_epoch_end(self, runner):
@@ -109,3 +115,10 @@ class StopCallback(Callback):
                            request.reason, runner.stage_key, runner.epoch, runner.train_batches_done,
                            runner.global_batch_step, where, request.exit_code)
         raise CancelRun()
+
+
+def riders(runner) -> tuple:
+    """The callbacks of the current chain whose numbers travel with the stop agreement (every rank runs them, so
+    every rank sends the same payloads)."""
+    return tuple(cb for cb in runner.callbacks.values()
+                 if isinstance(cb, AgreementRider) and cb.scope != CallbackScope.Main)

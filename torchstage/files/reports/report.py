@@ -1,6 +1,7 @@
-"""A scalability report from runs of one script at several world sizes: a Markdown table and a PNG figure.
+"""A scalability report from runs of one script at several world sizes: a Markdown table and a PNG figure; and for
+each run of several processes, its ranks side by side (:mod:`~torchstage.files.reports.ranks`).
 
-Each run must have been trained with ``train(monitor=True)`` (``time_s``, ``samples_per_s`` and
+The scalability table needs runs trained with ``train(monitor=True)`` (``time_s``, ``samples_per_s`` and
 ``data_wait`` in its CSV logs). The first epoch is left out when a run has several (it holds warm-up:
 allocations, FLOP counting, loader workers starting).
 """
@@ -8,6 +9,7 @@ import json
 import os
 
 from torchstage.files.checkpoint import load_checkpoint
+from torchstage.files.reports import ranks
 from torchstage.files.reports.plot import read_logs
 
 #: Table columns: (key, header, format).
@@ -136,11 +138,37 @@ def plot(rows: list, output: str) -> str:
 
 
 def write_report(logdirs, output: str) -> tuple:
-    """Write ``output/report.md`` and ``output/report.png``; return their paths and what makes the runs unlike."""
-    rows = scaling_table(logdirs)
+    """Write ``output/report.md`` with the scalability table and figure ``output/report.png`` of the runs trained with
+    ``monitor=True``, and for each run of several processes its ranks side by side (``ranks-<run>.png``); return the
+    paths written and what makes the runs unlike (None when they compare like with like)."""
+    logdirs = list(logdirs)
+    with_ranks = [d for d in logdirs if ranks.has_rank_figures(d)]
+    monitored = [d for d in logdirs if d not in with_ranks or _monitored(d)]
+    rows = scaling_table(monitored) if monitored else []  # raises for a run with neither figures
     os.makedirs(output, exist_ok=True)
-    png = plot(rows, os.path.join(output, "report.png"))
+    paths, lines = [], []
+    if rows:
+        png = plot(rows, os.path.join(output, "report.png"))
+        paths.append(png)
+        lines.append(markdown(rows, os.path.basename(png)))
+    names = {}
+    for logdir in with_ranks:
+        name = os.path.basename(os.path.normpath(logdir)) or "run"
+        names[name] = names.get(name, 0) + 1
+        figure = os.path.join(output, f"ranks-{name}{'' if names[name] == 1 else names[name]}.png")
+        if ranks.per_rank(logdir):
+            paths.append(ranks.plot(logdir, figure))
+        lines.append("\n".join(ranks.markdown(logdir, os.path.basename(figure) if figure in paths else None)))
     md = os.path.join(output, "report.md")
     with open(md, "w") as f:
-        f.write(markdown(rows, os.path.basename(png)))
-    return md, png, unlike(rows)
+        f.write("\n".join(lines))
+    return (md, *paths, unlike(rows) if rows else None)
+
+
+def _monitored(logdir) -> bool:
+    """Whether a run has the throughput figures of ``train(monitor=True)``."""
+    try:
+        run_figures(logdir)
+    except (ValueError, FileNotFoundError):
+        return False
+    return True

@@ -1,0 +1,32 @@
+"""Slow this process down as a test asks, by its rank or node, to play a node that shares its cores with a busy
+neighbour: ``PIN=<cpu>`` pins every process, ``PIN_RANK<k>`` / ``PIN_NODE<k>`` the process of rank k / on SLURM node
+k (``SLURM_NODEID``); ``NICE_RANK<k>`` / ``NICE_NODE<k>`` lower its priority by that much, its session's too (the
+kernel shares CPU time between sessions first, ``/proc/self/autogroup``; the tasks of one SLURM node share
+slurmstepd's session), so that another session's busy process on its core leaves it less time than the others
+get, whatever else runs on the machine."""
+import os
+
+
+def rank() -> str:
+    for name in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+        if os.environ.get(name, "") != "":
+            return os.environ[name]
+    return ""
+
+
+def slow_down_this_process() -> None:
+    """Pin every thread of this process and lower its priority, as the environment asks for its rank or node."""
+    env, node, me = os.environ, os.environ.get("SLURM_NODEID", ""), rank()
+    cpu = env.get(f"PIN_RANK{me}") or env.get(f"PIN_NODE{node}") or env.get("PIN", "")
+    nice = env.get(f"NICE_RANK{me}") or env.get(f"NICE_NODE{node}") or ""
+    for task in map(int, os.listdir("/proc/self/task")):
+        if cpu:
+            os.sched_setaffinity(task, {int(cpu)})
+        if nice:
+            os.setpriority(os.PRIO_PROCESS, task, int(nice))
+    # the session's group: a SLURM node's tasks share one (slurmstepd's), a worker of torchrun or torchstage's
+    # launcher leads its own; a rank's nice must not reach the other ranks of its session
+    own = env.get(f"NICE_NODE{node}") or os.getsid(0) == os.getpid()
+    if nice and own and os.path.exists("/proc/self/autogroup"):
+        with open("/proc/self/autogroup", "w") as f:
+            f.write(nice)
