@@ -169,3 +169,28 @@ def test_bad_settings_are_refused_naming_them():
         StragglerDetector(patience=0)
     with pytest.raises(ValueError, match=r"min_share must be a share of the job's time in \[0, 1\), got 1.5"):
         StragglerDetector(min_share=1.5)
+
+
+def test_an_agreement_without_train_batches_between_slow_windows_is_passed_over():
+    """The stop agreement also runs at an epoch's end and in validation, where no train batch was timed: such an
+    agreement carries 0 batches and must not break the dating of a later finding (a division by zero did)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from torchstage.callbacks.monitoring.straggler_rule import StragglerRule
+    detector = StragglerDetector(window=1.0)
+    detector._world, detector._rank = 2, 0
+    detector._rule = StragglerRule(2, 0.2, 1.0, 3, 0.05)
+    detector._loop = SimpleNamespace(stage_key="main", epoch=1, global_batch_step=0)
+    detector._first = detector._mark()
+
+    def agreement(batches, slow_us=20_000):  # rank 1 computes twice as long per batch
+        return torch.tensor([0, 10_000 * batches, slow_us * batches - 10_000 * batches, batches,
+                             0, slow_us * batches, 0, batches], dtype=torch.int64)
+
+    for batches in (100, 0, 100, 0, 100, 0):
+        detector.arrived(agreement(batches))
+    (finding, began), = detector._found
+    assert (finding.kind, finding.rank, finding.part) == ("slow", 1, "compute")
+    assert began == detector._first  # slow from the first agreement on

@@ -157,6 +157,8 @@ class StragglerDetector(Callback, AgreementRider):
         if any(row[3] != batches for row in rows):  # not the same batches: nothing to compare
             logger.debug("straggler detector: the ranks timed different batches %s", [row[3] for row in rows])
             return
+        if batches == 0:  # an agreement between loaders (an epoch's end, a validation pass): no train batch timed
+            return
         data, compute, waited = ([row[i] / 1e6 for row in rows] for i in range(3))
         mark = self._mark()
         self._recent = (self._recent + [(mark, {"data": data, "compute": compute, "wait": waited}, batches)])
