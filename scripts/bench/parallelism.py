@@ -10,8 +10,9 @@ data (batch 2 x 8 tokens per data-parallel rank, AdamW). A round's figure is the
 two (data loading, forward, backward, optimizer step, every callback of the default chain); the report gives the
 medians over rounds and their ratio. Memory, from the first round: bytes rank 0 holds in parameters and gradients
 when the optimizer first steps and in optimizer state after training (exact, machine-independent), and the peak
-resident memory the run added to the process (``VmHWM`` reset before each run; on a GPU, torch's peak allocation),
-each contender's from the round in which it ran first in its processes.
+resident memory the run added to the process (``VmHWM`` reset before the run; on a GPU, torch's peak allocation),
+each contender's from a world of fresh processes of its own (memory another run freed and the allocator kept
+would otherwise hide part of the peak of the run after it).
 """
 import argparse
 import json
@@ -224,6 +225,8 @@ def worker(args) -> None:
     for round_ in range(args.rounds):
         order = (("torchstage", torchstage_run), ("hand-written", hand_run))
         for name, run in order if round_ % 2 == 0 else reversed(order):
+            if args.only and name != args.only:
+                continue
             dist.barrier()
             results[name].append(run(args, device))
     if dist.get_rank() == 0:
@@ -232,6 +235,20 @@ def worker(args) -> None:
                        "device": str(device)}, f)
     dist.barrier()
     dist.destroy_process_group()
+
+
+def world(args, strategy: str, rounds: int, only: str = None) -> dict:
+    """Run :func:`worker` in a fresh world of 4 processes under ``torchrun``; rank 0's results."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "result.json")
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
+                   os.path.abspath(__file__), "--strategy", strategy, "--out", out, "--rounds", str(rounds),
+                   "--steps", str(args.steps), "--width", str(args.width), "--blocks", str(args.blocks),
+                   "--seq", str(args.seq), "--batch", str(args.batch), *(["--only", only] if only else [])]
+        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        subprocess.run(command, check=True, env=env, stdout=subprocess.DEVNULL)
+        with open(out) as f:
+            return json.load(f)
 
 
 def main():
@@ -245,21 +262,16 @@ def main():
     parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=STRATEGIES)
     parser.add_argument("--strategy", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--only", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.strategy:
         return worker(args)
     rows = []
     for strategy in args.strategies:
-        with tempfile.TemporaryDirectory() as tmp:
-            out = os.path.join(tmp, "result.json")
-            command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
-                       os.path.abspath(__file__), "--strategy", strategy, "--out", out, "--rounds", str(args.rounds),
-                       "--steps", str(args.steps), "--width", str(args.width), "--blocks", str(args.blocks),
-                       "--seq", str(args.seq), "--batch", str(args.batch)]
-            env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-            subprocess.run(command, check=True, env=env, stdout=subprocess.DEVNULL)
-            with open(out) as f:
-                rows.append({"strategy": strategy, **json.load(f)})
+        row = {"strategy": strategy, **world(args, strategy, args.rounds)}  # the step times, alternating
+        for name in ("torchstage", "hand-written"):  # the peaks, each in processes of its own (a fresh allocator)
+            row[f"peak {name}"] = world(args, strategy, 1, only=name)["results"][name][0]["peak"]
+        rows.append(row)
     mib = 2 ** 20
     print(f"model: {rows[0]['params'] / 1e6:.1f}M parameters, AdamW, 4 processes on {rows[0]['device']}, "
           f"{args.rounds} rounds of {args.steps} steps (medians of the rounds' mean step after the first 2)")
@@ -268,13 +280,12 @@ def main():
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for row in rows:
         ours, hand = row["results"]["torchstage"], row["results"]["hand-written"]
-        first = ours[0]  # round 0 runs torchstage first in its process, round 1 the hand-written loop: each one's
-        hand_first = hand[1] if len(hand) > 1 else hand[0]  # peak is taken where it ran first (a fresh allocator)
+        first = ours[0]
         a, b = statistics.median(r["step_s"] for r in ours), statistics.median(r["step_s"] for r in hand)
         ratios = sorted(o["step_s"] / h["step_s"] for o, h in zip(ours, hand))
         print(f"| {LABELS[row['strategy']]} | {first['params'] / mib:.1f} MiB | {first['grads'] / mib:.1f} MiB | "
-              f"{first['optimizer'] / mib:.1f} MiB | {first['peak'] / mib:.0f} MiB "
-              f"(hand: {hand_first['peak'] / mib:.0f}) | {a:.3f} s | {b:.3f} s | **{a / b:.3f}** | "
+              f"{first['optimizer'] / mib:.1f} MiB | {row['peak torchstage'] / mib:.0f} MiB "
+              f"(hand: {row['peak hand-written'] / mib:.0f}) | {a:.3f} s | {b:.3f} s | **{a / b:.3f}** | "
               f"{ratios[0]:.3f} to {ratios[-1]:.3f} |")
 
 
