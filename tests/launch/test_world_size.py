@@ -71,3 +71,25 @@ def test_mid_epoch_resume_on_another_world_trains_each_sample_of_the_epoch_once(
     assert set(counts) == set(range(40))  # every sample of the epoch
     assert sum(counts.values()) - 40 == padding  # each once, apart from the padding of the resumed pass
     assert load_checkpoint(str(result["logdir"] / "checkpoints" / "last.pth"))["loop"]["global_epoch_step"] == 3
+
+
+def test_a_train_pass_interrupted_after_its_last_batch_resumes_on_another_world(tmp_path):
+    """Killed as the validation of epoch 2 starts, after the checkpoint of the train pass's last batch: the 3 processes
+    that resume have no train batch left; the main rank holds the partial sums of the 2 that wrote it, and every rank
+    still takes part in the loader's end alike (a mismatched all-reduce aborted such a resume)."""
+    logdir = tmp_path / "run"
+    first = run(logdir, 2, KILL_AT_VALID=2, TAG="first")
+    assert first.returncode != 0
+    loop = load_checkpoint(str(logdir / "checkpoints" / "last.pth"))["loop"]
+    assert (loop["epoch_done"], loop["global_batch_step"], loop["loader"], loop["loader_batch"]) == (False, 10, "train", 5)
+    second = run(logdir, 3, resume="last", TAG="second")
+    assert second.returncode == 0, second.stdout[-3000:]
+    assert not [row for row in seen(logdir, "second") if row["epoch"] == 2]  # nothing left of epoch 2's pass
+    rows = [line.split(",") for line in (logdir / "logs" / "train.csv").read_text().splitlines()]
+    header, epoch2 = rows[0], [row for row in rows[1:] if row[rows[0].index("epoch")] == "2"]
+    reference = run(tmp_path / "whole", 2, TAG="whole")  # the same run, never interrupted
+    assert reference.returncode == 0, reference.stdout[-3000:]
+    whole = [line.split(",") for line in (tmp_path / "whole" / "logs" / "train.csv").read_text().splitlines()]
+    loss = header.index("loss")
+    assert float(epoch2[-1][loss]) == pytest.approx(float([r for r in whole[1:] if r[whole[0].index("epoch")] == "2"]
+                                                          [-1][whole[0].index("loss")]), rel=1e-6)

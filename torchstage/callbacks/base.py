@@ -91,6 +91,12 @@ class Callback(EventMethods):
         mid-loader on another number of processes (loaded on its main rank); TypeError where it cannot be."""
         raise TypeError(f"{type(self).__name__} keeps a state per rank and cannot merge them")
 
+    def empty_rank_state(self, merged: dict) -> dict:
+        """What the other ranks load beside the main rank's :meth:`merge_rank_states`: nothing by default; a callback
+        whose loader-end collective follows the keys it holds returns them with nothing counted, so that every rank
+        takes part in it alike, even one whose part of the resumed loader has no batch left."""
+        return {}
+
     @property
     def produces(self) -> tuple:
         """Metric names this callback writes, so ``valid_metric`` can be checked before training."""

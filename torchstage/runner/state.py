@@ -98,17 +98,16 @@ def same_data_layout(checkpoint: dict, engine) -> bool:
 def _rank_state(callback, name: str, state: dict, engine, checkpoint: dict, same_layout: bool) -> dict:
     """This rank's part of a per-rank callback state; from another layout, the states of the ranks that counted
     samples (the first of each tensor-parallel group) merged on the main rank (what they held is counted once) and
-    nothing on the others."""
+    :meth:`~torchstage.callbacks.base.Callback.empty_rank_state` on the others."""
     if "per_rank" not in state:
         return {}
     states, written_by = state["per_rank"], len(checkpoint["rng"])
     if same_layout:
         return states[engine.rank]
-    if not engine.is_main:
-        return {}
     tensor = data_layout(checkpoint)[1]
     try:
-        return callback.merge_rank_states([s for rank, s in enumerate(states) if s and rank % tensor == 0])
+        merged = callback.merge_rank_states([s for rank, s in enumerate(states) if s and rank % tensor == 0])
+        return merged if engine.is_main else callback.empty_rank_state(merged)
     except TypeError as e:
         raise CheckpointError(f"checkpoint was written mid-loader by {written_by} process(es) and is resumed by "
                               f"{engine.world_size}: callbacks[{name!r}] keeps a partial state per rank ({e}); resume "

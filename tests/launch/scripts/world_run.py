@@ -2,7 +2,8 @@
 
 Usage: python world_run.py LOGDIR NPROC [resume]
 Environment: KILL_AT_BATCH=n: SIGKILL every rank after global train batch n (last.pth is then the mid-epoch
-checkpoint of the batch before, Batch(2)); each rank appends the ids of its train batches, with the global
+checkpoint of the batch before, Batch(2)); KILL_AT_VALID=e: SIGKILL every rank as the valid loader of global epoch e
+starts (last.pth is then the checkpoint of the train pass's last batch, with no train batch left); each rank appends the ids of its train batches, with the global
 epoch and batch, to LOGDIR/seen-TAG-rankR.jsonl (TAG: the environment's TAG, default "run").
 """
 import json
@@ -22,6 +23,12 @@ class Seen(Callback):
 
     def __init__(self, logdir):
         self.logdir, self.kill_at = logdir, int(os.environ.get("KILL_AT_BATCH", 0))
+        self.kill_at_valid = int(os.environ.get("KILL_AT_VALID", 0))
+
+    def on_loader_start(self, runner):
+        if not runner.is_train_loader and runner.global_epoch_step == self.kill_at_valid:
+            runner.file_writer.wait()
+            os.kill(os.getpid(), signal.SIGKILL)
 
     def on_batch_start(self, runner):
         if runner.is_train_loader:

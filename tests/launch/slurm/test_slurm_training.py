@@ -148,7 +148,8 @@ def test_srun_trains_to_the_single_process_metrics(runs, name, world_size):
                    if os.path.isfile(p))
     assert [f for f in files if not f.startswith("tensorboard")] == [
         "checkpoints/best.pth", "checkpoints/last.pth", "checkpoints/metrics.json",
-        "logs/hparams.json", "logs/train.csv", "logs/valid.csv", "model_summary.txt"]
+        "logs/hparams.json", "logs/ranks.json", "logs/ranks/train.csv", "logs/train.csv", "logs/valid.csv",
+        "model_summary.txt"]  # ranks*: the straggler detector's hosts and per-rank times (main rank only too)
     # one event file each for train and valid, and one for the run's hparams
     assert len([f for f in files if f.startswith("tensorboard")]) == 3
     assert (logdir / "logs" / "valid.csv").read_text().count("\nmain,") == 3

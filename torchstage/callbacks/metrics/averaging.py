@@ -91,6 +91,14 @@ class MetricsAveragingCallback(Callback):
                 kept[1].extend(sizes)
         return merged if any(merged.values()) else {}
 
+    def empty_rank_state(self, merged: dict) -> dict:
+        """The merged sums' keys, nothing counted: every rank then all-reduces the same sums at the loader's end."""
+        keys = list(merged.get("sums", {})) + [k for k in merged.get("kept", {}) if k not in merged.get("sums", {})]
+        if not keys:
+            return {}
+        return {"sums": {k: torch.zeros((), dtype=torch.float64) for k in keys}, "counts": {k: 0 for k in keys},
+                "kept": {}}
+
     def on_loader_end(self, runner):
         self._fold()
         partial, counts = self._sums, self._counts
