@@ -1,5 +1,7 @@
 """What a run relies on keeps working under HSDP and tensor parallel + FSDP (4 gloo processes): a restart after a
-rank dies, monitor=True and torchstage report, the non-finite loss check, the hang watchdog, the checkpoint tools."""
+rank dies, monitor=True and torchstage report, the non-finite loss check, the hang watchdog, the checkpoint tools.
+Each under one mesh, the two meshes sharing the work (both were run under each when this was built; the 4-process
+launches are the suite's price): the restart under tensor parallel, whose sample counts differ from its ranks'."""
 import csv
 import os
 import subprocess
@@ -14,13 +16,12 @@ from tests.strategies.test_mesh import RUNS, final, launch, mesh_runs, reports  
 from torchstage.files.checkpoint import load_checkpoint
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(900)]
-MESHES = ["hsdp", "tp-dp"]
 
 
-@pytest.mark.parametrize("mesh", MESHES)
+@pytest.mark.parametrize("mesh", ["tp-dp"])
 def test_a_rank_that_dies_is_restarted_and_monitor_and_report_see_the_mesh(mesh_runs, tmp_path, mesh):
     # killed in the second epoch (its 3rd batch: 6 batches an epoch under hsdp's 4 data-parallel ranks, 12 under 2)
-    fail_at = {"hsdp": 9, "tp-dp": 15}[mesh]
+    fail_at = {"hsdp": 9, "tp-dp": 15}[mesh]  # (hsdp: the same, checked when built)
     run = launch(tmp_path / "run", FAIL_ONCE_AT_BATCH=fail_at, KILL_RANK=1, MAX_RESTARTS=1, MONITOR=1, **RUNS[mesh])
     out = run["out"]
     assert run["code"] == 0, out[-3000:]
@@ -44,7 +45,7 @@ def test_a_rank_that_dies_is_restarted_and_monitor_and_report_see_the_mesh(mesh_
     assert "| 4 |" in table  # the world size of the run
 
 
-@pytest.mark.parametrize("mesh", MESHES)
+@pytest.mark.parametrize("mesh", ["hsdp"])
 def test_a_nan_loss_stops_every_rank_and_no_checkpoint_holds_it(tmp_path, mesh):
     run = launch(tmp_path / "run", NAN_AT_BATCH=3, **RUNS[mesh])
     out = run["out"]
@@ -56,7 +57,7 @@ def test_a_nan_loss_stops_every_rank_and_no_checkpoint_holds_it(tmp_path, mesh):
     assert all(torch.isfinite(t).all() for t in last["models"]["model"].values())
 
 
-@pytest.mark.parametrize("mesh", MESHES)
+@pytest.mark.parametrize("mesh", ["tp-dp"])
 def test_a_hung_rank_is_named_by_the_watchdog(tmp_path, mesh):
     run = launch(tmp_path / "run", HANG_AT_BATCH=3, KILL_RANK=1, HANG_TIMEOUT=3, **RUNS[mesh])
     out = run["out"]
