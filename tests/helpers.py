@@ -5,6 +5,7 @@ import os
 import socket
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -137,3 +138,15 @@ def straggler_logdir(folder, hosts=("node1", "node1", "node2", "node2")):
                "began_at": {"stage": "main", "epoch": 4, "global_batch_step": 300}}]
     (folder / "logs" / "stragglers.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     return str(folder)
+
+
+@contextmanager
+def busy_core(cpu: int):
+    """A busy process pinned to CPU ``cpu`` in a session of its own (a neighbour's job), stopped by its pid after."""
+    proc = subprocess.Popen(["taskset", "-c", str(cpu), sys.executable, "-c", "while True: pass"],
+                            start_new_session=True)
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from tests.helpers import ROOT, script_env
+from tests.helpers import ROOT, busy_core, script_env
 from tests.launch.test_mpi_launch import launcher
 
 SCRIPTS = ROOT / "tests" / "launch" / "preflight" / "scripts"
@@ -27,10 +27,8 @@ def run(command, timeout=200, **env):
 @pytest.fixture
 def busy_core_0():
     """A busy process on CPU 0 in a session of its own (a neighbour's job), stopped by its pid after the test."""
-    proc = subprocess.Popen(["taskset", "-c", "0", sys.executable, "-c", "while True: pass"], start_new_session=True)
-    yield proc
-    proc.kill()
-    proc.wait()
+    with busy_core(0) as proc:
+        yield proc
 
 
 def torchrun(nproc, *options, **env):

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, busy_core
 from tests.launch.slurm.slurm_cluster import slurm_cluster  # noqa: F401 (session fixture)
 from torchstage.launch.slurm.step import master_port
 
@@ -29,10 +29,8 @@ def srun(env, *command, **extra):
 @pytest.fixture
 def busy_core_1():
     """A busy process on CPU 1 in a session of its own, stopped by its pid after the test."""
-    proc = subprocess.Popen(["taskset", "-c", "1", sys.executable, "-c", "while True: pass"], start_new_session=True)
-    yield proc
-    proc.kill()
-    proc.wait()
+    with busy_core(1) as proc:
+        yield proc
 
 
 def test_a_slow_node_is_named_with_the_exclude_and_exit_1(slurm_cluster, busy_core_1):  # noqa: F811
