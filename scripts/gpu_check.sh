@@ -12,6 +12,7 @@ if [ -n "$reason" ]; then
   exit 0
 fi
 mkdir -p "$out"
+runs=$(mktemp -d)  # the examples' logdirs: checkpoints stay out of the report folder
 report="$out/REPORT.md"
 status=0
 {
@@ -23,25 +24,37 @@ status=0
   echo '```'
 } >"$report"
 
-section() {  # section TITLE COMMAND...: run, keep the output's tail in the report
-  local title=$1; shift
+section() {  # section TITLE SECONDS COMMAND...: run under a time limit, keep the output's tail in the report
+  local title=$1 limit=$2; shift 2
   echo "== $title: $*"
   { echo; echo "## $title"; echo; echo "\`$*\`"; echo; echo '```'; } >>"$report"
-  "$@" >"$out/log.txt" 2>&1
+  local start=$SECONDS
+  timeout -k 10 "$limit" "$@" >"$out/log.txt" 2>&1
   local rc=$?
+  [ $rc -eq 124 ] && echo "gpu_check: stopped after its limit of ${limit} s" >>"$out/log.txt"
   tail -n 40 "$out/log.txt" | tee -a "$report"
   echo '```' >>"$report"
-  echo "exit code $rc" >>"$report"
+  echo "exit code $rc, $((SECONDS - start)) s" >>"$report"
   return $rc
 }
 
-section "GPU tests" python3 -m pytest -q -rs tests/gpu tests/runner/test_amp.py tests/runner/test_pipeline.py \
-  tests/metrics/test_base.py tests/runner/test_host_syncs.py tests/runner/test_resume_kill.py || status=1
-section "GPU benchmarks" python3 scripts/bench/gpu.py --out "$out/benchmarks.md" || status=1
-section "ResNet, fp32" python3 scripts/bench/resnet.py --device cuda --batches 50 --batch-size 256 --repeats 5 || status=1
-section "DDP scaling" python3 scripts/bench/ddp_scaling.py || status=1
-if [ -f scripts/bench/fsdp_memory.py ]; then
-  section "FSDP memory" python3 scripts/bench/fsdp_memory.py || status=1
+section "GPU tests" 300 python3 -m pytest -q -rs --timeout 240 tests/gpu tests/runner/test_amp.py \
+  tests/runner/test_pipeline.py tests/metrics/test_base.py tests/runner/test_host_syncs.py \
+  tests/runner/test_resume_kill.py || status=1
+section "GPU benchmarks" 240 python3 scripts/bench/gpu.py --out "$out/benchmarks.md" || status=1
+# This round's features on the GPU(s): rollback past bad batches (CUDA snapshots), FSDP2 and DDP on a
+# transformer (NCCL, DCP checkpoints); TP and HSDP need 2+ GPUs (a mesh of one GPU per rank).
+section "Rollback example" 120 python3 scripts/rollback_example.py "$runs/rollback" || status=1
+section "Parallelism example, fsdp" 120 python3 scripts/parallelism_example.py "$runs/fsdp" fsdp || status=1
+section "Parallelism example, ddp" 120 python3 scripts/parallelism_example.py "$runs/ddp" ddp || status=1
+gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())')
+if [ "$gpus" -ge 2 ]; then
+  section "Parallelism example, tp" 180 python3 scripts/parallelism_example.py "$runs/tp" tp || status=1
+  section "Parallelism example, hsdp" 180 python3 scripts/parallelism_example.py "$runs/hsdp" hsdp || status=1
 fi
+section "ResNet, fp32" 180 python3 scripts/bench/resnet.py --device cuda --batches 50 --batch-size 256 --repeats 5 \
+  || status=1
+section "DDP scaling" 180 python3 scripts/bench/ddp_scaling.py || status=1
+section "FSDP memory" 180 python3 scripts/bench/fsdp_memory.py || status=1
 echo "gpu_check: report in $report (exit $status)"
 exit $status

@@ -119,14 +119,21 @@ def main():
         sys.exit("scripts/bench/gpu.py needs a CUDA GPU (torch.cuda.is_available() is False)")
     logging.getLogger("torchstage").setLevel(logging.WARNING)
     torch.backends.cudnn.benchmark = True
+    failed = False
     lines = [f"## GPU benchmarks: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
              f"{time.strftime('%Y-%m-%d')}", ""]
-    lines += throughput(args) + step_cost(args) + first_batch_and_memory(args)
-    report = "\n".join(lines)
-    print(report)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(report + "\n")
+    for part in (throughput, step_cost, first_batch_and_memory):  # each part printed as it ends
+        try:
+            lines += part(args)
+        except Exception as error:  # noqa: BLE001 - the report keeps the parts that ran, and says which failed
+            lines += [f"### {part.__name__} failed: {type(error).__name__}: {error}", ""]
+            failed = True
+        print("\n".join(lines), flush=True)
+        if args.out:
+            with open(args.out, "w") as f:
+                f.write("\n".join(lines) + "\n")
+    if failed:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -16,15 +16,16 @@ import torch
 from torchstage import SupervisedRunner
 
 
-def make(seed=0):
+def make(seed=0, device="cpu"):
     torch.manual_seed(seed)
-    model = torch.nn.Linear(10, 1)
+    model = torch.nn.Linear(10, 1).to(device)
     return model, torch.nn.MSELoss(), torch.optim.Adam(model.parameters())
 
 
 def hand_written(batches):
-    model, criterion, optimizer = make()
-    total, count = torch.zeros((), dtype=torch.float64), 0
+    device = batches[0][0].device
+    model, criterion, optimizer = make(device=device)
+    total, count = torch.zeros((), dtype=torch.float64, device=device), 0
     model.train()
     for x, y in batches:
         loss = criterion(model(x), y)
@@ -37,7 +38,7 @@ def hand_written(batches):
 
 
 def torchstage_run(batches, **kwargs):
-    model, criterion, optimizer = make()
+    model, criterion, optimizer = make(device=batches[0][0].device)
     runner = SupervisedRunner().train(model=model, criterion=criterion, optimizer=optimizer,
                                       loaders={"train": batches}, valid_loader="train", num_epochs=1, **kwargs)
     return runner.epoch_metrics["train"]["loss"]

@@ -36,10 +36,12 @@ def test_distributed_true_runs_one_process_per_visible_gpu(tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun is not on PATH")
-def test_torchrun_forms_an_nccl_world_of_one(tmp_path):
+def test_torchrun_of_one_process_trains_on_the_gpu_without_a_process_group(tmp_path):
+    # a world of one forms no process group, under torchrun as under distributed=True on one GPU
+    # (tests/launch/test_env.py); its collectives are no-ops
     ranks = run(["torchrun", "--nproc-per-node=1", str(SCRIPT), str(tmp_path / "logs")], tmp_path)
     assert len(ranks) == 1
-    assert ranks[0]["backend"] == "nccl" and ranks[0]["device"] == "cuda:0" and ranks[0]["world_size"] == 1
+    assert ranks[0]["backend"] is None and ranks[0]["device"] == "cuda:0" and ranks[0]["world_size"] == 1
 
 
 def test_resume_after_sigkill_on_a_gpu_is_bitwise_equal(tmp_path):
@@ -53,4 +55,5 @@ def test_resume_after_sigkill_on_a_gpu_is_bitwise_equal(tmp_path):
     last_whole, last_parts = whole / "checkpoints" / "last.pth", parts / "checkpoints" / "last.pth"
     assert checkpoint_differences(last_whole, last_parts) == []
     state = torch.load(last_whole, weights_only=True)
-    assert all(t.is_cuda for t in state["models"]["model"].values())  # the run really was on the GPU
+    # the run really was on the GPU: its CUDA generator's state is in the checkpoint (weights are saved as host copies)
+    assert all("cuda" in rank for rank in state["rng"])

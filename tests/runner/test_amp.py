@@ -6,7 +6,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from torchstage import Callback, CallbackOrder, SupervisedRunner
+from torchstage import Callback, CallbackOrder, Engine, SupervisedRunner
 
 
 def loaders(n=256):
@@ -58,7 +58,8 @@ def test_fp16_on_cpu_fails_before_training():
     net = model()
     with pytest.raises(ValueError, match="amp='fp16' .*needs a CUDA device.*use amp='bf16' on CPU"):
         SupervisedRunner().train(model=net, criterion=nn.MSELoss(), loaders=loaders(), amp="fp16",
-                                 optimizer=torch.optim.SGD(net.parameters(), lr=0.1), callbacks=[Never()])
+                                 optimizer=torch.optim.SGD(net.parameters(), lr=0.1), callbacks=[Never()],
+                                 engine=Engine(device="cpu"))  # on the CPU on a GPU machine too
 
 
 def test_unknown_amp_value_names_the_choices():

@@ -68,7 +68,8 @@ def test_datasets_loaders_keep_workers_alive_and_pin_only_on_cuda():
                                       datasets={"batch_size": 8, "num_workers": 1, "train": TensorDataset(X, y),
                                                 "valid": TensorDataset(X, y)})
     loader = runner.loaders["train"]
-    assert loader.persistent_workers is True and loader.pin_memory is False
+    on_cuda = runner.engine.device.type == "cuda"
+    assert loader.persistent_workers is True and loader.pin_memory is on_cuda
     explicit = SupervisedRunner().train(model=model, criterion=torch.nn.MSELoss(),
                                         optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
                                         datasets={"batch_size": 8, "num_workers": 1, "persistent_workers": False,

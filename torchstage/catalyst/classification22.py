@@ -85,7 +85,9 @@ class PrecisionRecallF1SupportMetric(AdditiveStateMetric):
         elif counts.shape[1] != self._classes:
             raise ValueError(f"{owner}: this batch has {counts.shape[1]} classes, earlier ones {self._classes}")
         self._state_size = 4 * self._classes + 2
-        extra = torch.stack([counts.new_tensor(outputs.shape[0]), counts.new_tensor(0) if unread is None else unread])
+        # made on the device (a fill, not a copy from host memory): no host sync per batch on a GPU
+        seen = torch.full((), outputs.shape[0], dtype=counts.dtype, device=counts.device)
+        extra = torch.stack([seen, counts.new_zeros(()) if unread is None else unread])
         self._add(torch.cat([counts.reshape(-1), extra]))
 
     def _sync(self, engine) -> None:

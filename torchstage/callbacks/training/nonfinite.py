@@ -275,12 +275,15 @@ def first_nonfinite_state(runner):
                         for key, t in state.items()]
     tensors = [(where, t.to_local() if hasattr(t, "to_local") else t) for where, t in tensors
                if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel()]
-    if not tensors:
-        return None
-    flags = torch.stack([torch.isfinite(t).all() for _, t in tensors])
-    if bool(flags.all()):
-        return None
-    return tensors[int((~flags).nonzero()[0])][0]
+    by_device = {}  # one host read per device: Adam's step counts stay on the CPU beside CUDA weights
+    for i, (_, t) in enumerate(tensors):
+        by_device.setdefault(t.device, []).append(i)
+    bad = []
+    for indices in by_device.values():
+        flags = torch.stack([torch.isfinite(tensors[i][1]).all() for i in indices])
+        if not bool(flags.all()):
+            bad.append(indices[int((~flags).nonzero()[0])])
+    return tensors[min(bad)][0] if bad else None
 
 
 def check_finite_state(runner, last_good: str) -> None:
