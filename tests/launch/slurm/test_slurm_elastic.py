@@ -86,7 +86,13 @@ def test_srun_no_kill_torchrun_loses_a_node_and_grows_back_in_one_job(slurm_clus
     finally:
         subprocess.run(["scancel", job], env=env, capture_output=True, timeout=30)
     out = (tmp_path / "job.out").read_text()
-    assert joined.returncode == 0, joined.stdout[-2000:] + joined.stderr[-2000:]
+    phases = [(phase, len(rows)) for phase, rows in _phases(logdir)]
+    # The job ends with its batch script's step: a joined step whose agent is still shutting down then is ended
+    # by SLURM (exit 143) after the run's last checkpoint, written by all 4 ranks together (asserted below).
+    ended_with_job = joined.returncode == 143 and "Job step aborted" in joined.stderr and "epoch 12/12" in out
+    assert joined.returncode == 0 or ended_with_job, (f"phases {phases}\njob:\n{out[-3000:]}\njoined:\n"
+                                                      + joined.stdout[-3000:] + joined.stderr[-3000:])
+    assert "ChildFailedError" not in joined.stdout + joined.stderr
     assert re.search(r"\(restart attempt 1 of this job\): the world that wrote it had 2 node\(s\) and 4 "
                      rf"process\(es\), this one has 1 and 2: lost node \S+ \(agent pid {agents[lost][0]}\) with "
                      r"ranks \d-\d of 4", out), out[-4000:]
