@@ -42,7 +42,9 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Every test under tests/launch/slurm, and any test that uses the cluster fixture, is a SLURM test."""
+    """Every test under tests/launch/slurm, and any test that uses the cluster fixture, is a SLURM test. Under
+    pytest-xdist (``-n``) the SLURM tests run one at a time on one worker: the local cluster has two nodes."""
     for item in items:
         if "tests/launch/slurm/" in item.nodeid.replace("\\", "/") or "slurm_cluster" in item.fixturenames:
             item.add_marker(pytest.mark.slurm)
+            item.add_marker(pytest.mark.xdist_group("slurm"))

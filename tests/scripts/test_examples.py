@@ -3,6 +3,7 @@ import csv
 import os
 import re
 
+import pytest
 import torch
 
 from tests.helpers import run_script
@@ -62,6 +63,7 @@ def test_the_rollback_example_rolls_back_past_its_two_bad_records(tmp_path):
     assert all(torch.isfinite(t).all() for t in final["models"]["model"].values())
 
 
+@pytest.mark.distributed
 def test_the_elastic_example_trains_under_torchrun_and_its_rate_follows_the_world(tmp_path):
     """Two processes under an elastic torchrun, then the same script alone as a restarted job (one process): it
     continues the run with the learning rate of its world (0.01 x 1/4), saying so."""
@@ -84,6 +86,7 @@ def test_the_elastic_example_trains_under_torchrun_and_its_rate_follows_the_worl
     assert final["meta"]["world_size"] == 1 and final["optimizers"]["optimizer"]["param_groups"][0]["lr"] == 0.0025
 
 
+@pytest.mark.distributed
 def test_slow_ranks_example_checks_the_ranks_then_names_the_slow_one_and_its_recovery(tmp_path):
     """Both ranks on one core (even turns, whatever else runs here), so that the pre-flight check agrees."""
     result = run_script("slow_ranks.py", str(tmp_path), cpus=0)

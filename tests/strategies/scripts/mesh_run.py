@@ -28,7 +28,7 @@ from torchstage import (FSDP, HSDP, Batch, Callback, Epoch, MetricCallback, Mode
 from torchstage.metrics import AdditiveStateMetric
 
 env = os.environ
-logdir, resume = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else None)
+logdir, resume = (sys.argv[1:] + [None, None])[:2]  # LOGDIR [RESUME]; importable for Net (no arguments then)
 DIM, HEADS, HIDDEN, LENGTH = 16, 4, 32, 5
 
 
