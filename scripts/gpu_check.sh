@@ -47,14 +47,12 @@ section "GPU benchmarks" 240 python3 scripts/bench/gpu.py --out "$out/benchmarks
 section "Rollback example" 120 python3 scripts/rollback_example.py "$runs/rollback" || status=1
 section "Parallelism example, fsdp" 120 python3 scripts/parallelism_example.py "$runs/fsdp" fsdp || status=1
 section "Parallelism example, ddp" 120 python3 scripts/parallelism_example.py "$runs/ddp" ddp || status=1
-gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())')
-if [ "$gpus" -ge 2 ]; then
-  section "Parallelism example, tp" 180 python3 scripts/parallelism_example.py "$runs/tp" tp || status=1
-  section "Parallelism example, hsdp" 180 python3 scripts/parallelism_example.py "$runs/hsdp" hsdp || status=1
-fi
 section "ResNet, fp32" 180 python3 scripts/bench/resnet.py --device cuda --batches 50 --batch-size 256 --repeats 5 \
   || status=1
-if [ "$gpus" -ge 2 ]; then  # NCCL takes one GPU per rank: on one GPU these would measure the CPU or fail
+gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())')
+if [ "$gpus" -ge 2 ]; then  # NCCL takes one GPU per rank: on one GPU these would fail or measure the CPU
+  section "Parallelism example, tp" 180 python3 scripts/parallelism_example.py "$runs/tp" tp || status=1
+  section "Parallelism example, hsdp" 180 python3 scripts/parallelism_example.py "$runs/hsdp" hsdp || status=1
   section "DDP scaling" 180 python3 scripts/bench/ddp_scaling.py || status=1
   section "FSDP memory" 180 python3 scripts/bench/fsdp_memory.py || status=1
 fi
