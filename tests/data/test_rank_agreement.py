@@ -75,7 +75,7 @@ def test_get_datasets_fn_that_reads_the_rank_is_refused_with_advice_about_itself
     result = run([SCRIPTS / "rank_datasets_fn.py", tmp_path], nproc=2)
     out = result.stdout + result.stderr
     assert result.returncode != 0 and "ValueError: the ranks hold different data" in out, out[-3000:]
-    assert "loader 'train' (also read by loader 'valid'): items 0, 16, 31 of its 32 differ between ranks" in out
+    assert "loader 'train': items 0, 16, 31 of its 32 differ between ranks" in out
     assert "torchstage called datasets['get_datasets_fn'] after seeding every rank alike" in out
     assert "pass datasets=" not in out and "epoch 1/1" not in out
 
