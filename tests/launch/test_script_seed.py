@@ -68,3 +68,12 @@ def test_importing_torchstage_seeds_a_launched_rank_before_the_script_draws(laun
     torch.manual_seed(expected)
     assert (float(out[0]) == torch.rand(1).item()) is seeded
     assert out[1] == (str(expected) if seeded else "None")
+
+
+def test_a_seed_the_script_set_before_importing_torchstage_is_kept():
+    code = ("import torch\ntorch.manual_seed(5)\nimport torchstage\nfrom torchstage.launch.script_seed import "
+            "applied_seed\nprint(torch.rand(1).item(), applied_seed())")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=script_env(**ranks(**TORCHRUN)[1]),
+                         capture_output=True, text=True, timeout=60, check=True).stdout.split()
+    torch.manual_seed(5)
+    assert float(out[0]) == torch.rand(1).item() and out[1] == "None"

@@ -100,16 +100,25 @@ def _launcher_of_several(environ: Mapping):
         return None
 
 
-def seed_launched_rank() -> None:
-    """Seed python, numpy and torch with :func:`launched_seed` when this process is a launched rank (``import
-    torchstage`` calls it, and the entry of torchstage's workers before the program's first line): module-level
-    data made after it agrees across ranks. ``train(seed=...)`` seeds each rank again when training starts."""
+def seed_launched_rank(force: bool = False) -> None:
+    """Seed python, numpy and torch with :func:`launched_seed` when this process is a launched rank: module-level
+    data made after it agrees across ranks. ``import torchstage`` calls it, and seeds only while torch's generator
+    is as ``import torch`` left it (a seed the script set before the import is kept: it is the same on every rank
+    already); the entry of torchstage's workers calls it with ``force`` before the program's first line.
+    ``train(seed=...)`` seeds each rank again when training starts."""
     global _applied
     seed = launched_seed()
-    if seed is not None:
+    if seed is not None and (force or _as_torch_left_it()):
         set_seed(seed)
         _applied = seed
         logger.debug("module-level code seeded with %d, the same on every rank of this launched world", seed)
+
+
+def _as_torch_left_it() -> bool:
+    """True while torch's default generator holds the random 64-bit seed ``import torch`` gave it and has drawn
+    nothing since (a script's ``torch.manual_seed(42)`` gives a small seed; any draw changes the state)."""
+    seed = torch.initial_seed()
+    return seed >= 2**32 and torch.equal(torch.Generator().manual_seed(seed).get_state(), torch.get_rng_state())
 
 
 def applied_seed() -> Optional[int]:

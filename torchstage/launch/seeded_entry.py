@@ -17,7 +17,7 @@ from torchstage.launch.script_seed import seed_launched_rank
 
 def main(argv: list) -> None:
     """Seed, then run ``argv`` (``script args...``, ``-m module args...`` or ``-c code args...``) as ``__main__``."""
-    seed_launched_rank()  # again: what importing this entry drew since is undone
+    seed_launched_rank(force=True)  # before the program's first line, whatever importing this entry did
     if argv[0] == "-m":
         sys.argv = [argv[1], *argv[2:]]
         runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
