@@ -57,3 +57,20 @@ def test_a_state_saved_as_tensors_by_an_earlier_version_still_restores():
     _seed(0)
     set_rng_state(old)
     assert _draws() == expected
+
+
+def test_seeded_draws_alike_and_leaves_every_generator_as_it_was():
+    import random
+
+    import numpy as np
+
+    from torchstage.rng import seeded
+    torch.manual_seed(3)
+    before = (random.getstate(), np.random.get_state()[1].copy(), torch.get_rng_state())
+    with seeded(11):
+        first = (random.random(), np.random.rand(), torch.rand(2))
+    with seeded(11):
+        again = (random.random(), np.random.rand(), torch.rand(2))
+    assert first[:2] == again[:2] and torch.equal(first[2], again[2])
+    after = (random.getstate(), np.random.get_state()[1], torch.get_rng_state())
+    assert before[0] == after[0] and (before[1] == after[1]).all() and torch.equal(before[2], after[2])

@@ -7,6 +7,11 @@ classes of :mod:`torchstage.catalyst`, which stand for the core classes of the s
 import importlib
 import sys
 
+from torchstage.launch.script_seed import seed_launched_rank
+
+# A rank that torchrun, srun or mpirun started draws its module-level data alike on every rank (see the module)
+seed_launched_rank()
+
 from torchstage.callbacks.base import CancelBatch, CancelEpoch, CancelLoader, CancelRun, CancelStage
 from torchstage.callbacks.control.debug import BatchOverfitCallback, LimitBatchesCallback
 from torchstage.callbacks.control.validation import ValidEveryCallback

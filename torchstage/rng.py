@@ -1,4 +1,5 @@
 """Seeding and capture/restore of every random generator (python, numpy, torch, CUDA) as plain values."""
+import contextlib
 import os
 import random
 
@@ -18,6 +19,25 @@ def set_seed(seed: int, deterministic: bool = False) -> None:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS needs it for deterministic matmuls
         torch.use_deterministic_algorithms(True)
         torch.backends.cudnn.benchmark = False
+
+
+@contextlib.contextmanager
+def seeded(seed: int):
+    """Seed python, numpy and torch (the CPU generator, and the current GPU's once CUDA is in use) for the block;
+    put their states back after it, so that what runs around the block draws as if it had not run."""
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+    py, npy = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=devices):
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        torch.default_generator.manual_seed(seed)
+        if devices:
+            torch.cuda.manual_seed(seed)
+        try:
+            yield
+        finally:
+            random.setstate(py)
+            np.random.set_state(npy)
 
 
 def get_rng_state() -> dict:

@@ -12,7 +12,8 @@ from tests.helpers import run
 from torchstage.data.rank_agreement import check_same_data, checked_dataset, fingerprint
 from torchstage.launch import script_seed
 
-SCRIPT = Path(__file__).resolve().parent / "scripts" / "rank_data.py"
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+SCRIPT = SCRIPTS / "rank_data.py"
 
 
 def printed(out: str, kind: str) -> dict:
@@ -50,7 +51,33 @@ def test_ranks_holding_different_data_fail_before_training_under_torchrun(tmp_pa
     assert "ValueError: the ranks hold different data" in out, out[-3000:]
     assert "loader 'train' (also read by loader 'valid'): items 0, 32, 63 of its 64 differ between ranks (rank 0: hash" in out
     assert "build the data from a fixed seed" in out and "pass datasets=" in out
+    assert "build the data after `import torchstage`" in out  # followed in the test below
     assert "epoch 1/2" not in out  # refused before the first step
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(180)
+def test_data_made_after_import_torchstage_is_the_same_on_every_rank_under_torchrun(tmp_path):
+    """The refusal's advice, followed: torchrun's ranks are seeded alike when they import torchstage."""
+    result = torchrun(tmp_path, AFTER_IMPORT=1)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-3000:]
+    sums, valid = printed(out, "checksum"), printed(out, "valid")
+    assert sorted(sums) == [0, 1] and sums[0] == sums[1], out[-3000:]
+    assert sorted(valid) == [0, 1] and valid[0] == valid[1] and valid[0][0] == valid[0][1], out[-3000:]
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(180)
+def test_get_datasets_fn_that_reads_the_rank_is_refused_with_advice_about_itself(tmp_path):
+    """torchstage seeds every rank alike before calling get_datasets_fn: data that still differs comes from the
+    function itself, and the advice says so (not "pass get_datasets_fn", which the user does)."""
+    result = run([SCRIPTS / "rank_datasets_fn.py", tmp_path], nproc=2)
+    out = result.stdout + result.stderr
+    assert result.returncode != 0 and "ValueError: the ranks hold different data" in out, out[-3000:]
+    assert "loader 'train': items 0, 16, 31 of its 32 differ between ranks" in out
+    assert "torchstage called datasets['get_datasets_fn'] after seeding every rank alike" in out
+    assert "pass datasets=" not in out and "epoch 1/1" not in out
 
 
 @pytest.mark.distributed

@@ -1,4 +1,9 @@
-"""Loaders from ``datasets={...}``: built at run time, inside each process, once the world exists."""
+"""Loaders from ``datasets={...}``: built at run time, inside each process, once the world exists.
+
+The datasets are made with every generator seeded alike on every rank (the run's ``seed``, as Catalyst seeded
+before calling ``get_datasets_fn``), so data drawn there without a seed is the same data on every rank; the
+generators are put back afterwards, so the training's own seeding (``seed`` + data-parallel rank) is untouched.
+"""
 import inspect
 from collections.abc import Mapping
 
@@ -6,6 +11,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from torchstage.data.samplers import make_sampler
 from torchstage.data.split import SPLIT_OPTIONS, check_split, split_valid
+from torchstage.rng import seeded
 
 #: Options of ``datasets={...}`` passed to every DataLoader; all other keys name datasets.
 LOADER_OPTIONS = ("batch_size", "num_workers", "collate_fn", "drop_last", "pin_memory", "worker_init_fn",
@@ -69,10 +75,12 @@ def _factory_kwargs(datasets) -> dict:
     return {k: v for k, v in datasets.items() if k not in LOADER_OPTIONS and k not in SPLIT_OPTIONS and k != FACTORY}
 
 
-def build_datasets(datasets: Mapping) -> dict:
-    """Name -> Dataset, calling ``get_datasets_fn(**kwargs)`` if given (inside the worker process)."""
+def build_datasets(datasets: Mapping, seed: int = 0) -> dict:
+    """Name -> Dataset, calling ``get_datasets_fn(**kwargs)`` if given (inside the worker process) with every
+    generator seeded with ``seed`` for the call (the same on every rank, restored after it)."""
     if FACTORY in datasets:
-        made = datasets[FACTORY](**_factory_kwargs(datasets))
+        with seeded(seed):
+            made = datasets[FACTORY](**_factory_kwargs(datasets))
         if not isinstance(made, Mapping) or not made or not all(_is_dataset(d) for d in made.values()):
             raise TypeError(f"datasets['{FACTORY}'] must return a dict name -> Dataset, got {made!r:.80}")
         return split_valid(dict(made), datasets)
@@ -81,14 +89,15 @@ def build_datasets(datasets: Mapping) -> dict:
 
 
 def build_loaders(datasets: Mapping, engine, seed: int = 0) -> dict:
-    """DataLoaders for ``datasets``: train loaders shuffle; under several processes each rank gets its shard."""
+    """DataLoaders for ``datasets``: train loaders shuffle; under several processes each rank gets its shard. The
+    datasets are made under ``seed`` (the run's), alike on every rank."""
     options = {k: v for k, v in datasets.items() if k in LOADER_OPTIONS}
     shuffle = options.pop("shuffle", None)
     if options.get("num_workers", 0) > 0:
         options.setdefault("persistent_workers", True)  # no worker start-up cost every epoch
     options.setdefault("pin_memory", engine.device.type == "cuda")  # asynchronous host-to-device copies
     loaders = {}
-    for name, dataset in build_datasets(datasets).items():
+    for name, dataset in build_datasets(datasets, seed).items():
         check_not_empty(name, dataset, made_by=datasets.get(FACTORY))
         is_train = name.startswith("train")
         train_shuffle = is_train if shuffle is None else (shuffle and is_train)

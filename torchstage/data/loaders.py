@@ -1,15 +1,12 @@
 """User DataLoaders rebuilt for one rank: same options, each rank reading its own shard of the samples."""
-import contextlib
 import logging
 import math
-import random
 
-import numpy as np
-import torch
 from torch.utils.data import (DataLoader, DistributedSampler, IterableDataset, RandomSampler, Sampler,
                               SequentialSampler)
 
 from torchstage.data.samplers import StridedEvalSampler
+from torchstage.rng import seeded
 
 logger = logging.getLogger("torchstage")
 
@@ -34,7 +31,7 @@ class ShardedSampler(Sampler):
             self.sampler.set_epoch(epoch)
 
     def __iter__(self):
-        with _seeded(self.seed + self.epoch):
+        with seeded(self.seed + self.epoch):
             items = list(self.sampler)
         if self.pad and items:
             total = math.ceil(len(items) / self.num_replicas) * self.num_replicas
@@ -46,21 +43,6 @@ class ShardedSampler(Sampler):
         if self.pad:
             return math.ceil(size / self.num_replicas) if size else 0
         return max(0, math.ceil((size - self.rank) / self.num_replicas))
-
-
-@contextlib.contextmanager
-def _seeded(seed: int):
-    """Seed python, numpy and torch's CPU generator for the block; restore their states after it."""
-    py, npy = random.getstate(), np.random.get_state()
-    with torch.random.fork_rng(devices=[]):
-        random.seed(seed)
-        np.random.seed(seed % 2**32)
-        torch.default_generator.manual_seed(seed)
-        try:
-            yield
-        finally:
-            random.setstate(py)
-            np.random.set_state(npy)
 
 
 def distribute_loaders(loaders, engine, seed: int = 0) -> dict:

@@ -16,14 +16,29 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 
-from torchstage.data.loaders import ShardedSampler, _seeded
+from torchstage.data.loaders import ShardedSampler
 from torchstage.data.samplers import StridedEvalSampler
+from torchstage.rng import seeded
 
 logger = logging.getLogger("torchstage")
 #: The seed items are read under: a dataset's random transforms give the same item on every rank.
 READ_SEED = 0
-ADVICE = ("build the data from a fixed seed (torch.manual_seed(...) before making it) or read it from a file, "
-          "or pass datasets={...} (or get_datasets_fn) so torchstage builds it in each process")
+#: The fix, by where the data came from: ``loaders=`` the user built, datasets the user built and passed in
+#: ``datasets={...}``, or datasets ``get_datasets_fn`` made (torchstage seeded every rank alike before calling it).
+_MADE_BEFORE = ("made before the ranks were seeded alike, or from something that differs per rank (the rank, the "
+                "host, a file per rank). Under torchrun, srun and mpirun every rank is seeded alike "
+                "when it imports torchstage (and a rank torchstage starts, before its first line), so build the "
+                "data after `import torchstage`, or build the data from a fixed seed (torch.manual_seed(...) before "
+                "making it), or read it from a file")
+ADVICE = {
+    "loaders": f"the loaders' data was {_MADE_BEFORE}; or pass datasets={{'get_datasets_fn': fn, ...}} so "
+               f"torchstage makes it in each process after seeding every rank alike",
+    "datasets": f"the datasets given in datasets={{...}} were {_MADE_BEFORE}; or make them in "
+                f"datasets['get_datasets_fn'], which torchstage calls after seeding every rank alike",
+    "get_datasets_fn": "torchstage called datasets['get_datasets_fn'] after seeding every rank alike with the run's "
+                       "seed, so it reads something that differs between the ranks (the rank, the host, the time, a "
+                       "file per rank): make it return the same data on every rank",
+}
 
 
 def checked_dataset(loader, built: bool = False):
@@ -57,7 +72,7 @@ def fingerprint(dataset) -> tuple:
         reader = dataset
     digest = hashlib.sha1()
     try:
-        with _seeded(READ_SEED):
+        with seeded(READ_SEED):
             for index in sorted({0, size // 2, size - 1}):
                 _feed(digest, reader[index])
     except Exception as error:  # noqa: BLE001 (training reads the items and says what is wrong)
@@ -91,18 +106,21 @@ def _feed(digest, item) -> None:
         digest.update(type(item).__qualname__.encode())
 
 
-def check_same_data(datasets: dict, engine) -> None:
+def check_same_data(datasets: dict, engine, origins: dict = None) -> None:
     """Raise ValueError before training when the ranks' ``datasets`` (label -> dataset) differ, naming the loader,
-    the ranks and the fix; one ``all_gather_object`` for all of them, nothing without several processes."""
+    the ranks and the fix for where the data came from (``origins``: label -> a key of :data:`ADVICE`, default
+    "loaders"); one ``all_gather_object`` for all of them, nothing without several processes."""
     if not engine.is_distributed or not datasets:
         return
     mine = {label: fingerprint(dataset) for label, dataset in datasets.items()}
     everyone = engine.all_gather_object(mine)
-    problems = [_describe(label, [prints.get(label) for prints in everyone]) for label in datasets]
-    problems = [p for p in problems if p]
+    problems = {label: _describe(label, [prints.get(label) for prints in everyone]) for label in datasets}
+    problems = {label: problem for label, problem in problems.items() if problem}
     if problems:
+        fixes = dict.fromkeys((origins or {}).get(label, "loaders") for label in problems)
         raise ValueError("the ranks hold different data, so each would train on its own and validation would "
-                         f"mix them: {'; '.join(problems)}. To fix it, {ADVICE}")
+                         f"mix them: {'; '.join(problems.values())}. To fix it: "
+                         f"{'; and '.join(ADVICE[fix] for fix in fixes)}")
 
 
 def _describe(label: str, prints: list) -> str:

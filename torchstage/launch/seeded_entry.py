@@ -12,19 +12,12 @@ import runpy
 import sys
 import types
 
-from torchstage.launch.script_seed import SEED_ENV
-from torchstage.rng import set_seed
-
-
-def _seed_from_environment() -> None:
-    seed = os.environ.get(SEED_ENV)
-    if seed:
-        set_seed(int(seed))
+from torchstage.launch.script_seed import seed_launched_rank
 
 
 def main(argv: list) -> None:
     """Seed, then run ``argv`` (``script args...``, ``-m module args...`` or ``-c code args...``) as ``__main__``."""
-    _seed_from_environment()
+    seed_launched_rank(force=True)  # before the program's first line, whatever importing this entry did
     if argv[0] == "-m":
         sys.argv = [argv[1], *argv[2:]]
         runpy.run_module(argv[1], run_name="__main__", alter_sys=True)

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import torch
 
-from torchstage.data.datasets import build_loaders
+from torchstage.data.datasets import FACTORY, build_loaders
 from torchstage.data.loaders import distribute_loaders
 from torchstage.data.fork_check import warn_forked_workers
 from torchstage.data.rank_agreement import check_same_data, checked_dataset
@@ -101,7 +101,8 @@ def prepare(runner, spec, world: World = None):
         check_built_loaders(stage, loaders)
         check_scheduler_steps(stage, loaders)
     if runner.engine.is_distributed:
-        check_same_data(_datasets_to_compare(spec, runner.stage_loaders), runner.engine)
+        datasets, origins = _datasets_to_compare(spec, runner.stage_loaders)
+        check_same_data(datasets, runner.engine, origins)
     runner.stage_callbacks = spec.stage_chains
     for stage, chain, loaders in zip(spec.stage_specs, runner.stage_callbacks, runner.stage_loaders):
         _check_valid_metric(runner, stage, chain, loaders)
@@ -163,22 +164,27 @@ def stage_loaders(spec, engine) -> list:
     return [built[id(stage.loaders if stage.loaders is not None else stage.datasets)] for stage in spec.stage_specs]
 
 
-def _datasets_to_compare(spec, loaders_of_stages) -> dict:
+def _datasets_to_compare(spec, loaders_of_stages) -> tuple:
     """Label -> each map-style dataset the ranks must share, once: before sharding, the user's loaders (not those
-    the user sharded) and the ``datasets=`` torchstage built."""
-    found = []  # (dataset, labels of the loaders reading it)
+    the user sharded) and the ``datasets=`` torchstage built; and label -> where it came from (``loaders``,
+    ``datasets`` or ``get_datasets_fn``, for the advice)."""
+    found = []  # (dataset, labels of the loaders reading it, origin)
     for stage, built in zip(spec.stage_specs, loaders_of_stages):
         prefix = "" if stage.name == "main" else f"stages[{stage.name!r}] "
+        origin = ("loaders" if stage.loaders is not None else
+                  "get_datasets_fn" if FACTORY in stage.datasets else "datasets")
         for name, loader in (stage.loaders if stage.loaders is not None else built).items():
             dataset = checked_dataset(loader, built=stage.loaders is None)
             if dataset is not None:
-                labels = next((labels for d, labels in found if d is dataset), None)
+                labels = next((labels for d, labels, _ in found if d is dataset), None)
                 if labels is None:
                     labels = []
-                    found.append((dataset, labels))
+                    found.append((dataset, labels, origin))
                 labels.append(f"{prefix}loader {name!r}")
-    return {labels[0] + (f" (also read by {', '.join(labels[1:])})" if labels[1:] else ""): dataset
-            for dataset, labels in found}
+    label = {id(dataset): labels[0] + (f" (also read by {', '.join(labels[1:])})" if labels[1:] else "")
+             for dataset, labels, _ in found}
+    return ({label[id(dataset)]: dataset for dataset, _, _ in found},
+            {label[id(dataset)]: origin for dataset, _, origin in found})
 
 
 def _place_models(runner) -> None:

@@ -6,6 +6,7 @@ import torch
 
 from torchstage.files.format import FORMAT, CheckpointError, clean_state_dict
 from torchstage.launch.resolve import job_identity, restart_attempt
+from torchstage.launch.script_seed import applied_seed
 from torchstage.one_or_many import named
 from torchstage.rng import get_rng_state, set_rng_state, set_seed
 from torchstage.version import __version__
@@ -34,7 +35,7 @@ def runner_state_dict(runner) -> dict:
         "meta": {"torchstage": __version__, "torch": str(torch.__version__), "world_size": runner.engine.world_size,
                  "data_parallel": runner.engine.dp_size, "tensor_parallel": runner.engine.tp_size,
                  "strategy": repr(strategy), "mesh": _mesh_of(strategy), "nodes": runner.engine.nodes or [],
-                 "job": job_identity(), "restart_attempt": restart_attempt(),
+                 "job": job_identity(), "restart_attempt": restart_attempt(), "script_seed": applied_seed(),
                  "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "stage_names": [s.name for s in spec.stage_specs],
                  "stage_epochs": [s.num_epochs for s in spec.stage_specs],
                  "optimizers": {k: f"{type(o).__module__}.{type(o).__qualname__}"

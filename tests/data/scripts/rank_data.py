@@ -1,4 +1,5 @@
-"""The Catalyst tutorial's way of building data: at module level, with no seed (``SEEDED=1``: after a fixed seed).
+"""The Catalyst tutorial's way of building data: at module level, with no seed (``SEEDED=1``: after a fixed seed),
+before ``import torchstage`` (``AFTER_IMPORT=1``: after it, as the refusal's advice says).
 
 Usage: python rank_data.py LOGDIR (TORCHSTAGE_NPROC=2: torchstage starts the ranks), or under torchrun. Each rank
 prints ``checksum <rank> <sum of X>`` and, after training, ``valid <rank> <the run's valid loss> <the final model's
@@ -10,6 +11,8 @@ import sys
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+if os.environ.get("AFTER_IMPORT"):
+    import torchstage  # noqa: F401 (under a launcher, importing torchstage seeds every rank alike)
 if os.environ.get("SEEDED"):
     torch.manual_seed(0)
 X, y = torch.rand(64, 4), torch.rand(64, 1)

@@ -1,7 +1,7 @@
 """What every launcher environment answers: does it apply, and where does this process sit."""
 import os
 import socket
-from typing import Mapping, Tuple
+from typing import Mapping, Optional, Tuple
 
 from torchstage.launch.world import World
 
@@ -31,6 +31,14 @@ class LauncherEnvironment:
     def place(self, environ: Mapping, local_devices: int) -> World:
         """This process's world as the launcher describes it (``spawn > 0``: start that many locally)."""
         raise NotImplementedError
+
+    def ranks(self, environ: Mapping) -> int:
+        """How many processes the launcher started into this process's world (read from its variables alone)."""
+        raise NotImplementedError
+
+    def job_id(self, environ: Mapping) -> Optional[str]:
+        """An id every process of this launch reads alike, without talking to the others; None if it has none."""
+        return None
 
 
 def int_var(environ: Mapping, name: str) -> int:

@@ -32,6 +32,13 @@ class MpiEnvironment(LauncherEnvironment):
     def applies(self, environ: Mapping) -> bool:
         return all(environ.get(k, "") != "" for k in (self.rank_var, self.size_var))
 
+    def ranks(self, environ: Mapping) -> int:
+        return int_var(environ, self.size_var)
+
+    def job_id(self, environ: Mapping):
+        all_local = self.local_size_var is not None and environ.get(self.local_size_var) == environ.get(self.size_var)
+        return self.launch_id(environ, all_local)
+
     def hosts(self, environ: Mapping) -> Optional[Sequence[str]]:
         """The job's hosts in rank order (rank 0 on the first), or None without a scheduler host list.
 

@@ -19,6 +19,12 @@ class SlurmEnvironment(LauncherEnvironment):
     def applies(self, environ: Mapping) -> bool:
         return slurm.slurm_step(environ) is not None
 
+    def ranks(self, environ: Mapping) -> int:
+        return slurm.slurm_step(environ).ntasks
+
+    def job_id(self, environ: Mapping):
+        return environ["SLURM_JOB_ID"]
+
     def place(self, environ: Mapping, local_devices: int) -> World:
         step = slurm.slurm_step(environ)
         return replace(slurm.slurm_world(step, local_devices), master_addr=slurm.master_addr(step, environ),

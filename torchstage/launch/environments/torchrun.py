@@ -16,6 +16,15 @@ class TorchrunEnvironment(LauncherEnvironment):
     def applies(self, environ: Mapping) -> bool:
         return "RANK" in environ and "WORLD_SIZE" in environ
 
+    def ranks(self, environ: Mapping) -> int:
+        return int_var(environ, "WORLD_SIZE")
+
+    def job_id(self, environ: Mapping):
+        """The run id (``--rdzv-id``; a fresh one per ``--standalone`` run), kept by restarts; else the master."""
+        if environ.get("TORCHELASTIC_RUN_ID", "none") not in ("", "none"):
+            return environ["TORCHELASTIC_RUN_ID"]
+        return f"{environ['MASTER_ADDR']}:{environ['MASTER_PORT']}" if environ.get("MASTER_PORT") else None
+
     def place(self, environ: Mapping, local_devices: int) -> World:
         rank, world_size = int_var(environ, "RANK"), int_var(environ, "WORLD_SIZE")
         check_place(rank, world_size, "RANK", "WORLD_SIZE")
