@@ -1,5 +1,5 @@
-"""Riders of the stop agreement under 2 real gloo ranks: each rank's numbers in its slots come back to every rank
-with the stop flags, next to the interval the ranks proposed."""
+"""Riders of the agreement channel under 2 real gloo ranks: each rank's numbers in its slots come back to every rank
+with the stop request (itself a rider), next to the interval the ranks proposed."""
 import json
 import re
 import subprocess
@@ -11,11 +11,13 @@ from tests.helpers import ROOT, script_env
 
 SCRIPT = """
 import json, sys, torch, torch.distributed as dist
-from torchstage.stop_request import Agreement, AgreementRider, request_stop
+from torchstage.callbacks.safety.stop import StopVote
+from torchstage.distributed.agreement import Agreement, Rider as ChannelRider
+from torchstage.stop_request import request_stop
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 
-class Rider(AgreementRider):
+class Rider(ChannelRider):
     def __init__(self, width):
         self.width, self.got = width, None
     def payload(self):
@@ -25,21 +27,20 @@ class Rider(AgreementRider):
     def arrived(self, values):
         self.got = values.tolist()
 
-one, two = Rider(2), Rider(3)
+one, two, vote = Rider(2), Rider(3), StopVote()
 if rank == 1:
     request_stop("test", exit_code=7)
-from torchstage.stop_request import stop_requested
-agreement = Agreement(stop_requested(), None, 4 + rank, (one, two))
-request = agreement.result()
-print(json.dumps({"rank": rank, "one": one.got, "two": two.got, "interval": agreement.interval,
-                  "exit_code": request.exit_code}), flush=True)
+agreement = Agreement((one, vote, two), None, 4 + rank)
+interval = agreement.result()
+print(json.dumps({"rank": rank, "one": one.got, "two": two.got, "interval": interval,
+                  "exit_code": vote.agreed.exit_code}), flush=True)
 dist.destroy_process_group()
 """
 
 
 @pytest.mark.distributed
 @pytest.mark.timeout(200)
-def test_riders_get_every_ranks_numbers_with_the_stop_flags(tmp_path):
+def test_riders_get_every_ranks_numbers_with_the_stop_request(tmp_path):
     script = tmp_path / "riders.py"
     script.write_text(SCRIPT)
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
