@@ -6,6 +6,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from torchstage.data.samplers import make_sampler
 from torchstage.data.split import SPLIT_OPTIONS, check_split, split_valid
+from torchstage.distributed.engine import Engine
 
 #: Options of ``datasets={...}`` passed to every DataLoader; all other keys name datasets.
 LOADER_OPTIONS = ("batch_size", "num_workers", "collate_fn", "drop_last", "pin_memory", "worker_init_fn",
@@ -80,7 +81,7 @@ def build_datasets(datasets: Mapping) -> dict:
                        datasets)
 
 
-def build_loaders(datasets: Mapping, engine, seed: int = 0) -> dict:
+def build_loaders(datasets: Mapping, engine: Engine, seed: int = 0) -> dict:
     """DataLoaders for ``datasets``: train loaders shuffle; under several processes each rank gets its shard."""
     options = {k: v for k, v in datasets.items() if k in LOADER_OPTIONS}
     shuffle = options.pop("shuffle", None)

@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 
 from torchstage.data.loaders import ShardedSampler, _seeded
 from torchstage.data.samplers import StridedEvalSampler
+from torchstage.distributed.engine import Engine
 
 logger = logging.getLogger("torchstage")
 #: The seed items are read under: a dataset's random transforms give the same item on every rank.
@@ -91,7 +92,7 @@ def _feed(digest, item) -> None:
         digest.update(type(item).__qualname__.encode())
 
 
-def check_same_data(datasets: dict, engine) -> None:
+def check_same_data(datasets: dict, engine: Engine) -> None:
     """Raise ValueError before training when the ranks' ``datasets`` (label -> dataset) differ, naming the loader,
     the ranks and the fix; one ``all_gather_object`` for all of them, nothing without several processes."""
     if not engine.is_distributed or not datasets:
