@@ -65,6 +65,7 @@ class AgreementChannel:
         self._group = dist.new_group(backend="gloo") if self.active and dist.get_backend() != "gloo" else None
         self._riders, self._asks = [], []
         self._schedule, self._pending, self._start_after = CheckSchedule(period=DEFAULT_PERIOD), None, None
+        self._loader_from = None  # a train loader started after this many train batches; its first batch not yet
 
     def join(self, rider: Rider, every: int = None, period: float = None) -> None:
         """Let ``rider`` travel with every agreement from the next one on (once however often it joins); ``every``
@@ -80,14 +81,16 @@ class AgreementChannel:
 
     # ---- the loop's ticks ------------------------------------------------------------------------
     def loader_start(self, step: int) -> None:
-        """A train loader starts after ``step`` train batches: the schedule starts again (another loader may run at
-        another speed)."""
+        """A train loader starts after ``step`` train batches: the schedule starts again as its first batch starts
+        (another loader may run at another speed; what the loader-start callbacks do is not the batches' time)."""
         if self._riders:
-            self._schedule.start_loader(step)
-            self._start_after = None
+            self._loader_from, self._start_after = step, None
 
     def batch_start(self, step: int) -> None:
         """A train batch starts after ``step``: the next agreement starts when the last one was just read."""
+        if self._loader_from is not None:
+            self._schedule.start_loader(self._loader_from)
+            self._loader_from = None
         if self._start_after is not None:
             self._start_after = None
             self._pending = Agreement(self._riders, self._group, self._schedule.proposal(step))
@@ -112,7 +115,7 @@ class AgreementChannel:
 
     def abandon(self) -> None:
         """Forget the agreement in flight without waiting for it (a peer may be gone)."""
-        self._pending = self._start_after = None
+        self._pending = self._start_after = self._loader_from = None
 
     def close(self, complete: bool = True) -> None:
         """The run is over: no more riders; the group is released once the run ``complete``-d on every rank."""
