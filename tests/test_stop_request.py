@@ -1,53 +1,57 @@
-"""Riders of the stop agreement under 2 real gloo ranks: each rank's numbers in its slots come back to every rank
-with the stop flags, next to the interval the ranks proposed."""
-import json
-import re
-import subprocess
-import sys
+"""The stop request and its signal handling, in process: the first request wins, a signal becomes a request with the
+shell's exit code, a second Ctrl-C interrupts at once, and handlers are put back. (How the ranks agree on a request
+is the agreement channel's: tests/distributed/test_agreement.py.)"""
+import os
+import signal
+import threading
 
 import pytest
 
-from tests.helpers import ROOT, script_env
-
-SCRIPT = """
-import json, sys, torch, torch.distributed as dist
-from torchstage.stop_request import Agreement, AgreementRider, request_stop
-dist.init_process_group("gloo")
-rank = dist.get_rank()
-
-class Rider(AgreementRider):
-    def __init__(self, width):
-        self.width, self.got = width, None
-    def payload(self):
-        values = torch.zeros(2 * self.width, dtype=torch.int64)
-        values[rank * self.width:(rank + 1) * self.width] = torch.arange(1, self.width + 1) * (10 ** rank)
-        return values
-    def arrived(self, values):
-        self.got = values.tolist()
-
-one, two = Rider(2), Rider(3)
-if rank == 1:
-    request_stop("test", exit_code=7)
-from torchstage.stop_request import stop_requested
-agreement = Agreement(stop_requested(), None, 4 + rank, (one, two))
-request = agreement.result()
-print(json.dumps({"rank": rank, "one": one.got, "two": two.got, "interval": agreement.interval,
-                  "exit_code": request.exit_code}), flush=True)
-dist.destroy_process_group()
-"""
+from torchstage.stop_request import RunStopped, SignalStop, clear_stop_request, request_stop, stop_requested
 
 
-@pytest.mark.distributed
-@pytest.mark.timeout(200)
-def test_riders_get_every_ranks_numbers_with_the_stop_flags(tmp_path):
-    script = tmp_path / "riders.py"
-    script.write_text(SCRIPT)
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                             str(script)], cwd=ROOT, env=script_env(), capture_output=True, text=True, timeout=180)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    # the two ranks print to one pipe: a line may hold both reports (each a flat object)
-    reports = sorted((json.loads(text) for text in re.findall(r"\{[^{}]*\}", result.stdout)), key=lambda r: r["rank"])
-    assert len(reports) == 2
-    for report in reports:
-        assert report["one"] == [1, 2, 10, 20] and report["two"] == [1, 2, 3, 10, 20, 30]
-        assert report["interval"] == 4 and report["exit_code"] == 7  # the smallest proposal; rank 1's request
+@pytest.fixture(autouse=True)
+def clean():
+    clear_stop_request()
+    yield
+    clear_stop_request()
+
+
+def test_a_signal_becomes_a_request_with_the_shells_exit_code_and_the_handler_is_put_back():
+    previous = signal.getsignal(signal.SIGUSR1)
+    handlers = SignalStop((signal.SIGUSR1,))
+    handlers.install()
+    try:
+        os.kill(os.getpid(), signal.SIGUSR1)
+        request = stop_requested()
+        assert (request.reason, request.signum, request.exit_code) == ("SIGUSR1", signal.SIGUSR1,
+                                                                       128 + signal.SIGUSR1)
+    finally:
+        handlers.restore()
+    assert signal.getsignal(signal.SIGUSR1) is previous
+
+
+def test_a_second_ctrl_c_interrupts_at_once():
+    handlers = SignalStop((signal.SIGINT,))
+    handlers.install()
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        assert stop_requested().exit_code == 130
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+    finally:
+        handlers.restore()
+
+
+def test_handlers_are_not_installed_outside_the_main_thread():
+    previous = signal.getsignal(signal.SIGUSR1)
+    thread = threading.Thread(target=SignalStop((signal.SIGUSR1,)).install)
+    thread.start()
+    thread.join()
+    assert signal.getsignal(signal.SIGUSR1) is previous
+
+
+def test_run_stopped_exits_with_the_requests_code_and_says_how_to_go_on():
+    stopped = RunStopped(request_stop("time limit", exit_code=3))
+    assert stopped.code == 3
+    assert str(stopped) == "training stopped gracefully (time limit); resume it with resume='last' (exit code 3)"

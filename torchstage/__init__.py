@@ -65,7 +65,7 @@ from torchstage.launch.enter import distributed_cmd_run
 from torchstage.launch.preflight.check import PreflightFailed
 from torchstage.periods import Batch, Epoch
 from torchstage.rng import set_seed
-from torchstage.runner.engine import Engine
+from torchstage.distributed.engine import Engine
 from torchstage.runner.errors import RunnerException
 from torchstage.stop_request import RunStopped, StopRequest, request_stop
 from torchstage.strategies.base import Strategy

@@ -1,19 +1,17 @@
 """Graceful stop: a signal or :func:`request_stop` ends the run at the next batch boundary, with a checkpoint.
 
 A signal handler only records a :class:`StopRequest` (no I/O, no collective). The stop callback reads
-it at batch boundaries; under several processes the ranks agree through a tiny all-reduce, so every
-rank stops after the same batch. ``train()`` then raises :class:`RunStopped`, a ``SystemExit`` whose
-code is ``128 + signal number`` (143 for SIGTERM, 130 for SIGINT), as if the signal had ended the
-process, so shells, SLURM and ``torchrun --max-restarts`` see an interrupted run.
+it at batch boundaries; under several processes it rides the run's agreement channel
+(:mod:`torchstage.distributed.agreement`), so every rank stops after the same batch. ``train()`` then
+raises :class:`RunStopped`, a ``SystemExit`` whose code is ``128 + signal number`` (143 for SIGTERM, 130
+for SIGINT), as if the signal had ended the process, so shells, SLURM and ``torchrun --max-restarts``
+see an interrupted run.
 """
 import logging
 import signal
 import threading
 from dataclasses import dataclass
 from typing import Optional
-
-import torch
-import torch.distributed as dist
 
 logger = logging.getLogger("torchstage")
 
@@ -91,75 +89,3 @@ class SignalStop:
             self.restore()
             raise KeyboardInterrupt  # Ctrl-C twice: stop now, without waiting for the batch to end
         request_stop(signal.Signals(signum).name, exit_code=128 + signum, signum=signum)
-
-
-#: The gloo group :func:`control_group` made for the default group it was made under: ``(default group, group)``.
-_control = (None, None)
-
-
-def control_group():
-    """A gloo group for host-side flags when the default group is not gloo (NCCL needs device tensors); None: the
-    default group. Made once per default group (every rank asks at the same point, as group creation requires),
-    so the stop agreement and the straggler detector share it."""
-    global _control
-    if dist.get_backend() == "gloo":
-        return None
-    world = dist.group.WORLD
-    if _control[0] is not world:
-        _control = (world, dist.new_group(backend="gloo"))
-    return _control[1]
-
-
-class AgreementRider:
-    """Numbers that travel with the stop agreement (one background all-reduce of integers on a CPU group, about
-    every 0.5 s): :meth:`payload` is read as each agreement starts, :meth:`arrived` gets the reduced numbers when
-    it is read. The all-reduce takes the maximum, so a rider that wants every rank's numbers puts its own in its
-    rank's slots and zeros elsewhere. A payload has the same length on every rank and at every agreement."""
-
-    def payload(self) -> torch.Tensor:
-        """This rank's numbers for the agreement starting now (a 1-D int64 CPU tensor)."""
-        raise NotImplementedError
-
-    def arrived(self, values: torch.Tensor) -> None:
-        """The element-wise maximum over the ranks of the payloads of the agreement just read."""
-        raise NotImplementedError
-
-
-class Agreement:
-    """An all-reduce of every rank's stop request, started now (in the background) and read later with
-    :meth:`result`; every rank reads the same result, so every rank acts on it at the same point. It also
-    carries each rank's proposed ``interval`` to the next agreement and gives every rank the smallest."""
-
-    def __init__(self, request: Optional[StopRequest], group=None, interval: int = 0, riders=()):
-        self.request, self.riders = request, tuple(riders)
-        local = (request.exit_code, request.signum) if request is not None else (0, 0)
-        # the max of -interval is the smallest interval any rank proposed (see callbacks/safety/stop_schedule.py)
-        flags = torch.tensor((*local, -interval), dtype=torch.int64)
-        payloads = [rider.payload() for rider in self.riders]
-        self.sizes = [p.numel() for p in payloads]
-        self.flags = torch.cat([flags, *payloads]) if payloads else flags
-        self.work = dist.all_reduce(self.flags, op=dist.ReduceOp.MAX, group=group, async_op=True)
-        #: The smallest interval the ranks proposed, once :meth:`result` has been read (0: none proposed).
-        self.interval = 0
-
-    def result(self) -> Optional[StopRequest]:
-        """The stop request every rank acts on (waits for the all-reduce): any rank's request stops all. The riders
-        get their numbers first."""
-        self.work.wait()
-        exit_code, signum, smallest = self.flags[:3].tolist()
-        self.interval = -smallest
-        if self.riders:
-            for rider, values in zip(self.riders, torch.split(self.flags[3:], self.sizes)):
-                rider.arrived(values)
-        if exit_code == 0:
-            return None
-        if self.request is not None:
-            reason = self.request.reason
-        else:
-            reason = f"{signal.Signals(signum).name} on another rank" if signum else "requested on another rank"
-        return StopRequest(reason=reason, signum=signum, exit_code=exit_code)
-
-
-def agree(request: Optional[StopRequest], group=None) -> Optional[StopRequest]:
-    """The stop request every rank will act on: any rank's request stops all (collective, CPU tensors)."""
-    return Agreement(request, group).result()

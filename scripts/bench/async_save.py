@@ -28,7 +28,7 @@ import torch  # noqa: E402
 from torchstage.files.atomic import write_atomic_copies  # noqa: E402
 from torchstage.files.checkpoint_file import serialize  # noqa: E402
 from torchstage.files.writer import FileWriter  # noqa: E402
-from torchstage.runner.engine import Engine  # noqa: E402
+from torchstage.distributed.engine import Engine  # noqa: E402
 from torchstage.strategies.single import SingleDevice  # noqa: E402
 
 WIDTH = 2048

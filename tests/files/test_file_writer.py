@@ -177,7 +177,7 @@ def test_a_failed_checkpoint_write_fails_the_run_and_leaves_the_last_good_one(tm
 def test_an_async_save_holds_the_state_of_its_moment_and_tied_weights_once(tmp_path):
     """The file holds the weights as they were when the save was handed over, though training changed them in
     place before the writer's thread ran; tied weights share one copy, as in the live state."""
-    from torchstage.runner.engine import Engine
+    from torchstage.distributed.engine import Engine
     from torchstage.strategies.single import SingleDevice
     encoder = torch.nn.Embedding(1000, 64)
     decoder = torch.nn.Linear(64, 1000, bias=False)

@@ -169,7 +169,7 @@ def test_plain_values_in_data_files_still_load(tmp_path):
 def test_empty_dicts_survive_a_sharded_checkpoint(tmp_path):
     """DCP keeps no empty dict: a run without a scheduler, or whose optimizer has no state yet, could not resume."""
     from torchstage.files.sharded import EMPTY_DICTS, save_sharded
-    from torchstage.runner.engine import Engine
+    from torchstage.distributed.engine import Engine
     checkpoint = {"format": FORMAT, "models": {"model": {"w": torch.ones(2)}}, "schedulers": {}, "scaler": {},
                   "optimizers": {"optimizer": {"state": {}, "param_groups": [{"params": [0], "lr": 0.1}]}},
                   "callbacks": {"early_stopping": {}, "checkpoint": {"best": {"epoch": 1}, "kept": {}}}, "meta": {}}

@@ -6,6 +6,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from torchstage import Engine
+from torchstage.distributed.layout import MeshLayout
 from torchstage.metrics import AUCMetric, AverageMetric
 from torchstage.metrics.torchmetrics_sync import sync_metric_states
 from tests.helpers import free_port
@@ -25,8 +26,8 @@ def _samples(group: int):
 def _worker(rank, port, out):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
     try:
-        engine = Engine(device="cpu", rank=rank, world_size=WORLD)
-        engine.set_data_parallel(rank // TENSOR, WORLD // TENSOR, rank % TENSOR, TENSOR)
+        engine = Engine(device="cpu", rank=rank, world_size=WORLD,
+                        layout=MeshLayout(shard=WORLD // TENSOR, tensor=TENSOR))
         scores, labels = _samples(engine.dp_rank)
         average, auc = AverageMetric(), AUCMetric()
         average.update(scores.mean(), len(scores))

@@ -7,15 +7,17 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 from tests.helpers import tiny_run
 from torchstage import FSDP, HSDP, Engine, ModelParallel
 from torchstage.data.loaders import distribute_loader
-from torchstage.strategies.mesh import MeshLayout, complete, total_norm
+from torchstage.distributed.layout import MeshLayout, complete
+from torchstage.launch.world import World
+from torchstage.strategies.mesh import total_norm
 from torchstage.strategies.resolve import resolve_strategy
 
 
 class Node:
-    """An engine as a world of ``world`` processes with ``node`` on each node would give it (no process group)."""
+    """A world of ``world`` processes with ``node`` on each node, as a launcher would give it (no process group)."""
 
     def __new__(cls, world, node, rank=0):
-        return Engine(device="cpu", rank=rank, world_size=world, node_size=node)
+        return World(rank=rank, world_size=world, local_size=node)
 
 
 def plan(model, mesh):
@@ -36,7 +38,7 @@ def plan(model, mesh):
     (ModelParallel(tensor=4, parallelize=plan), 4, 4, (1, 1, 4)),
 ])
 def test_layouts_come_from_the_degrees_and_the_world(strategy, world, node, layout):
-    assert strategy.make_layout(Node(world, node)) == MeshLayout(*layout)
+    assert strategy.layout(Node(world, node)) == MeshLayout(*layout)
 
 
 @pytest.mark.parametrize("strategy, world, node, message", [
@@ -54,7 +56,7 @@ def test_layouts_come_from_the_degrees_and_the_world(strategy, world, node, layo
 ])
 def test_degrees_that_do_not_make_the_world_are_refused_with_both_numbers(strategy, world, node, message):
     with pytest.raises(ValueError) as error:
-        strategy.make_layout(Node(world, node))
+        strategy.layout(Node(world, node))
     assert message in str(error.value)
 
 
@@ -62,14 +64,14 @@ def test_hsdp_without_the_processes_per_node_asks_for_the_layout():
     with pytest.raises(ValueError, match=r"strategy=HSDP\(\): the launcher of these 4 processes does not say how many run "
                                          r"on each node, which the default layout shards over; give the layout, "
                                          r"HSDP\(shard=<processes per node>\)"):
-        HSDP().make_layout(Node(4, None))
-    assert HSDP(shard=2).make_layout(Node(4, None)) == MeshLayout(2, 2, 1)
-    assert ModelParallel(tensor=2, parallelize=plan).make_layout(Node(4, None)) == MeshLayout(1, 2, 2)
+        HSDP().layout(Node(4, None))
+    assert HSDP(shard=2).layout(Node(4, None)) == MeshLayout(2, 2, 1)
+    assert ModelParallel(tensor=2, parallelize=plan).layout(Node(4, None)) == MeshLayout(1, 2, 2)
 
 
 def test_tensor_degree_must_divide_the_world():
     with pytest.raises(ValueError, match="tensor=4 does not divide the world of 6 processes"):
-        complete("ModelParallel(tensor=4)", 6, 4, None, None, 1)
+        complete("ModelParallel(tensor=4)", 6, None, None, 1, tensor=4)
 
 
 def test_a_one_process_run_refuses_a_mesh_of_several_before_training(tmp_path):
@@ -108,11 +110,11 @@ def test_hsdp_is_named():
 def test_the_engine_takes_its_data_parallel_place():
     engine = Engine(device="cpu", rank=3, world_size=4)
     assert (engine.dp_rank, engine.dp_size, engine.tp_rank, engine.counts_samples) == (3, 4, 0, True)
-    engine.set_data_parallel(1, 2, 1, 2)
+    engine = Engine(device="cpu", rank=3, world_size=4, layout=MeshLayout(shard=2, tensor=2))
     assert (engine.dp_rank, engine.dp_size, engine.tp_rank, engine.tp_size) == (1, 2, 1, 2)
     assert not engine.counts_samples
     with pytest.raises(ValueError, match="a mesh of 3 data-parallel x 2 tensor-parallel ranks does not make a world"):
-        engine.set_data_parallel(0, 3, 0, 2)
+        Engine(device="cpu", rank=3, world_size=4, layout=MeshLayout(shard=3, tensor=2))
 
 
 def test_loaders_are_split_by_the_data_parallel_coordinate():
@@ -120,15 +122,13 @@ def test_loaders_are_split_by_the_data_parallel_coordinate():
     loader = DataLoader(data, batch_size=2, shuffle=True)
     seen = {}
     for rank in range(4):
-        engine = Engine(device="cpu", rank=rank, world_size=4)
-        engine.set_data_parallel(rank // 2, 2, rank % 2, 2)
+        engine = Engine(device="cpu", rank=rank, world_size=4, layout=MeshLayout(shard=2, tensor=2))
         split = distribute_loader(loader, engine, is_train=True, seed=3)
         assert isinstance(split.sampler, DistributedSampler) and split.sampler.num_replicas == 2
         seen[rank] = [batch[0].tolist() for batch in split]
     assert seen[0] == seen[1] and seen[2] == seen[3]  # a tensor-parallel group reads the same batches
     assert sorted(x for batch in seen[0] + seen[2] for x in batch) == list(range(16))
-    engine = Engine(device="cpu", rank=1, world_size=2)
-    engine.set_data_parallel(0, 1, 1, 2)
+    engine = Engine(device="cpu", rank=1, world_size=2, layout=MeshLayout(tensor=2))
     assert distribute_loader(loader, engine, is_train=True) is loader  # one data-parallel rank reads all
 
 

@@ -1,7 +1,7 @@
 """Catalyst 22's engine objects (``dl.CPUEngine()``, ``dl.GPUEngine()``) as torchstage Engines, each noted once;
 its distributed engines are refused with torchstage's spelling (``train(distributed=True)``)."""
 from torchstage.logging_setup import note_alias
-from torchstage.runner.engine import Engine
+from torchstage.distributed.engine import Engine
 
 DISTRIBUTED = ("DataParallelEngine", "DistributedDataParallelEngine", "DistributedXLAEngine", "XLAEngine")
 

@@ -4,7 +4,7 @@ one-time note; also Catalyst 22's attribute names (``epoch_step``, ``sample_step
 """
 from torchstage.logging_setup import note_alias
 from torchstage.runner.loop_state import EpochMetrics
-from torchstage.runner.engine import Engine
+from torchstage.distributed.engine import Engine
 from torchstage.strategies.precision import FP16_OR_FULL
 
 #: train() arguments Catalyst 20.12 spelled differently -> torchstage's name.

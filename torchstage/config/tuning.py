@@ -31,7 +31,7 @@ from torchstage.config.schema import check_config
 from torchstage.config.train_call import train_from_config, with_defaults
 from torchstage.config.yaml_files import apply_override
 from torchstage.launch.enter import current_world, distributed_cmd_run
-from torchstage.runner.engine import Engine
+from torchstage.distributed.engine import Engine
 from torchstage.config.instantiate import TARGET, ConfigError, import_target, instantiate, is_component, join
 
 logger = logging.getLogger("torchstage")

@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from torchstage.data.samplers import make_sampler
 from torchstage.data.split import SPLIT_OPTIONS, check_split, split_valid
 from torchstage.rng import seeded
+from torchstage.distributed.engine import Engine
 
 #: Options of ``datasets={...}`` passed to every DataLoader; all other keys name datasets.
 LOADER_OPTIONS = ("batch_size", "num_workers", "collate_fn", "drop_last", "pin_memory", "worker_init_fn",
@@ -88,7 +89,7 @@ def build_datasets(datasets: Mapping, seed: int = 0) -> dict:
                        datasets)
 
 
-def build_loaders(datasets: Mapping, engine, seed: int = 0) -> dict:
+def build_loaders(datasets: Mapping, engine: Engine, seed: int = 0) -> dict:
     """DataLoaders for ``datasets``: train loaders shuffle; under several processes each rank gets its shard. The
     datasets are made under ``seed`` (the run's), alike on every rank."""
     options = {k: v for k, v in datasets.items() if k in LOADER_OPTIONS}

@@ -13,6 +13,8 @@ import sys
 
 from torch.utils.data import DataLoader
 
+from torchstage.distributed.engine import Engine
+
 logger = logging.getLogger("torchstage")
 
 #: The first release of each affected CPython line that has the fix; lines not listed (3.12+) never had it.
@@ -38,7 +40,7 @@ def forks_workers_each_epoch(loader) -> bool:
     return method == "fork"
 
 
-def warn_forked_workers(loaders: dict, engine, version=None) -> bool:
+def warn_forked_workers(loaders: dict, engine: Engine, version=None) -> bool:
     """Warn (main rank) when a distributed run on an affected CPython forks loader workers at each epoch;
     returns whether it warned."""
     if not engine.is_distributed or not fork_deadlock_risk(version):

@@ -7,6 +7,7 @@ from torch.utils.data import (DataLoader, DistributedSampler, IterableDataset, R
 
 from torchstage.data.samplers import StridedEvalSampler
 from torchstage.rng import seeded
+from torchstage.distributed.engine import Engine
 
 logger = logging.getLogger("torchstage")
 
@@ -45,12 +46,12 @@ class ShardedSampler(Sampler):
         return max(0, math.ceil((size - self.rank) / self.num_replicas))
 
 
-def distribute_loaders(loaders, engine, seed: int = 0) -> dict:
+def distribute_loaders(loaders, engine: Engine, seed: int = 0) -> dict:
     """Name -> loader for this rank; names starting with ``train`` are training loaders (padded shards)."""
     return {name: distribute_loader(loader, engine, name.startswith("train"), seed) for name, loader in loaders.items()}
 
 
-def distribute_loader(loader, engine, is_train: bool, seed: int = 0):
+def distribute_loader(loader, engine: Engine, is_train: bool, seed: int = 0):
     """``loader`` rebuilt with a sampler giving this rank its shard; keeps batch size and every option.
 
     Batch size stays per process. Data is split by the data-parallel coordinate (``engine.dp_rank`` of

@@ -1,8 +1,10 @@
 """Overlapping host-to-device copies with compute: the next batch moves on a side CUDA stream."""
 import torch
 
+from torchstage.distributed.engine import Engine
 
-def prefetch_to_device(batches, engine):
+
+def prefetch_to_device(batches, engine: Engine):
     """Yield ``(step, batch)`` from ``batches`` one ahead, the next batch already copied to the GPU.
 
     The copy of batch ``n+1`` runs on a side stream while batch ``n`` trains; the main stream waits for

@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 from torchstage.data.loaders import ShardedSampler
 from torchstage.data.samplers import StridedEvalSampler
 from torchstage.rng import seeded
+from torchstage.distributed.engine import Engine
 
 logger = logging.getLogger("torchstage")
 #: The seed items are read under: a dataset's random transforms give the same item on every rank.
@@ -106,7 +107,7 @@ def _feed(digest, item) -> None:
         digest.update(type(item).__qualname__.encode())
 
 
-def check_same_data(datasets: dict, engine, origins: dict = None) -> None:
+def check_same_data(datasets: dict, engine: Engine, origins: dict = None) -> None:
     """Raise ValueError before training when the ranks' ``datasets`` (label -> dataset) differ, naming the loader,
     the ranks and the fix for where the data came from (``origins``: label -> a key of :data:`ADVICE`, default
     "loaders"); one ``all_gather_object`` for all of them, nothing without several processes."""

@@ -3,6 +3,8 @@ import math
 
 from torch.utils.data import DistributedSampler, IterableDataset, Sampler
 
+from torchstage.distributed.engine import Engine
+
 
 class StridedEvalSampler(Sampler):
     """Rank ``r`` of ``n`` gets indices ``r, r+n, ...`` with no padding, so each sample counts exactly once."""
@@ -20,7 +22,7 @@ class StridedEvalSampler(Sampler):
         """Evaluation order does not change between epochs."""
 
 
-def make_sampler(dataset, engine, shuffle: bool, is_train: bool, seed: int = 0):
+def make_sampler(dataset, engine: Engine, shuffle: bool, is_train: bool, seed: int = 0):
     """A sampler for ``dataset`` under ``engine`` (split by its data-parallel coordinate); ``None`` when every
     process reads everything (one process, or one tensor-parallel group)."""
     if engine.dp_size == 1 or isinstance(dataset, IterableDataset):

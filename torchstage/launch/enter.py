@@ -133,7 +133,8 @@ def _attempt_store(world: World, timeout):
     return dist.PrefixStore(f"torchstage/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
-def run_in_world(fn, distributed=True, nprocs: int = None, timeout=None, max_restarts: int = 0, hang_timeout=None):
+def run_in_world(fn, distributed=True, nprocs: int = None, timeout=None, max_restarts: int = 0, hang_timeout=None,
+                 check=None):
     """Call ``fn(world)`` as this process's rank of the world it belongs to, entering that world first.
 
     Already in an initialised process group: calls ``fn`` here with that group's world. ``distributed=False``:
@@ -150,6 +151,10 @@ def run_in_world(fn, distributed=True, nprocs: int = None, timeout=None, max_res
 
     ``hang_timeout`` (seconds; None: not watched): as one rank of several, a start-up that makes no progress for
     that long, from here to ``fn``'s first step, ends the job (:mod:`~torchstage.launch.startup_watch`).
+
+    ``check(world)``, when given, is called with the world of each process about to be started, in the launching
+    process before any starts, and with this rank's world before its process group forms: a configuration that
+    cannot work in that world (a mesh that does not divide it) raises there, once, before any rank starts.
     """
     if in_world():
         with startup_watch.watching(hang_timeout, current_world(), "preparing the run"):
@@ -175,9 +180,13 @@ def run_in_world(fn, distributed=True, nprocs: int = None, timeout=None, max_res
                          f"sbatch --requeue (train(requeue=True)) or torchrun --max-restarts with a rendezvous "
                          f"backend")
     if world.spawn:
+        if check is not None:
+            check(world.child(0))  # each worker's world has the same size and node size
         launch_and_exit(world, max_restarts)
     if not world.is_distributed:
         return fn(world)
+    if check is not None:
+        check(world)
     with startup_watch.watching(hang_timeout, world), joined(world, timeout) as entered:
         return fn(entered)
 

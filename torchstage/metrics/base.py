@@ -8,6 +8,8 @@ from typing import Dict, Optional
 
 import torch
 
+from torchstage.distributed.engine import Engine
+
 Values = Dict[str, torch.Tensor]
 
 
@@ -37,7 +39,7 @@ class Metric(ABC):
                                "call reset() first")
         self._update(outputs, targets)
 
-    def sync(self, engine) -> None:
+    def sync(self, engine: Optional[Engine]) -> None:
         """Reduce the state across the ranks of ``engine`` in place; every rank must call it.
 
         Afterwards every rank holds the global state, so ``compute`` gives the same numbers on all

@@ -7,13 +7,15 @@ first, then gathered with their true lengths, so each sample counts exactly once
 """
 import torch
 
+from torchstage.distributed.engine import Engine
+
 
 def state_names(metric) -> list:
     """The metric's registered state names, in a fixed order (the same on every rank)."""
     return sorted(metric._defaults)
 
 
-def sync_metric_states(metric, engine) -> None:
+def sync_metric_states(metric, engine: Engine) -> None:
     """Replace ``metric``'s local states by the global ones (same reductions as torchmetrics); collective."""
     if not engine.is_distributed:
         return

@@ -1,6 +1,7 @@
 """A trained model out of the runner: ``runner.trace`` (TorchScript or ``torch.export``), the Catalyst 20.12 method
 with no other home."""
 import os
+from dataclasses import replace
 
 import torch
 
@@ -49,14 +50,14 @@ def trace(runner, model=None, batch=None, loader=None, logdir=None, mode: str = 
     net = runner.unwrapped_model
     if isinstance(net, dict):
         raise ValueError("trace(): the runner holds a dict of models; pass model=<the one to trace>")
-    saved = (runner.model, runner.engine.device, net.training,
+    saved = (runner.model, runner.engine, net.training,
              [p.requires_grad for p in net.parameters()], next(net.parameters(), torch.empty(0)).device)
     recorder = _Recorder(net)
     try:
         net.to(device).train(mode == "train")
         for p in net.parameters():
             p.requires_grad_(requires_grad)
-        runner.model, runner.engine.device = recorder, torch.device(device)
+        runner.model, runner.engine = recorder, replace(runner.engine, device=torch.device(device))
         with torch.set_grad_enabled(requires_grad):
             runner.predict_batch(runner.engine.to_device(batch) if runner.engine.moves_batches else batch,
                                  **(predict_params or {}))
@@ -71,7 +72,7 @@ def trace(runner, model=None, batch=None, loader=None, logdir=None, mode: str = 
             else:
                 traced = torch.jit.trace(net, args)
     finally:
-        runner.model, runner.engine.device = saved[0], saved[1]
+        runner.model, runner.engine = saved[0], saved[1]
         net.train(saved[2]).to(saved[4])
         for p, flag in zip(net.parameters(), saved[3]):
             p.requires_grad_(flag)

@@ -13,7 +13,7 @@ from torchstage.runner.chain import check_callbacks, merge_chain
 from torchstage.runner.defaults import default_callbacks
 from torchstage.runner.errors import RunnerException
 from torchstage.runner.loop_state import LoopState
-from torchstage.runner.engine import Engine
+from torchstage.distributed.engine import Engine
 
 
 def ready(runner, what: str) -> None:

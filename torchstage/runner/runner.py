@@ -21,8 +21,10 @@ from torchstage.runner.setup import train_in_world
 from torchstage.runner.spec import TrainSpec, make_spec, passes_arguments_as_given
 from torchstage.runner.state import load_runner_state_dict, runner_state_dict
 from torchstage.stop_request import RunStopped
-from torchstage.runner.engine import Engine
-from torchstage.strategies.precision import FULL, Precision
+from torchstage.distributed.agreement import AgreementChannel
+from torchstage.distributed.engine import Engine
+from torchstage.strategies.precision import Precision
+from torchstage.strategies.single import SingleDevice
 
 logger = logging.getLogger("torchstage")
 
@@ -52,6 +54,8 @@ class Runner:
                 raise TypeError("give engine=... or device=..., not both")
             engine = Engine(device=device)
         self.model, self.engine = model, engine
+        self.strategy = SingleDevice()  #: how the model trains (placement, the step, checkpoint state): the run's
+        self.channel = AgreementChannel()  #: the run's agreement channel across ranks (distributed/agreement.py)
         self.loop = LoopState()
         self.spec = self.criterion = self.optimizer = self.scheduler = None
         self.valid_loader = self.valid_metric = self.minimize_valid_metric = None
@@ -74,7 +78,7 @@ class Runner:
     @property
     def precision(self) -> Precision:
         """The strategy's precision for this run: autocast dtype and grad scaler (full precision before a run)."""
-        return self.engine.strategy.precision if self.engine is not None else FULL
+        return self.strategy.precision
 
     @property
     def amp_dtype(self):
@@ -89,7 +93,7 @@ class Runner:
     @scaler.setter
     def scaler(self, scaler) -> None:
         precision = self.precision
-        self.engine.strategy.precision = Precision(precision.dtype, scaler, precision.device_type)
+        self.strategy.precision = Precision(precision.dtype, scaler, precision.device_type)
 
     def predict_batch(self, batch) -> dict:
         """The model outputs for one batch, for :meth:`predict_loader`; runs ``handle_batch`` by default."""
@@ -340,7 +344,7 @@ class Runner:
     @property
     def unwrapped_model(self):
         """The model (or dict of models) without DDP/compile wrappers."""
-        return map_named(self.engine.strategy.unwrap, self.model)
+        return map_named(self.strategy.unwrap, self.model)
 
 
 _START = {level: f"on_{level}_start" for level in ("experiment", "stage", "epoch", "loader", "batch")}

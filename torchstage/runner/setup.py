@@ -1,13 +1,20 @@
 """Turning a checked spec into a ready runner: engine, seed, logdir, models, loaders, chains, resume, and the
-strategy's joint setup (what trains)."""
+strategy's joint setup (what trains).
+
+The order of :func:`prepare` is the order of what each step needs: the strategy's layout of the world (refused
+before any collective), the world's nodes, the engine (made once, from the world, the layout and the nodes), the
+strategy connected to it, the run's agreement channel; everything after reads the finished engine.
+"""
 import difflib
 import logging
 import os
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import torch
 
 from torchstage.data.datasets import FACTORY, build_loaders
+from torchstage.distributed.agreement import AgreementChannel
+from torchstage.distributed.collectives import all_gather_object
 from torchstage.data.loaders import distribute_loaders
 from torchstage.data.fork_check import warn_forked_workers
 from torchstage.data.rank_agreement import check_same_data, checked_dataset
@@ -29,7 +36,8 @@ from torchstage.runner.loop_state import LoopState
 from torchstage.runner.resume import checkpoint_to_resume, restore, resume_of_this_attempt
 from torchstage.runner.spec_optimization import check_scheduler_steps
 from torchstage.runner.spec_stages import check_built_loaders
-from torchstage.runner.engine import Engine
+from torchstage.distributed.engine import Engine
+from torchstage.runner.engine import RunEngine
 
 logger = logging.getLogger("torchstage")
 
@@ -40,7 +48,7 @@ def train_in_world(runner, spec):
         point_dumps_to(spec.logdir)  # NCCL's Flight Recorder dump on a timeout: into the logdir
     return run_in_world(lambda world: _train_here(runner, spec, world), spec.distributed, spec.nprocs,
                         timeout=process_group_timeout(spec.hang_timeout), max_restarts=spec.max_restarts,
-                        hang_timeout=spec.hang_timeout)
+                        hang_timeout=spec.hang_timeout, check=spec.strategy.layout)
 
 
 def _train_here(runner, spec, world: World):
@@ -65,7 +73,8 @@ def _train_here(runner, spec, world: World):
         restore()
         set_agreed_attempt(0)  # the restart count agreed by this run's world is this run's
         runner.model = model
-        runner.engine.strategy.teardown(complete)  # before the world's process group is destroyed
+        runner.channel.close(complete)
+        runner.strategy.teardown(complete)  # before the world's process group is destroyed
 
 
 def prepare(runner, spec, world: World = None):
@@ -80,9 +89,13 @@ def prepare(runner, spec, world: World = None):
         raise ValueError(f"engine=... sets the device of a one-process run; with {why} each process takes its "
                          f"device from its rank: drop engine=... (got {spec.engine!r})")
     startup_watch.phase("setting up the strategy")
-    runner.engine = run_engine(spec.engine or runner.engine, world, spec)
-    _announce(world, runner.engine)
-    runner.engine.nodes, restarts = agree_membership(runner.engine.all_gather_object)
+    runner.strategy = strategy = spec.strategy
+    layout = strategy.layout(world)  # a layout that cannot work is refused here, before any collective
+    nodes, restarts = agree_membership(lambda value: all_gather_object(value, world.world_size))
+    engine = run_engine(spec.engine or runner.engine, world, layout, nodes, spec)
+    strategy.connect(engine, spec.amp)
+    runner.engine, runner.channel = RunEngine.of(engine, strategy), AgreementChannel(engine)
+    _announce(world, engine, strategy)
     spec.resume = resume_of_this_attempt(spec.resume, restarts)  # a node that joined later counts 0 restarts itself
     # by data-parallel rank: the ranks of a tensor-parallel group draw alike (dropout on their replicated activations)
     set_seed(spec.seed + runner.engine.dp_rank, spec.deterministic)
@@ -120,28 +133,27 @@ def prepare(runner, spec, world: World = None):
     return found[1]["optimizers"] if found is not None else None
 
 
-def run_engine(engine: Engine, world: World, spec) -> Engine:
-    """This rank's engine for the run, the one place it is made: from the world under several processes, else the
-    runner's own engine (``device=``, a subclass) or the default one; with the run's strategy, set up for its
-    precision (given to the strategy once, :meth:`~torchstage.strategies.base.Strategy.connect`), and placement
-    settings."""
-    if world.is_distributed or engine is None:
-        engine = Engine.for_world(world)
-    engine = replace(engine, strategy=spec.strategy, channels_last=bool(spec.channels_last),
-                     prefetch=bool(spec.prefetch))
-    spec.strategy.connect(engine, spec.amp)
-    return engine
+def run_engine(given, world: World, layout, nodes, spec) -> Engine:
+    """This rank's engine for the run, the one place it is made: from the world under several processes, else from
+    the runner's own engine (``device=``) or the default one; in the strategy's ``layout``, with the world's
+    ``nodes`` and the placement settings."""
+    settings = dict(layout=layout, nodes=nodes, channels_last=bool(spec.channels_last), prefetch=bool(spec.prefetch))
+    if world.is_distributed or given is None:
+        return Engine.for_world(world, **settings)
+    if isinstance(given, RunEngine):  # an earlier run's: its values, not its strategy
+        given = Engine(**{f.name: getattr(given, f.name) for f in fields(Engine)})
+    return replace(given, **settings)
 
 
-def _announce(world: World, engine: Engine) -> None:
+def _announce(world: World, engine: Engine, strategy) -> None:
     """One line on the main rank of a world of several processes: how many, on how many nodes, from which
     launcher, and the strategy with its device mesh."""
     if not engine.is_distributed or not engine.is_main:
         return
-    strategy = engine.strategy
     nodes = world.nnodes or (max(1, engine.world_size // engine.node_size) if engine.node_size else "?")
-    mesh = getattr(strategy, "describe", lambda: "")()
-    data = f", data-parallel {engine.dp_size} x tensor-parallel {engine.tp_size}" if engine.tp_size > 1 else ""
+    mesh = strategy.describe()
+    split = [f"{name}-parallel {n}" for name, n in engine.layout.model_dims().items() if n > 1]
+    data = f", data-parallel {engine.dp_size} x {' x '.join(split)}" if split else ""
     source = "torchstage's launcher" if os.environ.get(LAUNCHED_ENV) else world.source  # (its workers look torchrun's)
     logger.info("world: %d processes on %s node%s (%s, %s backend), strategy %s%s%s", engine.world_size, nodes,
                 "" if nodes == 1 else "s", source, world.backend, type(strategy).__name__, f", {mesh}" if mesh else "",
@@ -188,14 +200,14 @@ def _datasets_to_compare(spec, loaders_of_stages) -> tuple:
 
 
 def _place_models(runner) -> None:
-    runner.model = map_named(runner.engine.strategy.place, runner.model)
+    runner.model = map_named(runner.strategy.place, runner.model)
 
 
 def setup_strategy(runner, resumed: dict = None):
     """The strategy's joint setup: the placed models, the run's optimizers and the step plans the callbacks of the
     chains declare go in; the models as they train come back. An optimizer the strategy's own configuration names
     goes to the stages given none, with its state from ``resumed`` (a checkpoint's optimizer states)."""
-    stages, strategy = runner.spec.stage_specs, runner.engine.strategy
+    stages, strategy = runner.spec.stage_specs, runner.strategy
     given = list({id(o): o for stage in stages for o in each(stage.optimizer)}.values())
     plans = [plan for stage, chain in zip(stages, runner.stage_callbacks) for callback in chain.values()
              for plan in callback.step_plans(stage)]

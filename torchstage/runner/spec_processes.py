@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from torchstage.launch.restarts import check_max_restarts
-from torchstage.runner.engine import Engine
+from torchstage.distributed.engine import Engine
 from torchstage.strategies.resolve import resolve_strategy
 
 

@@ -18,7 +18,7 @@ HPARAMS = ("num_epochs", "valid_loader", "valid_metric", "minimize_valid_metric"
 
 def runner_state_dict(runner) -> dict:
     """Every part of the run needed to resume it exactly; collective under several processes."""
-    spec, strategy = runner.spec, runner.engine.strategy
+    spec, strategy = runner.spec, runner.strategy
     models = named(runner.unwrapped_model, "model")
     per_rank = _gather_per_rank(runner)
     return {
@@ -46,7 +46,7 @@ def runner_state_dict(runner) -> dict:
 
 def load_runner_state_dict(runner, checkpoint: dict, weights_only: bool = False) -> None:
     """Put a checkpoint's weights (and unless ``weights_only`` everything else) into the runner."""
-    strategy, models = runner.engine.strategy, named(runner.unwrapped_model, "model")
+    strategy, models = runner.strategy, named(runner.unwrapped_model, "model")
     _load_named("model", models, checkpoint["models"],
                 lambda m, s: strategy.load_model_state_dict(m, clean_state_dict(s)))
     if weights_only:
@@ -156,7 +156,7 @@ def _loader_start(runner) -> dict:
 
 def _mesh_of(strategy) -> dict:
     """The strategy's mesh layout (replicate, shard, tensor), or {} for one without a mesh."""
-    layout = getattr(strategy, "layout", None)
+    layout = strategy.mesh_layout()
     return layout.as_dict() if layout is not None else {}
 
 

@@ -5,7 +5,11 @@ gradient sync on accumulation steps, clipping gradients, the optimizer step, and
 state into and out of a checkpoint (its :class:`~torchstage.files.checkpoint_io.CheckpointIO` writes the
 files). Its lifecycle, the same for every strategy:
 
-1. :meth:`Strategy.connect` ``(engine, amp)``: once per run, the process's engine (device, rank, world) and precision;
+0. :meth:`Strategy.layout` ``(world)``: the device mesh layout it lays a world out in, declared before any process
+   starts (a layout that cannot work is refused in the launching process); the run builds its
+   :class:`~torchstage.distributed.engine.Engine` from the world and this layout, once;
+1. :meth:`Strategy.connect` ``(engine, amp)``: once per run, the finished engine (device, rank, world, place in the
+   mesh) and precision; a strategy reads its engine, never writes into it;
 2. :meth:`Strategy.setup` ``(models, optimizers, plans, batch_size)``: the placed models, the run's optimizers
    and the :class:`StepPlan` each stepping callback declared in; what trains out (Fabric's
    ``setup_module_and_optimizers``);
@@ -14,7 +18,8 @@ files). Its lifecycle, the same for every strategy:
 4. :meth:`Strategy.teardown` ``(complete)``: after the run, before its process group goes.
 
 A strategy knows nothing of runners or callbacks. A new one is one file with a subclass of :class:`Strategy`
-plus its class in ``NAMED`` (:mod:`torchstage.strategies.resolve`).
+plus its class in ``NAMED`` (:mod:`torchstage.strategies.resolve`). A strategy that writes optimizer state in a
+format of its own also reads it back for the others (:meth:`Strategy.load_saved_optimizer_state`).
 """
 import abc
 import contextlib
@@ -23,8 +28,14 @@ from typing import Any, Optional
 
 import torch
 
+from torchstage.distributed.engine import Engine
+from torchstage.distributed.layout import MeshLayout
 from torchstage.files.checkpoint_io import FileCheckpointIO
 from torchstage.strategies.precision import FULL, Precision
+
+#: The strategy classes that write optimizer state in a format of their own and read it back for any strategy
+#: (those defining :meth:`Strategy.load_saved_optimizer_state`), in the order they were defined.
+FORMAT_OWNERS = []
 
 
 @dataclass(frozen=True)
@@ -61,13 +72,24 @@ class Strategy(abc.ABC):
     #: snapshot: each rank's ``model.state_dict()`` and ``optimizer.state`` tensors), or None where it can.
     no_snapshots = None
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "load_saved_optimizer_state" in vars(cls):
+            FORMAT_OWNERS.append(cls)
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
     # ---- the lifecycle -----------------------------------------------------------------------
-    def connect(self, engine, amp=None) -> None:
-        """Ready for a run on ``engine``, kept for the run: the precision ``amp`` asks for on its device (ValueError,
-        before training, for what it cannot do) and the checkpoint IO."""
+    def layout(self, world) -> MeshLayout:
+        """How this strategy lays out the processes of ``world`` (a :class:`~torchstage.launch.world.World`, maybe one
+        about to be started) in a device mesh; ValueError, before any process starts, for a layout that cannot work.
+        Here every rank holds the whole model and trains its own batches."""
+        return MeshLayout(replicate=world.world_size)
+
+    def connect(self, engine: Engine, amp=None) -> None:
+        """Ready for a run on ``engine`` (built from :meth:`layout`), kept for the run: the precision ``amp`` asks for
+        on its device (ValueError, before training, for what it cannot do) and the checkpoint IO."""
         self.engine = engine
         self.precision = Precision.for_device(amp, engine.device, engine.is_main)
         self.checkpoint_io = FileCheckpointIO(engine)
@@ -78,6 +100,14 @@ class Strategy(abc.ABC):
         as this strategy trains them, ``optimizers`` (the run's, each once) rebound where parameters were replaced,
         with any the strategy's configuration names added. ``plans`` are the :class:`StepPlan` the run's callbacks
         declared, ``batch_size`` the train loaders' (None if unknown); refuses, before training, what it cannot do."""
+
+    def describe(self) -> str:
+        """Its device mesh, for the line that announces the world ("" without one)."""
+        return ""
+
+    def mesh_layout(self):
+        """The layout of its device mesh, recorded in checkpoints (None: a strategy without one)."""
+        return None
 
     def teardown(self, complete: bool = True) -> None:
         """Release what the run built, once it ends and before its process group goes (collective only when the run
@@ -154,16 +184,20 @@ class Strategy(abc.ABC):
         return optimizer.state_dict()
 
     def load_optimizer_state_dict(self, optimizer, models: dict, state: dict) -> None:
-        """Put a checkpoint's optimizer state into ``optimizer``, keyed by index or, from FSDP, by parameter name;
-        a DeepSpeed checkpoint's is consolidated from its ZeRO partitions first."""
-        if "deepspeed" in state:
-            from torchstage.files.deepspeed_files import plain_optimizer_state  # DeepSpeed checkpoints only
-            state = plain_optimizer_state(state, optimizer, models)
-        if _keyed_by_name(state):
-            from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict  # heavy; FSDP checkpoints only
-            set_optimizer_state_dict(optimizer_module(optimizer, models), optimizer, state)
-        else:
-            optimizer.load_state_dict(state)
+        """Put a checkpoint's optimizer state into ``optimizer``: torch's own format here; a format of another
+        strategy's (FSDP's by parameter name, DeepSpeed's ZeRO partitions) through that strategy
+        (:data:`FORMAT_OWNERS`)."""
+        for owner in FORMAT_OWNERS:
+            if owner.load_saved_optimizer_state(optimizer, models, state):
+                return
+        optimizer.load_state_dict(state)
+
+    @classmethod
+    def load_saved_optimizer_state(cls, optimizer, models: dict, state: dict) -> bool:
+        """If ``state`` is an optimizer state in the format this strategy writes, load it into ``optimizer`` (a plain
+        one, of any strategy; ``models``: name -> unwrapped model holding its parameters) and return True; a
+        strategy with a format of its own defines this (and is then in :data:`FORMAT_OWNERS`)."""
+        return False
 
     def save_checkpoint(self, checkpoint: dict, paths: list, writer=None, before_last=None) -> None:
         """Write ``checkpoint`` to each of ``paths`` in order, ``before_last()`` run after all but the last (the last
@@ -176,16 +210,3 @@ def gradients_of(optimizer) -> list:
     """The parameters of ``optimizer`` that hold a gradient."""
     return [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
 
-
-def _keyed_by_name(state: dict) -> bool:
-    groups = state.get("param_groups") or [{}]
-    return any(isinstance(key, str) for key in groups[0].get("params", ()))
-
-
-def optimizer_module(optimizer, models: dict) -> torch.nn.Module:
-    """The model holding ``optimizer``'s parameters, or a ModuleDict of the models that do (names prefix them)."""
-    ids = {id(p) for group in optimizer.param_groups for p in group["params"]}
-    holders = {name: model for name, model in models.items() if any(id(p) in ids for p in model.parameters())}
-    if len(holders) == 1:
-        return next(iter(holders.values()))
-    return torch.nn.ModuleDict(holders)

@@ -80,12 +80,16 @@ class DeepSpeed(Strategy):
         return f"DeepSpeed(stage={self.stage})"
 
     # ---- the lifecycle -----------------------------------------------------------------------
-    def connect(self, engine, amp=None) -> None:
-        """Import DeepSpeed for ``engine``'s device; DeepSpeed scales float16 losses itself: no grad scaler here."""
-        if not engine.is_distributed:
+    def layout(self, world):
+        """Every rank a data-parallel one (ZeRO partitions the state over all of them); refused for one process."""
+        if world.world_size == 1:
             raise ValueError("strategy='deepspeed' shards training state over several processes, and this run has "
                              "one; use distributed=True with nprocs >= 2 (or torchrun), or strategy='ddp' (which also "
                              "continues a ZeRO checkpoint: resume=... consolidates its partitions)")
+        return super().layout(world)
+
+    def connect(self, engine, amp=None) -> None:
+        """Import DeepSpeed for ``engine``'s device; DeepSpeed scales float16 losses itself: no grad scaler here."""
         if engine.device.type == "cpu":
             os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed reads it once, on import
         accelerator = _import_deepspeed().accelerator.get_accelerator().device_name()
@@ -252,6 +256,16 @@ class DeepSpeed(Strategy):
                   for group in optimizer.param_groups]
         return {"state": {}, "param_groups": groups,
                 "deepspeed": {"tag": self._tag_of(engine.module), "world_size": self._world_size, "stage": self.stage}}
+
+    @classmethod
+    def load_saved_optimizer_state(cls, optimizer, models, state) -> bool:
+        """A DeepSpeed checkpoint's optimizer state into a plain optimizer (any other strategy, one process too):
+        each parameter's state consolidated from its ZeRO partitions first."""
+        if "deepspeed" not in state:
+            return False
+        from torchstage.files.deepspeed_files import plain_optimizer_state  # DeepSpeed checkpoints only
+        optimizer.load_state_dict(plain_optimizer_state(state, optimizer, models))
+        return True
 
     def load_optimizer_state_dict(self, optimizer, models, state) -> None:
         """Keep where the checkpoint's DeepSpeed files are; they load into the engine once it exists (at once when it

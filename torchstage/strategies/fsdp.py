@@ -10,10 +10,10 @@ import numbers
 
 import torch
 
+from torchstage.distributed.layout import MeshLayout, check_degree, complete
 from torchstage.files.checkpoint_io import ShardedCheckpointIO
-from torchstage.strategies.base import Strategy, optimizer_module
-from torchstage.strategies.mesh import (MeshLayout, build_mesh, by_mesh, check_degree, complete, data_mesh, place,
-                                        total_norm)
+from torchstage.strategies.base import Strategy
+from torchstage.strategies.mesh import build_mesh, by_mesh, data_mesh, total_norm
 
 #: Modules that hold sub-modules without running them in a forward of their own: the policy looks inside.
 CONTAINERS = (torch.nn.ModuleList, torch.nn.ModuleDict)
@@ -36,9 +36,8 @@ class FSDP(Strategy):
     """
 
     name = "fsdp"
-    #: The layout of the world in a mesh (set by :meth:`connect`) and torch's DeviceMesh (None: FSDP's default,
-    #: every rank shards).
-    layout = mesh = None
+    #: torch's DeviceMesh of the engine's layout (set by :meth:`connect`; None: FSDP's default, every rank shards).
+    mesh = None
 
     def __init__(self, min_params: int = 100_000, modules=(), reshard_after_forward: bool = True, *,
                  replicate: int = None, shard: int = None):
@@ -60,19 +59,17 @@ class FSDP(Strategy):
                 f"reshard_after_forward={self.reshard_after_forward}{mesh})")
 
     # ---- the mesh ----------------------------------------------------------------------------
-    def connect(self, engine, amp=None) -> None:
-        """The layout of the world (refused, before training, when its degrees do not make the world), its device
-        mesh where it has more than one dimension, the engine's data-parallel place in it, and sharded
-        checkpoints."""
-        super().connect(engine, amp)
-        self.layout = self.make_layout(engine)
-        self.mesh = build_mesh(self.layout, engine.device.type) if engine.is_distributed and self.needs_mesh() else None
-        place(engine, self.layout)
-        self.checkpoint_io = ShardedCheckpointIO(engine)  # a directory of every rank's shards (collective)
+    def layout(self, world) -> MeshLayout:
+        """``replicate x shard`` of the world (refused when the degrees do not make it); by default every rank
+        shards."""
+        return complete(self.mesh_label(), world.world_size, self.replicate, self.shard, world.world_size)
 
-    def make_layout(self, engine) -> MeshLayout:
-        """``replicate x shard`` of the world; by default every rank shards."""
-        return complete(self.mesh_label(), engine.world_size, 1, self.replicate, self.shard, engine.world_size)
+    def connect(self, engine, amp=None) -> None:
+        """The device mesh of the engine's layout where it has more than one dimension, and sharded checkpoints."""
+        super().connect(engine, amp)
+        self.mesh = build_mesh(engine.layout, engine.device.type) if engine.is_distributed and self.needs_mesh() \
+            else None
+        self.checkpoint_io = ShardedCheckpointIO(engine)  # a directory of every rank's shards (collective)
 
     def mesh_label(self) -> str:
         """``strategy=FSDP(replicate=2, shard=2)``: how a refused layout names the strategy, by its mesh arguments."""
@@ -81,7 +78,7 @@ class FSDP(Strategy):
 
     def needs_mesh(self) -> bool:
         """True when FSDP's default mesh (every rank a shard) is not the layout."""
-        return self.layout.replicate > 1 or self.layout.tensor > 1
+        return self.engine.layout.shard != self.engine.world_size
 
     @property
     def label(self) -> str:
@@ -89,17 +86,20 @@ class FSDP(Strategy):
         return f"strategy={self.name!r}" if self.name else f"strategy={type(self).__name__}(...)"
 
     def describe(self) -> str:
-        """The mesh, for the line that announces the world."""
-        layout = self.layout
+        """The mesh, for the line that announces the world: its dimensions of more than one rank, and the shards."""
+        layout = self.mesh_layout()
         if layout is None or layout.size == 1:
             return ""
-        parts = [f"replicate {layout.replicate}"] if layout.replicate > 1 else []
-        parts += [f"shard {layout.shard}"] + ([f"tensor {layout.tensor}"] if layout.tensor > 1 else [])
+        parts = [f"{name} {n}" for name, n in layout.as_dict().items() if n > 1 or name == "shard"]
         return "mesh " + " x ".join(parts)
+
+    def mesh_layout(self):
+        """The engine's layout once connected."""
+        return None if self.engine is None else self.engine.layout
 
     def shard_mesh(self):
         """The mesh ``fully_shard`` shards over (None: all ranks)."""
-        return None if self.mesh is None else data_mesh(self.mesh, self.layout)
+        return None if self.mesh is None else data_mesh(self.mesh, self.engine.layout)
 
     # ---- wrapping ----------------------------------------------------------------------------
     def units(self, model: torch.nn.Module) -> list:
@@ -202,6 +202,25 @@ class FSDP(Strategy):
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict  # heavy; FSDP runs only
         return get_optimizer_state_dict(optimizer_module(optimizer, models), optimizer)
 
+    @classmethod
+    def load_saved_optimizer_state(cls, optimizer, models, state) -> bool:
+        """An optimizer state keyed by parameter name (FSDP's) loaded by name, into a sharded or a plain optimizer."""
+        groups = state.get("param_groups") or [{}]
+        if not any(isinstance(key, str) for key in groups[0].get("params", ())):
+            return False
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict  # heavy; FSDP checkpoints only
+        set_optimizer_state_dict(optimizer_module(optimizer, models), optimizer, state)
+        return True
+
+
+
+def optimizer_module(optimizer, models: dict) -> torch.nn.Module:
+    """The model holding ``optimizer``'s parameters, or a ModuleDict of the models that do (names prefix them)."""
+    ids = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    holders = {name: model for name, model in models.items() if any(id(p) in ids for p in model.parameters())}
+    if len(holders) == 1:
+        return next(iter(holders.values()))
+    return torch.nn.ModuleDict(holders)
 
 
 #: Wrappers that torch puts between a module and its parameters' names (activation checkpointing, compile).

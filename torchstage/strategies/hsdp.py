@@ -4,8 +4,8 @@ Plain FSDP shards over every rank, so each layer's all-gather and reduce-scatter
 nodes. HSDP keeps them inside a node (over NVLink or shared memory) and only all-reduces the already
 reduce-scattered gradient shards across nodes, once per step.
 """
+from torchstage.distributed.layout import complete, node_size
 from torchstage.strategies.fsdp import FSDP
-from torchstage.strategies.mesh import complete
 
 
 class HSDP(FSDP):
@@ -18,10 +18,11 @@ class HSDP(FSDP):
 
     name = "hsdp"
 
-    def make_layout(self, engine):
+    def layout(self, world):
         """``nodes x ranks per node`` unless given."""
-        if engine.node_size is None and self.replicate is None and self.shard is None:
-            raise ValueError(f"{self.mesh_label()}: the launcher of these {engine.world_size} processes does not say "
+        per_node = node_size(world)
+        if per_node is None and self.replicate is None and self.shard is None:
+            raise ValueError(f"{self.mesh_label()}: the launcher of these {world.world_size} processes does not say "
                              f"how many run on each node, which the default layout shards over; give the layout, "
                              f"HSDP(shard=<processes per node>)")
-        return complete(self.mesh_label(), engine.world_size, 1, self.replicate, self.shard, engine.node_size)
+        return complete(self.mesh_label(), world.world_size, self.replicate, self.shard, per_node)

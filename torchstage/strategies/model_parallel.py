@@ -4,13 +4,13 @@
 The user's ``parallelize(model, tensor_mesh)`` applies a tensor-parallel plan with torch's own
 ``parallelize_module`` (``ColwiseParallel``/``RowwiseParallel``...), and may add activation checkpointing or compile
 blocks; the result is then sharded with ``fully_shard`` over the data-parallel sub-mesh, as torchtitan composes them.
-The ranks of a tensor-parallel group train the same batch (the engine's ``dp_rank``), and metrics count its
-samples once.
+The ranks of a tensor-parallel group train the same batch (the engine's ``dp_rank``, from the layout this strategy
+declares), and metrics count its samples once.
 """
 import torch
 
+from torchstage.distributed.layout import check_degree, complete, node_size
 from torchstage.strategies.fsdp import FSDP
-from torchstage.strategies.mesh import check_degree, complete
 
 
 class ModelParallel(FSDP):
@@ -43,14 +43,15 @@ class ModelParallel(FSDP):
         data = "".join(f", data_{k}={getattr(self, k)}" for k in ("replicate", "shard") if getattr(self, k) is not None)
         return f"ModelParallel(tensor={self.tensor}, parallelize={getattr(self.parallelize_fn, '__name__', '?')}{data})"
 
-    def make_layout(self, engine):
+    def layout(self, world):
         """``data_replicate x data_shard x tensor``; the tensor groups inside a node."""
-        if engine.node_size is not None and engine.node_size % self.tensor:
-            raise ValueError(f"{self.mesh_label()}: tensor={self.tensor} does not divide the {engine.node_size} "
+        per_node = node_size(world)
+        if per_node is not None and per_node % self.tensor:
+            raise ValueError(f"{self.mesh_label()}: tensor={self.tensor} does not divide the {per_node} "
                              f"processes of a node; a tensor-parallel group must sit on one node (its ranks talk at "
-                             f"every layer), so give a tensor degree that divides {engine.node_size}")
-        return complete(self.mesh_label(), engine.world_size, self.tensor, self.replicate, self.shard,
-                        engine.world_size // self.tensor)
+                             f"every layer), so give a tensor degree that divides {per_node}")
+        return complete(self.mesh_label(), world.world_size, self.replicate, self.shard,
+                        world.world_size // self.tensor, tensor=self.tensor)
 
     def mesh_label(self) -> str:
         """``strategy=ModelParallel(tensor=2, data_shard=2)``: how a refused layout names the strategy."""

@@ -1,4 +1,6 @@
 """The one place where ``train(strategy=...)`` (a name or an instance) becomes a strategy object."""
+import difflib
+
 from torchstage.strategies.base import Strategy
 from torchstage.strategies.ddp import DDP
 from torchstage.strategies.deepspeed import DeepSpeed
@@ -18,5 +20,8 @@ def resolve_strategy(strategy):
             return kind()
     names = [repr(kind.name) for kind in NAMED]
     names = " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
-    raise ValueError(f"strategy must be {names}, got {strategy!r} (or pass a strategy object such as "
+    close = difflib.get_close_matches(strategy.lower(), [kind.name for kind in NAMED], n=1) \
+        if isinstance(strategy, str) else []
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise ValueError(f"strategy must be {names}, got {strategy!r}{hint} (or pass a strategy object such as "
                      f"torchstage.{NAMED[-1].__name__}(...))")

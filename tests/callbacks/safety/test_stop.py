@@ -6,7 +6,7 @@ import signal
 import pytest
 import torch
 
-from torchstage import Callback, RunStopped, SupervisedRunner, load_checkpoint, request_stop
+from torchstage import Callback, RunStopped, StopCallback, SupervisedRunner, load_checkpoint, request_stop
 from torchstage.stop_request import SignalStop, clear_stop_request, stop_requested
 
 from tests.resume_helpers import checkpoint_differences, tiny_train_kwargs
@@ -91,3 +91,14 @@ def test_first_request_wins():
         assert request_stop("b", exit_code=6) is first and stop_requested().reason == "a"
     finally:
         clear_stop_request()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"check_every": 0}, "check_every must be None (about every check_period seconds) or an integer >= 1, got 0"),
+    ({"check_every": 2.5}, "check_every must be None .* got 2.5"),
+    ({"check_period": 0}, "check_period must be a number of seconds > 0, got 0"),
+    ({"check_period": "1s"}, "check_period must be a number of seconds > 0, got '1s'"),
+])
+def test_bad_arguments_are_refused_with_what_was_given(kwargs, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        StopCallback(**kwargs)

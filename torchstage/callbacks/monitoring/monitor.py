@@ -64,7 +64,7 @@ class ThroughputMonitor(Callback):
     def on_loader_end(self, runner):
         elapsed = time.perf_counter() - self._start
         engine = runner.engine
-        mine = float(self._samples) if engine.counts_samples else 0.0  # a tensor-parallel group's samples once
+        mine = float(self._samples) if engine.counts_samples else 0.0  # a model-parallel group's samples once
         summed = engine.all_reduce_(torch.tensor([mine, self._wait / max(elapsed, 1e-12)], dtype=torch.float64,
                                                  device=engine.device), "sum")
         peaks = engine.all_reduce_(torch.tensor([elapsed, self._peak_memory_mb(engine.device)], dtype=torch.float64,
@@ -78,7 +78,7 @@ class ThroughputMonitor(Callback):
         metrics["peak_memory_mb"] = memory
         flops = self.flops_per_sample.get(runner.loader_key)
         if flops:
-            flops *= engine.tp_size  # each rank of a tensor-parallel group computes its part of every sample
+            flops *= engine.model_parallel_size  # each rank of a model-parallel group computes its part of a sample
             metrics["tflops_per_s"] = flops * metrics["samples_per_s"] / 1e12
             peak = self.peak_flops or device_peak_flops(engine.device, runner.amp_dtype)
             if peak:

@@ -3,10 +3,11 @@ the others', by rank, host, local rank and part, within seconds of its slowdown,
 recovers.
 
 Each rank times its train batches (:mod:`~torchstage.callbacks.monitoring.step_clock`: data, compute, and the
-wait for the others at the end of backward). The sums travel with the stop agreement that already runs about
-every 0.5 s (:class:`~torchstage.stop_request.AgreementRider`): no collective of its own per step. The main
-rank judges them (:mod:`~torchstage.callbacks.monitoring.straggler_rule`) and logs one line per finding.
-Per train loader, one small all-reduce gathers each rank's times for the loggers.
+wait for the others at the end of backward). The sums ride the run's agreement channel, about every 0.5 s
+(a :class:`~torchstage.distributed.agreement.Rider` of ``runner.channel``, with the stop requests and any other
+signal): no collective of its own per step. The main rank judges them
+(:mod:`~torchstage.callbacks.monitoring.straggler_rule`) and logs one line per finding. Per train loader, one small
+all-reduce on the channel gathers each rank's times for the loggers.
 """
 import logging
 import statistics
@@ -14,21 +15,18 @@ import time
 from numbers import Real
 
 import torch
-import torch.distributed as dist
 
 from torchstage.arguments import ArgumentError
 from torchstage.callbacks.base import Callback, CallbackScope
 from torchstage.callbacks.loggers.logger_base import RANKS, log_metrics
 from torchstage.callbacks.monitoring.step_clock import BackwardWait, StepClock
 from torchstage.callbacks.monitoring.straggler_rule import PARTS, StragglerRule
-from torchstage.callbacks.safety.stop import StopCallback
-from torchstage.callbacks.safety.stop_schedule import CheckSchedule
+from torchstage.distributed.agreement import Rider
 from torchstage.files.log_files import LogFiles
 from torchstage.files.straggler_log import EPISODES_FILE, RANKS_FILE, event_line, ranks_text
 from torchstage.launch.hosts import host_name
 from torchstage.launch.resolve import restart_attempt
 from torchstage.one_or_many import each
-from torchstage.stop_request import Agreement, AgreementRider, control_group
 
 logger = logging.getLogger("torchstage")
 #: Numbers per rank in a payload: data, compute and wait microseconds, batches.
@@ -40,7 +38,7 @@ PER_RANK_LIMIT = 64
 RECENT, BRIEF = 128, 0.2
 
 
-class StragglerDetector(Callback, AgreementRider):
+class StragglerDetector(Callback, Rider):
     """Names a rank whose compute or data time per train batch stays at least ``threshold`` (0.2: 20 %) above the
     median of the other ranks' for ``patience`` windows of about ``window`` seconds of training in a row, and costs
     the job at least ``min_share`` of its time: one warning with the word ``straggler``, the rank, its host and
@@ -52,7 +50,7 @@ class StragglerDetector(Callback, AgreementRider):
     Part of the default chain of every run of several processes (``callbacks={"stragglers": None}`` removes it).
     """
 
-    order = StopCallback.order + 10  # a batch ends after every other callback: their work counts as the step's
+    order = 10_010  # a batch ends after every other callback (the graceful stop's 10_000 too): their work counts
     scope = CallbackScope.Distributed
     train_batches_only = True
     name = "stragglers"
@@ -66,16 +64,14 @@ class StragglerDetector(Callback, AgreementRider):
         if isinstance(min_share, bool) or not isinstance(min_share, Real) or not 0 <= min_share < 1:
             raise ArgumentError("min_share", f"must be a share of the job's time in [0, 1), got {min_share!r}")
         self.threshold, self.window, self.patience, self.min_share = threshold, float(window), patience, min_share
-        self._clock = self._wait = self._rule = self._files = self._schedule = self._pending = None
+        self._clock = self._wait = self._rule = self._files = None
         self._found, self._episodes, self._places, self._recent, self._first, self._loop = [], {}, [], [], None, None
 
     # ---- the run ---------------------------------------------------------------------------------
     def on_experiment_start(self, runner):
         engine = runner.engine
         self._rank, self._world, self._main = engine.rank, engine.world_size, engine.is_main
-        self._group = control_group()
-        self._places = [None] * self._world
-        dist.all_gather_object(self._places, (host_name(), engine.local_rank), group=self._group)
+        self._places = runner.channel.all_gather_object((host_name(), engine.local_rank))
         self._wait = BackwardWait(each(runner.model))
         self._clock = StepClock(self._wait)
         self._found, self._episodes = [], {}
@@ -90,24 +86,19 @@ class StragglerDetector(Callback, AgreementRider):
             self._files.replace(runner, f"{logdir}/{RANKS_FILE}", ranks_text(self._places))
 
     def on_stage_start(self, runner):
-        carried = any(isinstance(cb, StopCallback) for cb in runner.callbacks.values())
-        self._schedule = None if carried else (self._schedule or CheckSchedule())
+        runner.channel.join(self)
 
     def on_loader_start(self, runner):
         if runner.is_train_loader:
             if self._first is None:
                 self._first = self._mark()
             self._clock.loader_start()
-            if self._schedule is not None:
-                self._schedule.start_loader(runner.global_batch_step)
 
     def on_batch_start(self, runner):
         self._clock.batch_start()
 
     def on_batch_end(self, runner):
         self._clock.batch_end()
-        if self._schedule is not None and self._schedule.due(runner.global_batch_step):
-            self._agree_alone(runner.global_batch_step)
         if self._found:
             self._report(runner)
 
@@ -116,20 +107,16 @@ class StragglerDetector(Callback, AgreementRider):
             self._log_loader(runner)
 
     def on_epoch_end(self, runner):
-        if self._found:  # read by the stop agreement at the epoch end
+        if self._found:  # read by an agreement at the epoch end
             self._report(runner)
 
-    def on_experiment_end(self, runner):
-        if self._pending is not None:
-            self._pending.result()  # no collective left running when the world ends
-            self._pending = None
+    def on_experiment_end(self, runner):  # the loop read the channel's last agreement first
         if self._rule is not None:
             self._found += [(self._rule.ended(rank, part), self._mark()) for rank, part in self._rule.named()]
         self._report(runner)
         self._release(runner)
 
     def on_exception(self, runner):
-        self._pending = None  # not waited for: a peer may be gone
         self._release(runner)
 
     def _release(self, runner):
@@ -139,7 +126,7 @@ class StragglerDetector(Callback, AgreementRider):
         if self._files is not None:
             self._files.close(runner)
 
-    # ---- the agreement -----------------------------------------------------------------------------
+    # ---- the agreement channel ---------------------------------------------------------------------
     def payload(self) -> torch.Tensor:
         """This rank's data, compute and wait microseconds and batches since the last agreement, in its slot."""
         data, compute, waited, batches = self._clock.take()
@@ -201,16 +188,6 @@ class StragglerDetector(Callback, AgreementRider):
         loop = self._loop
         return time.time(), {"stage": loop.stage_key, "epoch": loop.epoch, "global_batch_step": loop.global_batch_step}
 
-    def _agree_alone(self, step: int) -> None:
-        """Without a stop callback in the chain: the same background agreement, for the detector's numbers only."""
-        pending, self._pending = self._pending, None
-        interval = 0
-        if pending is not None:
-            pending.result()
-            interval = pending.interval
-        self._schedule.agreed(step, interval)
-        self._pending = Agreement(None, self._group, self._schedule.proposal(step), (self,))
-
     # ---- what the main rank says -------------------------------------------------------------------
     def _report(self, runner) -> None:
         found, self._found = self._found, []
@@ -239,7 +216,7 @@ class StragglerDetector(Callback, AgreementRider):
         values = torch.zeros(self._world * SLOT, dtype=torch.int64)
         start = self._rank * SLOT
         values[start:start + SLOT] = torch.tensor([_us(data), _us(compute), _us(waited), batches], dtype=torch.int64)
-        dist.all_reduce(values, op=dist.ReduceOp.MAX, group=self._group)
+        runner.channel.all_reduce_max(values)
         if not self._main:
             return
         rows = values.view(self._world, SLOT).tolist()

@@ -3,11 +3,12 @@ import logging
 import signal
 from typing import Optional
 
-from torchstage.callbacks.base import Callback, CallbackScope, CancelRun
+import torch
+
+from torchstage.callbacks.base import Callback, CancelRun
 from torchstage.callbacks.checkpoints.checkpoint_saver import CheckpointCallback
-from torchstage.callbacks.safety.stop_schedule import CheckSchedule
-from torchstage.stop_request import (DEFAULT_SIGNALS, Agreement, AgreementRider, SignalStop, agree, clear_stop_request,
-                                     control_group, stop_requested)
+from torchstage.distributed.agreement import Rider
+from torchstage.stop_request import DEFAULT_SIGNALS, SignalStop, StopRequest, clear_stop_request, stop_requested
 
 logger = logging.getLogger("torchstage")
 
@@ -16,17 +17,16 @@ class StopCallback(Callback):
     """Stops after the current train batch (or at epoch end) once ``signals`` or ``request_stop()`` asked.
 
     Every checkpoint callback writes ``last.pth`` at that point, then ``train()`` raises
-    :class:`~torchstage.RunStopped`. Under several processes the ranks agree (one all-reduce of three
-    integers on a CPU group: no GPU sync) at each epoch end and, within an epoch, about every
-    ``check_period`` seconds of training (an interval in batches the ranks agree on; see
-    :mod:`~torchstage.callbacks.safety.stop_schedule`), or every ``check_every`` train batches when given, so
-    all stop after the same batch. The agreement runs in the background during the next batches and is read
-    at the next check (waiting for it, or running it every batch, cost 5-10 % of a small model's step under 2
-    processes), so a request stops the ranks within about ``check_period`` seconds (with ``check_every=k``:
-    a request made during batch N stops them after batch N + k); at an epoch end they agree at once.
-    It runs after every other callback, so each one sees the last batch complete. The callbacks of the chain
-    that are :class:`~torchstage.stop_request.AgreementRider` s (the straggler detector) send their numbers with
-    the periodic agreement: they add no collective of their own.
+    :class:`~torchstage.RunStopped`. Under several processes the stop request rides the run's agreement channel
+    (:mod:`torchstage.distributed.agreement`: one background all-reduce of a few integers on a CPU group, no GPU
+    sync, shared with every other signal of the run), which the ranks read at each epoch end and, within an epoch,
+    about every ``check_period`` seconds of training (an interval in batches the ranks agree on; see
+    :mod:`~torchstage.distributed.schedule`), or every ``check_every`` train batches when given, so all stop after
+    the same batch. The agreement runs in the background during the next batch(es) and is read at the next check
+    (waiting for it, or running it every batch, cost 5-10 % of a small model's step under 2 processes), so a
+    request stops the ranks within about ``check_period`` seconds (with ``check_every=k``: a request made during
+    batch N stops them after batch N + k); at an epoch end they agree at once. It runs after every other callback,
+    so each one sees the last batch complete.
     """
 
     order = 10_000
@@ -42,8 +42,7 @@ class StopCallback(Callback):
             raise ValueError(f"check_period must be a number of seconds > 0, got {check_period!r}")
         self.signals = tuple(signal.Signals(s) for s in signals)
         self.check_every, self.check_period = check_every, check_period
-        self._handlers, self._group, self._distributed, self._pending = None, None, False, None
-        self._schedule, self._riders = None, ()
+        self._handlers, self._vote, self._distributed = None, None, False
 
     def on_experiment_start(self, runner):
         clear_stop_request()
@@ -51,48 +50,24 @@ class StopCallback(Callback):
         self._handlers = SignalStop(self.signals)
         self._handlers.install()
         self._distributed = runner.engine.is_distributed
-        self._group = control_group() if self._distributed else None
-        self._schedule = CheckSchedule(self.check_every, self.check_period)
-        self._riders = riders(runner)
+        self._vote = StopVote()
 
     def on_stage_start(self, runner):
-        self._riders = riders(runner)
-
-    def on_loader_start(self, runner):
-        if runner.is_train_loader:
-            self._schedule.start_loader(runner.global_batch_step)
+        runner.channel.join(self._vote, every=self.check_every, period=self.check_period)
 
     def on_batch_end(self, runner):
-        if not self._distributed:  # one process: a look at the flag that a signal handler sets
-            if stop_requested() is not None and runner.is_train_loader:
-                self._stop(runner, stop_requested())
-        elif runner.is_train_loader and self._schedule.due(runner.global_batch_step):
-            step = runner.global_batch_step
-            agreed, interval = self._agreed()  # started at the previous check; every rank reads the same result
-            self._schedule.agreed(step, interval)
-            if agreed is None:  # runs during the next batches
-                self._pending = Agreement(stop_requested(), self._group, self._schedule.proposal(step), self._riders)
-            self._stop(runner, agreed)
+        self._stop(runner, self._vote.agreed if self._distributed else stop_requested())
 
     def on_epoch_end(self, runner):
         if self._distributed:
-            self._stop(runner, self._agreed()[0] or agree(stop_requested(), self._group))
-        else:
-            self._stop(runner, stop_requested())
+            runner.channel.agree_now()
+        self._stop(runner, self._vote.agreed if self._distributed else stop_requested())
 
     def on_experiment_end(self, runner):
-        self._agreed()  # no collective left running when the world ends
         self._release()
 
     def on_exception(self, runner):
-        self._pending = None  # not waited for: a peer may be gone
         self._release()
-
-    def _agreed(self):
-        """The agreement in flight, read (waiting for it): its stop request or None, and the interval the ranks
-        proposed (0 when none was in flight)."""
-        pending, self._pending = self._pending, None
-        return (None, 0) if pending is None else (pending.result(), pending.interval)
 
     def _release(self):
         if self._handlers is not None:
@@ -117,8 +92,23 @@ class StopCallback(Callback):
         raise CancelRun()
 
 
-def riders(runner) -> tuple:
-    """The callbacks of the current chain whose numbers travel with the stop agreement (every rank runs them, so
-    every rank sends the same payloads)."""
-    return tuple(cb for cb in runner.callbacks.values()
-                 if isinstance(cb, AgreementRider) and cb.scope != CallbackScope.Main)
+class StopVote(Rider):
+    """This rank's stop request on the agreement channel: its exit code and signal (the ranks' maximum wins, so any
+    rank's request stops all); :attr:`agreed` is the request every rank acts on, once one arrived."""
+
+    def __init__(self):
+        self.agreed, self._sent = None, None
+
+    def payload(self) -> torch.Tensor:
+        self._sent = request = stop_requested()
+        return torch.tensor((request.exit_code, request.signum) if request is not None else (0, 0), dtype=torch.int64)
+
+    def arrived(self, values: torch.Tensor) -> None:
+        exit_code, signum = values.tolist()
+        if exit_code == 0 or self.agreed is not None:
+            return
+        if self._sent is not None:
+            reason = self._sent.reason
+        else:
+            reason = f"{signal.Signals(signum).name} on another rank" if signum else "requested on another rank"
+        self.agreed = StopRequest(reason=reason, signum=signum, exit_code=exit_code)

@@ -14,7 +14,7 @@ CLIP_FUNCTIONS = {"clip_grad_norm_": torch.nn.utils.clip_grad_norm_,
 
 
 class BackwardCallback(Callback):
-    """Every train batch: ``runner.engine.backward(runner.batch_metrics[metric_key])``, then ``grad_clip_fn`` on the
+    """Every train batch: ``runner.strategy.backward(runner.batch_metrics[metric_key], None)``, then ``grad_clip_fn`` on the
     parameters of the model(s) (``model_key`` picks one of a dict of models).
 
     Several of them back-propagate their losses before any optimizer steps (their phase, ``Backward``, comes
@@ -49,7 +49,7 @@ class BackwardCallback(Callback):
             raise KeyError(f"BackwardCallback(metric_key={self.metric_key!r}) found no such loss in batch_metrics; "
                            f"it has {sorted(loop.batch_metrics)}")
         try:
-            runner.engine.backward(loss)
+            runner.strategy.backward(loss, None)
         except RuntimeError as exc:  # torch's "grad can be implicitly created only for scalar outputs", named
             error = nonscalar_loss_error(runner.criterion, self.metric_key, loss)
             if error is None:

@@ -1,4 +1,5 @@
-"""The runner's own bookkeeping as the lowest-order callback: modes, grad, counters, samplers."""
+"""The runner's own bookkeeping as the lowest-order callback: modes, grad, counters, samplers, and the ticks of the
+run's agreement channel."""
 import torch
 
 from torchstage.callbacks.base import Callback, CallbackOrder
@@ -23,10 +24,22 @@ def batch_size_of(batch) -> int:
 
 
 class LoopCallback(Callback):
-    """Sets train/eval mode and grad, resets per-level state, advances counters, calls ``set_epoch``."""
+    """Sets train/eval mode and grad, resets per-level state, advances counters, calls ``set_epoch``, and ticks the
+    run's agreement channel (``runner.channel``) once per train batch: the next agreement starts as a train batch
+    starts, the one in flight is read as it ends, before the other callbacks (see
+    :mod:`torchstage.distributed.agreement`)."""
 
     order = CallbackOrder.Internal
     _grad_was = None  # the grad mode a loader found, restored when it ends or the run fails inside it
+    _channel = None  # the run's agreement channel while the run goes on (an idle one otherwise)
+
+    def on_experiment_start(self, runner):
+        self._channel = runner.channel if runner.channel.active else None
+
+    def on_experiment_end(self, runner):
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            channel.settle()  # no collective left running when the world ends
 
     def on_epoch_start(self, runner):
         runner.global_epoch_step += 1
@@ -47,6 +60,8 @@ class LoopCallback(Callback):
             batch_sampler.sampler.set_epoch(runner.global_epoch_step)
         runner.loader_metrics = runner.epoch_metrics[runner.loader_key] = {}
         runner.loader_sample_step = 0
+        if training and self._channel is not None:
+            self._channel.loader_start(runner.global_batch_step)
 
     def on_batch_start(self, runner):
         loop = runner.loop  # per batch: the loop state directly, not through the runner's properties
@@ -58,10 +73,16 @@ class LoopCallback(Callback):
         loop.run_batch_step += 1
         loop.run_sample_step += size
         if loop.is_train_loader:
+            if self._channel is not None:
+                self._channel.batch_start(loop.global_batch_step)
             loop.train_batches_done += 1
             loop.global_batch_step += 1
             loop.global_sample_step += size
         loop.batch_metrics, loop.batch_skipped = {}, False
+
+    def on_batch_end(self, runner):
+        if self._channel is not None and runner.loop.is_train_loader:
+            self._channel.batch_end(runner.loop.global_batch_step)
 
     def on_loader_end(self, runner):
         torch.set_grad_enabled(self._grad_was)
@@ -70,6 +91,9 @@ class LoopCallback(Callback):
     def on_exception(self, runner):
         if self._grad_was is not None:  # a run that fails in an evaluation loader must not leave grad off
             self.on_loader_end(runner)
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            channel.abandon()  # not waited for: a peer may be gone
 
     def on_epoch_end(self, runner):
         runner.epoch_done = True

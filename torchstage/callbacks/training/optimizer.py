@@ -12,7 +12,7 @@ class OptimizerCallback(Callback):
     steps the optimizer (then resets its gradients).
 
     This callback keeps the schedule (how many batches a group holds, when to clip, when to step) and asks the
-    engine's strategy (``runner.engine.strategy``) to act: its ``backward``, ``clip_gradients``,
+    run's strategy (``runner.strategy``) to act: its ``backward``, ``clip_gradients``,
     ``optimizer_step`` and ``no_sync`` know where the gradients live and apply the precision (the float16 grad
     scaler: clipping sees unscaled gradients). Each loss is divided by the number of batches in its accumulation
     group, so the update equals one batch that many times larger (for mean-reduced losses and equal batch sizes).
@@ -60,7 +60,7 @@ class OptimizerCallback(Callback):
         self._optimizer_now = self._optimizer(runner)
         if self._optimizer_now is None and any(key.startswith("train") for key in runner.loaders):
             raise ValueError(f"stage {runner.stage_key!r} has no optimizer; pass optimizer=... to train()")
-        self._strategy = strategy = runner.engine.strategy
+        self._strategy = strategy = runner.strategy
         self._backward = strategy.backward  # bound once: it runs every train batch
         #: a BackwardCallback of this loss does the backward: this callback only steps (Catalyst 22's split)
         self._step_only = any(isinstance(cb, BackwardCallback) and cb.metric_key == self.metric_key

@@ -1,8 +1,9 @@
-"""When the ranks next agree on a graceful stop: every ``every`` train batches, or about every ``period`` seconds.
+"""When the ranks next agree on the run's agreement channel: every ``every`` train batches, or about every ``period``
+seconds.
 
 The ranks must run the agreement's all-reduce after the same batches, so the interval is never a rank's own
 guess: each rank proposes how many of its batches take ``period`` seconds, the agreement carries the
-proposals with the stop flags, and every rank uses the smallest one it read (the same number on every
+proposals with the riders' numbers, and every rank uses the smallest one it read (the same number on every
 rank). An interval at most quadruples from one agreement to the next, and starts again from one batch at
 each train loader, so a loader or stage slower than the one before is checked within about its period.
 """
@@ -13,7 +14,7 @@ GROWTH = 4
 
 
 class CheckSchedule:
-    """Which train batches end with a stop agreement (``global_batch_step`` numbers, equal on every rank)."""
+    """Which train batches end with an agreement read (``global_batch_step`` numbers, equal on every rank)."""
 
     def __init__(self, every=None, period: float = 0.5, clock=time.perf_counter):
         self.every, self.period, self.clock = every, period, clock
