@@ -34,7 +34,7 @@ from torchstage.callbacks.training.loss_spike import LossSpike
 from torchstage.callbacks.training.nonfinite import (LossSpikeError, NonFiniteLossCallback, NonFiniteLossError,
                                                      NonFiniteStateError)
 from torchstage.callbacks.training.output_losses import Loss, OutputLossesCallback, Regularizer
-from torchstage.callbacks.training.rollback import RollbackCallback
+from torchstage.runner.rollback import RollbackCallback
 from torchstage.callbacks.training.scheduler import SchedulerCallback
 from torchstage.callbacks.training.swa import SWACallback
 from torchstage.callbacks.training.weight_averaging import EMACallback, WeightAveragingCallback

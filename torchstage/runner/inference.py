@@ -5,7 +5,6 @@ import os
 import torch
 
 from torchstage.callbacks.base import CancelStage
-from torchstage.callbacks.checkpoints.checkpoint_saver import CheckpointCallback
 from torchstage.callbacks.safety.watchdog import HangWatchdog
 from torchstage.files.checkpoint import load_checkpoint
 from torchstage.one_or_many import each
@@ -13,6 +12,7 @@ from torchstage.runner.chain import check_callbacks, merge_chain
 from torchstage.runner.defaults import default_callbacks
 from torchstage.runner.errors import RunnerException
 from torchstage.runner.loop_state import LoopState
+from torchstage.runner.shared import share
 from torchstage.runner.engine import Engine
 
 
@@ -60,10 +60,10 @@ def evaluate_loader(runner, loader, callbacks=None, criterion=None) -> dict:
     """
     ready(runner, "evaluate_loader")
     for key, callback in check_callbacks(callbacks):
-        if isinstance(callback, CheckpointCallback):  # as Catalyst 22 refused it (IRunnerError)
+        if share([callback]).checkpoint_writers:  # a CheckpointCallback, as Catalyst 22 refused it (IRunnerError)
             raise RunnerException(f"callbacks[{key!r}]: a CheckpointCallback has nothing to save in "
                                   f"evaluate_loader, which trains nothing; drop it")
-    saved = runner.loop, runner.callbacks, runner._handlers, runner.criterion
+    saved = runner.loop, runner.callbacks, runner._handlers, runner.criterion, runner.shared
     grad = torch.is_grad_enabled()  # a loader failing midway must not leave it off
     try:
         runner.loop = LoopState(stage_key="evaluate", num_epochs=1, loaders={"valid": loader})
@@ -75,7 +75,7 @@ def evaluate_loader(runner, loader, callbacks=None, criterion=None) -> dict:
         runner._run_event("stage", runner._run_epochs, CancelStage)
         return dict(runner.epoch_metrics.get("valid", {}))
     finally:
-        runner.loop, runner.callbacks, runner._handlers, runner.criterion = saved
+        runner.loop, runner.callbacks, runner._handlers, runner.criterion, runner.shared = saved
         torch.set_grad_enabled(grad)
 
 

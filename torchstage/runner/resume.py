@@ -8,7 +8,6 @@ epoch are not run again, and the interrupted loader skips its done batches by in
 import logging
 import os
 
-from torchstage.callbacks.checkpoints.checkpoint_saver import checkpoint_folders
 from torchstage.files.checkpoint import checkpoint_files, load_checkpoint, load_newest_intact
 from torchstage.files.format import CheckpointError
 from torchstage.data.resume import (batch_size_changed, capture_loader_rng, discard_persistent_iterator,
@@ -20,6 +19,7 @@ from torchstage.runner.state import data_layout, same_data_layout
 from torchstage.launch.resolve import LAUNCHER_COUNTERS, job_identity, restart_attempt, same_job
 from torchstage.runner.errors import LogdirHoldsRun
 from torchstage.runner.loop_state import ResumePoint
+from torchstage.runner.shared import share
 from torchstage.rng import set_rng_state
 
 logger = logging.getLogger("torchstage")
@@ -36,7 +36,8 @@ def checkpoint_to_resume(spec, engine, chains):
     """
     if spec.resume not in (None, "last", "auto"):
         return os.fspath(spec.resume), load_checkpoint(os.fspath(spec.resume))
-    folders = list(dict.fromkeys(f for chain in reversed(chains) for f in checkpoint_folders(chain, spec.logdir)))
+    folders = list(dict.fromkeys(f for chain in reversed(chains) for f in share(chain.values()).checkpoint_folders(
+        spec.logdir)))
     # The main rank looks before anyone can write, and every rank acts on what it saw: a slower rank
     # must not find the last.pth that this very run has just written.
     found = next((f for f in folders if checkpoint_files(f)), None) if engine.is_main else None
@@ -236,21 +237,23 @@ def remaining_loaders(runner) -> list:
     return items
 
 
-def loader_batches(runner):
+def loader_batches(runner, skips=None):
     """``(batch_step, batch)`` pairs of the current loader; a resumed loader starts after its done batches.
 
     Also records in ``runner.loader_start_rng`` the random state the pass starts from, which every
-    checkpoint keeps so that a mid-epoch resume replays the same order. A pass with a pass filter (a rollback
-    run's train pass, ``runner.loop.pass_filter``) leaves out the batches of its skip list and records the rest.
+    checkpoint keeps so that a mid-epoch resume replays the same order. ``skips`` (a rollback run's train pass): a
+    function giving the :class:`~torchstage.data.skips.PassFilter` of the pass starting, asked as each pass of the
+    loader's sampler starts (a persistent iterator keeps the sampler): the batches of its skip list are left out
+    and the rest recorded.
     """
-    point, source = runner.resume_point, _filter_source(runner)
+    point = runner.resume_point
     if point is None or point.loader != runner.loader_key:
-        if source is None:
+        if skips is None:
             runner.loader_start_rng = capture_loader_rng(runner.loader)
             return enumerate(runner.loader, 1)
         discard_persistent_iterator(runner.loader, unless_filtered=True)  # before the capture: it may draw anew
         runner.loader_start_rng = capture_loader_rng(runner.loader)
-        return enumerate(filtered_pass(runner.loader, source), 1)
+        return enumerate(filtered_pass(runner.loader, skips), 1)
     runner.resume_point = None
     runner.loader_start_rng = point.loader_rng
     runner.train_batches_done = point.train_batches_done
@@ -263,20 +266,12 @@ def loader_batches(runner):
         set_rng_state(point.rng)
     elif point.indices is not None:  # resumed on another world (or resumed so before): its share of the rest
         runner.loader_sample_step = 0  # samples of this rank's share, from which a later resume goes on
-        batches, done = resume_shard(runner.loader, point.indices, source)
+        batches, done = resume_shard(runner.loader, point.indices, skips)
         if point.rng is not None:
             set_rng_state(point.rng)
     elif point.by_samples:  # its batch size changed: on from the first sample not done
         batches, done = resume_after_samples(runner.loader, point.loader_sample_step, point.loader_rng, point.rng,
-                                             source)
+                                             skips)
     else:
-        batches = resume_iterator(runner.loader, point.batch, point.loader_rng, point.rng, source)
+        batches = resume_iterator(runner.loader, point.batch, point.loader_rng, point.rng, skips)
     return enumerate(batches, done + 1)
-
-
-def _filter_source(runner):
-    """A function giving the pass filter of the current pass (read when a sampler starts its pass: a persistent
-    iterator keeps the sampler, and the filter of a later pass), or None without one."""
-    if runner.loop.pass_filter is None:
-        return None
-    return lambda: runner.loop.pass_filter

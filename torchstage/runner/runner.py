@@ -4,7 +4,7 @@ from collections.abc import Mapping
 from typing import Any, Optional
 
 from torchstage.callbacks.base import (EVENTS, CallbackScope, CancelBatch, CancelEpoch, CancelLoader, CancelRun,
-                                       CancelStage, RollBack)
+                                       CancelStage)
 from torchstage.data.prefetch import prefetch_to_device
 from torchstage.files.lock import LogdirLock
 from torchstage.files.writer import FileWriter
@@ -16,6 +16,8 @@ from torchstage.runner.defaults import default_callbacks
 from torchstage.runner.failure_record import record_run_failure
 from torchstage.runner.loop_state import EpochMetrics, LoopState, expose_loop_state
 from torchstage.runner.resume import loader_batches, remaining_loaders
+from torchstage.runner import saving
+from torchstage.runner.shared import Shared, share
 from torchstage.runner.snapshot import Snapshot, restore_snapshot, take_snapshot
 from torchstage.runner.setup import train_in_world
 from torchstage.runner.spec import TrainSpec, make_spec, passes_arguments_as_given
@@ -61,6 +63,8 @@ class Runner:
         self.file_writer = None  #: the thread writing checkpoint files while a run goes on (a FileWriter)
         self.callbacks = {}
         self._handlers = {event: [] for event in EVENTS}
+        #: what the callbacks of the chain offer one another (:mod:`torchstage.runner.shared`)
+        self.shared = Shared()
 
     # ---- override points -----------------------------------------------------------------
     def handle_batch(self, batch) -> None:
@@ -264,16 +268,18 @@ class Runner:
             self._run_loader()
 
     def _run_loader(self) -> None:
-        # A rollback put the run back to a snapshot of this pass: the loader starts again from there, as a run
-        # resumed there would (callbacks/training/rollback.py).
-        while True:
-            try:
-                return self._run_event("loader", self._run_batches, CancelLoader)
-            except RollBack:
-                self.loader = self.loaders[self.loader_key]
+        # A rollback ended the pass (RollBack, a CancelLoader): the keeper puts the run back to its snapshot of it
+        # and the loader starts again from there, as a run resumed there would (runner/rollback.py).
+        self._run_event("loader", self._run_batches, CancelLoader)
+        while self.rollback is not None and self.rollback.restore(self):
+            self.loader = self.loaders[self.loader_key]
+            self._run_event("loader", self._run_batches, CancelLoader)
 
     def _run_batches(self) -> None:
-        engine, batches = self.engine, loader_batches(self)
+        # A rollback run's train pass leaves out the batches rolled back past: the loader's sampler asks for them
+        # as each of its passes starts (runner/rollback.py).
+        skips = self._pass_skips if self.loop.train_pass is not None else None
+        engine, batches = self.engine, loader_batches(self, skips)
         if engine.prefetch:
             batches = prefetch_to_device(batches, engine)
         to_device = engine.to_device if engine.moves_batches else None
@@ -307,10 +313,12 @@ class Runner:
         self.set_callbacks(self.stage_callbacks[index])
 
     def set_callbacks(self, callbacks: dict) -> None:
-        """Install an ordered name -> callback chain and index its handlers per event."""
+        """Install an ordered name -> callback chain: index its handlers per event, and take what its callbacks
+        offer one another (``runner.shared``)."""
         self.callbacks = callbacks
         active = [cb for cb in callbacks.values() if CallbackScope(cb.scope).runs_on(self.engine)]
         self._handlers = self.chain_handlers(active)
+        self.shared = share(active)
 
     def chain_handlers(self, active: list) -> dict:
         """Event -> the methods that handle it, in chain order: those of the ``active`` callbacks that override it
@@ -325,6 +333,20 @@ class Runner:
         """Restore a checkpoint: weights always; optimizers, loop position and RNG unless weights_only."""
         load_runner_state_dict(self, checkpoint, weights_only=weights_only)
 
+    def save_checkpoint(self, paths: list, before_last=None, last_good: str = "the last checkpoint") -> bool:
+        """Write the run's state to ``paths`` once the checks registered with the save let it (False: nothing
+        written); collective (see :mod:`torchstage.runner.saving`)."""
+        return saving.save_checkpoint(self, paths, before_last, last_good)
+
+    def save_last(self) -> list:
+        """Every checkpoint writer of the chain writes ``last.pth`` now (a graceful stop); collective; the paths."""
+        return saving.save_last(self)
+
+    def _pass_skips(self):
+        """The batches the train pass starting now leaves out (a rollback run's), or None."""
+        train_pass = self.loop.train_pass
+        return None if train_pass is None else train_pass.skips
+
     def take_snapshot(self, at_start: bool, leave_out=(), reuse: Snapshot = None) -> Snapshot:
         """This rank's run now, copied in memory, for a rollback (see :mod:`torchstage.runner.snapshot`)."""
         return take_snapshot(self, at_start, leave_out, reuse)
@@ -336,6 +358,11 @@ class Runner:
     def loop_position(self) -> dict:
         """Where the run stands: stage, completed epochs, batches done in this epoch, global counters."""
         return self.loop.position()
+
+    @property
+    def rollback(self):
+        """The run's rollback keeper (:mod:`torchstage.runner.rollback`) where the chain may roll back, else None."""
+        return self.shared.rollback
 
     @property
     def unwrapped_model(self):

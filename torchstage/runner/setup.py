@@ -27,6 +27,7 @@ from torchstage.runner.compile import compile_models
 from torchstage.runner.failure_record import record_on_abort
 from torchstage.runner.loop_state import LoopState
 from torchstage.runner.resume import checkpoint_to_resume, restore, resume_of_this_attempt
+from torchstage.runner.shared import share
 from torchstage.runner.spec_optimization import check_scheduler_steps
 from torchstage.runner.spec_stages import check_built_loaders
 from torchstage.runner.engine import Engine
@@ -105,6 +106,7 @@ def prepare(runner, spec, world: World = None):
     runner.stage_callbacks = spec.stage_chains
     for stage, chain, loaders in zip(spec.stage_specs, runner.stage_callbacks, runner.stage_loaders):
         _check_valid_metric(runner, stage, chain, loaders)
+        _check_claims(stage, chain)
     runner.loop = LoopState()
     runner.enter_stage(0)
     if spec.logdir is not None:  # another run writing there is named first; run() takes the lock
@@ -229,6 +231,15 @@ def _check_valid_metric(runner, stage, chain, loaders) -> None:
                 hint = f"; did you mean {close[0]!r}?" if close else ""
                 raise ValueError(f"{prefix}callbacks[{key!r}] ({type(callback).__name__}) reads metric {metric!r}, "
                                  f"which no callback produces; the chain produces {sorted(produced)}{hint}")
+
+
+def _check_claims(stage, chain) -> None:
+    """What only one callback of a chain may do (:meth:`~torchstage.runner.shared.Shared.claim`) is claimed once."""
+    prefix = "" if stage.name == "main" else f"stages[{stage.name!r}]: "
+    for what, (fix, claimants) in share(chain.values()).claims.items():
+        if len(claimants) > 1:
+            names = [name for name, callback in chain.items() if any(callback is c for c in claimants)]
+            raise ValueError(f"{prefix}callbacks {names} would all {what}; {fix}")
 
 
 def _log_resume(path: str, checkpoint: dict, engine) -> None:

@@ -1,7 +1,9 @@
 """Checkpoints: ``last.pth`` every period, ``best.pth`` and the top-k ``epoch-NNNN.pth`` by the valid metric.
 
-Files live in ``logdir/checkpoints/`` with ``metrics.json``; every write is atomic. ``last.pth`` may be
-written after a train batch (``Batch(n)``), which resumes mid-epoch exactly.
+Files live in ``logdir/checkpoints/`` with ``metrics.json``; every write is atomic and goes through the runner's
+save (:meth:`~torchstage.runner.runner.Runner.save_checkpoint`), which runs the checks registered with it first.
+``last.pth`` may be written after a train batch (``Batch(n)``), which resumes mid-epoch exactly; a graceful stop
+asks every checkpoint callback for one (each registers as a writer of the run).
 """
 import glob
 import json
@@ -10,7 +12,6 @@ import os
 
 from torchstage.arguments import ArgumentError
 from torchstage.callbacks.base import Callback, CallbackOrder
-from torchstage.callbacks.training.nonfinite import NonFiniteLossCallback, check_finite_state
 from torchstage.files.atomic import write_atomic
 from torchstage.files.checkpoint import load_checkpoint
 from torchstage.files.format import checkpoint_folder, checkpoint_path
@@ -51,8 +52,13 @@ class CheckpointCallback(Callback):
         return self.folder_of(runner.spec.logdir)
 
     def folder_of(self, run_logdir) -> str:
-        """The checkpoint folder for a run writing ``run_logdir``: ``<logdir>/checkpoints``, of its own or the run's."""
-        return checkpoint_folder(self.logdir or run_logdir)
+        """The checkpoint folder for a run writing ``run_logdir``: ``<logdir>/checkpoints``, of its own or the run's
+        (None without either)."""
+        logdir = self.logdir or run_logdir
+        return None if logdir is None else checkpoint_folder(logdir)
+
+    def attach(self, shared) -> None:
+        shared.add_checkpoint_writer(self.save_last, self.folder_of)  # a stop asks for last.pth; a resume looks here
 
     def needs(self, stage) -> tuple:
         return ((self.loader_key, self.metric_key),) if self.metric_key is not None else ()
@@ -103,11 +109,12 @@ class CheckpointCallback(Callback):
         summary = self._summary(runner, folder, entry, [os.path.join(folder, old["file"]) for old in dropped]) \
             if runner.engine.is_main else None
         if targets:  # independent files, the summary written before the last of them (collective)
-            self._check_finite(runner)
-            runner.engine.strategy.save_checkpoint(runner.state_dict(), targets, runner.file_writer, before_last=summary)
-        elif runner.engine.is_main:
-            hand_over(runner.file_writer, summary, large=False)
-        if last_due:
+            written = runner.save_checkpoint(targets, before_last=summary, last_good=self._last_good(runner))
+        else:
+            written = True
+            if runner.engine.is_main:
+                hand_over(runner.file_writer, summary, large=False)
+        if last_due and written:
             self._saved_at = self._position(runner)
 
     def _summary(self, runner, folder: str, entry: dict, dropped: list):
@@ -131,9 +138,8 @@ class CheckpointCallback(Callback):
         position = self._position(runner)
         if self._saved_at == position:
             return path
-        self._check_finite(runner)
-        runner.engine.strategy.save_checkpoint(runner.state_dict(), [path], runner.file_writer)
-        self._saved_at = position
+        if runner.save_checkpoint([path], last_good=self._last_good(runner)):
+            self._saved_at = position
         return path
 
     def on_experiment_end(self, runner):
@@ -144,19 +150,13 @@ class CheckpointCallback(Callback):
         runner.engine.barrier()  # the main rank has written best.pth
         runner.load_state_dict(load_checkpoint(checkpoint_path(self.folder(runner), "best")), weights_only=True)
 
-    def _check_finite(self, runner) -> None:
-        """No checkpoint holds weights trained on a non-finite loss, nor non-finite weights or optimizer state:
-        the loss watchers' flags, then the state itself (collective; one host read each, per checkpoint)."""
-        for callback in runner.callbacks.values():
-            if isinstance(callback, NonFiniteLossCallback):
-                callback.check(runner)
+    def _last_good(self, runner) -> str:
+        """The checkpoint a save that finds the state not finite leaves as the last finite one, named."""
         if self._saved_at is None:
-            last_good = f"the checkpoint this run started from, if any ({checkpoint_path(self.folder(runner), 'last')})"
-        else:
-            stage, epoch, batch, done = self._saved_at
-            last_good = (f"{checkpoint_path(self.folder(runner), 'last')} (stage {stage!r}, epoch {epoch}"
-                         f"{'' if done else ' mid-epoch'}, global batch {batch})")
-        check_finite_state(runner, last_good)
+            return f"the checkpoint this run started from, if any ({checkpoint_path(self.folder(runner), 'last')})"
+        stage, epoch, batch, done = self._saved_at
+        return (f"{checkpoint_path(self.folder(runner), 'last')} (stage {stage!r}, epoch {epoch}"
+                f"{'' if done else ' mid-epoch'}, global batch {batch})")
 
     def _update_topk(self, runner, entry):
         """Add ``entry`` to the kept top-k if it belongs there, and trim the list to ``topk`` (a run resumed with
@@ -212,12 +212,3 @@ def metrics_json(summary: dict) -> bytes:
         else:
             lines.append(f"  {json.dumps(key)}: {json.dumps(value)}")
     return ("{\n" + ",\n".join(lines) + "\n}\n").encode()
-
-
-
-
-def checkpoint_folders(chain: dict, logdir) -> list:
-    """The folders the checkpoint callbacks of ``chain`` write to (``logdir``'s own folder if none names one)."""
-    folders = [cb.folder_of(logdir) for cb in chain.values()
-               if isinstance(cb, CheckpointCallback) and (cb.logdir or logdir) is not None]
-    return list(dict.fromkeys(folders))

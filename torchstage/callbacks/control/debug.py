@@ -6,7 +6,6 @@ import torch
 
 from torchstage.arguments import ArgumentError, check_int
 from torchstage.callbacks.base import Callback, CallbackOrder, CancelLoader, CancelStage
-from torchstage.callbacks.checkpoints.checkpoint_saver import checkpoint_folders
 from torchstage.files.checkpoint import load_checkpoint
 from torchstage.files.checkpoint_file import serialize
 from torchstage.files.format import CheckpointError, checkpoint_path
@@ -37,6 +36,10 @@ class LimitBatchesCallback(Callback):
             raise ArgumentError("overfit", f"must be True/False or the number of batches to repeat, >= 1, "
                                            f"got {overfit!r}")
         return cls(1 if overfit is True else overfit, same_batches=True)
+
+    def attach(self, shared) -> None:
+        if not self.same_batches:
+            shared.add_batch_limit(self.num_batches)
 
     def on_experiment_start(self, runner):
         if self.same_batches and type(self) is LimitBatchesCallback and runner.engine.is_main \
@@ -148,9 +151,7 @@ class CheckRunCallback(Callback):
             logger.info("check run: at most %d epoch(s) per stage, a few batches per loader%s", self.num_epochs,
                         where)
             if runner.spec.check:
-                limits = [cb.num_batches for cb in runner.callbacks.values()
-                          if isinstance(cb, LimitBatchesCallback) and not cb.same_batches]
-                logger.info(CATALYST_CHECK, self.num_epochs, min(limits + [self.num_batch_steps]))
+                logger.info(CATALYST_CHECK, self.num_epochs, min(runner.shared.batch_limits + [self.num_batch_steps]))
 
     def on_stage_start(self, runner):
         runner.num_epochs = min(runner.num_epochs, self.num_epochs)  # progress and logs show the real count
@@ -162,7 +163,7 @@ class CheckRunCallback(Callback):
     def on_experiment_end(self, runner):
         state = torch.load(io.BytesIO(serialize(runner.state_dict())), weights_only=True)
         _load_and_compare(runner, state, "the serialized runner state")
-        folders = checkpoint_folders(runner.callbacks, runner.spec.logdir)
+        folders = runner.shared.checkpoint_folders(runner.spec.logdir)
         if folders:
             runner.engine.barrier()  # the main rank has written last.pth
             path = checkpoint_path(folders[0], "last")

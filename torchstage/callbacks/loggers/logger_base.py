@@ -5,7 +5,8 @@ A logger is a main-rank callback. The base class turns run events into five call
 (per epoch), train batch scalars (every ``log_period``) and mid-epoch validation, and
 :meth:`~LoggerCallback.log_artifact` for files (a checkpoint, a plot, a trace). Other callbacks (monitors,
 the profiler, periodic validation) report through :func:`log_metrics` and :func:`log_artifact`, which
-reach every logger of the run. A logger's :meth:`state_dict` (e.g. a tracking run id) is kept in
+reach every logger of the run (each registers with ``runner.shared``). A train pass a rollback ended is not logged
+at its end: its batches run again. A logger's :meth:`state_dict` (e.g. a tracking run id) is kept in
 checkpoints, so a resumed or requeued run continues the same tracking run.
 """
 import dataclasses
@@ -16,7 +17,6 @@ import yaml
 
 from torchstage.arguments import ArgumentError
 from torchstage.callbacks.base import Callback, CallbackOrder, CallbackScope
-from torchstage.callbacks.checkpoints.config_saver import ConfigSaver
 from torchstage.files.straggler_log import RANK_FIGURES
 from torchstage.launch.resolve import restart_attempt
 from torchstage.periods import Batch, as_periods, batch_due
@@ -69,6 +69,9 @@ class LoggerCallback(Callback):
         """The run ended: ``status`` is "FINISHED", "STOPPED" (a graceful stop, to be resumed) or "FAILED"."""
 
     # ---- events ----------------------------------------------------------------------------
+    def attach(self, shared) -> None:
+        shared.add_logger(self)  # what every callback logs reaches it
+
     def handles(self, event: str) -> bool:
         if event == "on_batch_end":  # no per-batch call without a batch period
             return self.periods is None or bool(self.periods)
@@ -87,7 +90,8 @@ class LoggerCallback(Callback):
             self.log_metrics(batch_scalars(runner), runner.global_batch_step, runner.loader_key, BATCH, runner)
 
     def on_loader_end(self, runner):
-        self.log_metrics(dict(runner.loader_metrics), runner.global_epoch_step, runner.loader_key, EPOCH, runner)
+        if not runner.loop.rolling_back():  # a pass a rollback ended runs again, and is logged then
+            self.log_metrics(dict(runner.loader_metrics), runner.global_epoch_step, runner.loader_key, EPOCH, runner)
 
     def on_experiment_end(self, runner):
         self.close(runner, "STOPPED" if runner.stop_request is not None else "FINISHED")
@@ -98,13 +102,14 @@ class LoggerCallback(Callback):
 
 def loggers(runner) -> list:
     """The loggers of the current chain that run in this process (none on other ranks than the main one)."""
-    if not runner.engine.is_main:
-        return []
-    return [cb for cb in runner.callbacks.values() if isinstance(cb, LoggerCallback)]
+    return runner.shared.loggers if runner.engine.is_main else []
 
 
 def log_metrics(runner, metrics: dict, step: int, loader: str, scope: str) -> None:
-    """Send float ``metrics`` to every logger of the run (main rank; a no-op elsewhere)."""
+    """Send float ``metrics`` to every logger of the run (main rank; a no-op elsewhere, and at the end of a train
+    pass a rollback ended)."""
+    if runner.loop.rolling_back():
+        return
     for logger in loggers(runner):
         logger.log_metrics(metrics, step, loader, scope, runner)
 
@@ -146,9 +151,8 @@ def run_hparams(runner) -> dict:
         hparams[field.name] = _plain(value)
     hparams.update(world_size=runner.engine.world_size, device=runner.engine.device.type,
                    threads_per_process=torch.get_num_threads())
-    for callback in runner.callbacks.values():
-        if isinstance(callback, ConfigSaver):
-            hparams.update(_flatten(yaml.safe_load(callback.text) or {}, "config."))
+    if runner.shared.config_text is not None:
+        hparams.update(_flatten(yaml.safe_load(runner.shared.config_text) or {}, "config."))
     return hparams
 
 

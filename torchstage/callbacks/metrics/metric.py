@@ -28,6 +28,9 @@ class MetricCallback(Callback):
     def produces(self):
         return self.metric.names
 
+    def attach(self, shared) -> None:
+        shared.add_metric(self)  # copied for a validation pass in the middle of an epoch
+
     def _active(self, runner) -> bool:
         return self.loaders is None or runner.loader_key in self.loaders
 

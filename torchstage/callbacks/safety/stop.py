@@ -4,7 +4,6 @@ import signal
 from typing import Optional
 
 from torchstage.callbacks.base import Callback, CallbackScope, CancelRun
-from torchstage.callbacks.checkpoints.checkpoint_saver import CheckpointCallback
 from torchstage.callbacks.safety.stop_schedule import CheckSchedule
 from torchstage.stop_request import (DEFAULT_SIGNALS, Agreement, AgreementRider, SignalStop, agree, clear_stop_request,
                                      control_group, stop_requested)
@@ -44,6 +43,9 @@ class StopCallback(Callback):
         self.check_every, self.check_period = check_every, check_period
         self._handlers, self._group, self._distributed, self._pending = None, None, False, None
         self._schedule, self._riders = None, ()
+
+    def attach(self, shared) -> None:
+        shared.add_stop_signals(self.signals)  # another callback (SLURM's requeue) need not catch them
 
     def on_experiment_start(self, runner):
         clear_stop_request()
@@ -104,7 +106,7 @@ class StopCallback(Callback):
         if request is None:
             return
         runner.stop_request = request
-        paths = [cb.save_last(runner) for cb in runner.callbacks.values() if isinstance(cb, CheckpointCallback)]
+        paths = runner.save_last()  # every checkpoint writer of the run, at this batch
         if runner.file_writer is not None:
             runner.file_writer.wait()  # on disk before any rank exits (a launcher may then stop the main one)
         runner.engine.barrier()  # no rank exits while the main one is still writing
