@@ -13,8 +13,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from tests.resume_helpers import ROOT, child_env, differences
-from torchstage import (LossSpikeError, NonFiniteLossCallback, NonFiniteLossError, SingleDevice, SupervisedRunner,
-                        load_checkpoint)
+from torchstage import (Callback, LossSpikeError, NonFiniteLossCallback, NonFiniteLossError, SingleDevice,
+                        SupervisedRunner, load_checkpoint)
 
 SCRIPT = os.path.join(ROOT, "tests", "callbacks", "training", "scripts", "rollback_run.py")
 NAN_ID, SPIKE_ID = 21, 45  # the script's poisoned samples
@@ -258,9 +258,9 @@ class MarkedLinear(nn.Module):
         return InfiniteGradient.apply(self.linear(x[:, :-1]), x[:, -1])
 
 
-def _marked_run(marked, accumulation, leave_out=(), **nonfinite):
+def _marked_run(marked, accumulation, leave_out=(), more=None, logdir=None, **nonfinite):
     """Two epochs of 8 batches of 4 in order; ``marked``: the samples whose gradient is infinite; ``leave_out``: the
-    samples the loader leaves out (a reference run, mode="stop")."""
+    samples the loader leaves out (a reference run, mode="stop"); ``more``: other callbacks."""
     torch.manual_seed(0)
     x, y = torch.cat([torch.randn(32, 4), torch.zeros(32, 1)], dim=1), torch.randn(32, 1)
     x[list(marked), -1] = 1.0
@@ -269,8 +269,8 @@ def _marked_run(marked, accumulation, leave_out=(), **nonfinite):
     runner = SupervisedRunner()
     runner.train(model=model, criterion=nn.MSELoss(), optimizer=torch.optim.SGD(model.parameters(), lr=0.05),
                  loaders={"train": DataLoader(TensorDataset(x[kept], y[kept]), batch_size=4)}, valid_loader="train",
-                 num_epochs=2, accumulation_steps=accumulation,
-                 callbacks={"nonfinite": NonFiniteLossCallback(**nonfinite)})
+                 num_epochs=2, accumulation_steps=accumulation, logdir=logdir,
+                 callbacks={"nonfinite": NonFiniteLossCallback(**nonfinite), **(more or {})})
     return runner, model
 
 
@@ -286,3 +286,28 @@ def test_an_infinite_gradient_with_a_finite_loss_leaves_out_its_own_batch(accumu
     assert "non-finite weights or gradients after the step" in skipped[0]["reason"]
     _, reference = _marked_run([], accumulation, leave_out=range(8, 12), mode="stop")
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), reference.state_dict().values()))
+
+
+class TrainPasses(Callback):
+    """Counts the train loader's starts and ends."""
+
+    order = 200
+
+    def __init__(self):
+        self.starts, self.ends = 0, 0
+
+    def on_loader_start(self, runner):
+        self.starts += runner.is_train_loader
+
+    def on_loader_end(self, runner):
+        self.ends += runner.is_train_loader
+
+
+def test_a_pass_ended_by_a_rollback_gets_its_end_events_and_is_logged_once(tmp_path):
+    """Every callback gets on_loader_end for the pass a rollback ended, as after any cancel; the loggers write one
+    row per epoch, of the pass that went on."""
+    passes = TrainPasses()
+    runner, _ = _marked_run([9], 1, more={"passes": passes}, logdir=tmp_path, mode="rollback", check_every=3)
+    assert runner.callbacks["rollback"].rollbacks == 2 and (passes.starts, passes.ends) == (4, 4)
+    rows = (tmp_path / "logs" / "train.csv").read_text().split()
+    assert [row.split(",")[:3] for row in rows[1:]] == [["main", "1", "1"], ["main", "2", "2"]], rows
