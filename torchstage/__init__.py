@@ -53,8 +53,8 @@ from torchstage.config.instantiate import ConfigError
 from torchstage.config.train_call import train_from_config
 from torchstage.config.tuning import tune
 from torchstage.config.yaml_files import load_config
-from torchstage.files.checkpoint import load_checkpoint, load_model_weights
-from torchstage.files.format import CheckpointError
+from torchstage.files.checkpoint_read import load_checkpoint, load_model_weights
+from torchstage.files.checkpoint_format import CheckpointError
 from torchstage.files.lock import LogdirLocked
 from torchstage.launch.enter import distributed_cmd_run
 from torchstage.launch.preflight.check import PreflightFailed

@@ -6,7 +6,7 @@ import torch
 
 from torchstage.callbacks.base import CancelStage
 from torchstage.callbacks.safety.watchdog import HangWatchdog
-from torchstage.files.checkpoint import load_checkpoint
+from torchstage.files.checkpoint_read import load_checkpoint
 from torchstage.one_or_many import each
 from torchstage.runner.chain import check_callbacks, merge_chain
 from torchstage.runner.defaults import default_callbacks

@@ -8,8 +8,8 @@ epoch are not run again, and the interrupted loader skips its done batches by in
 import logging
 import os
 
-from torchstage.files.checkpoint import checkpoint_files, load_checkpoint, load_newest_intact
-from torchstage.files.format import CheckpointError
+from torchstage.files.checkpoint_read import checkpoint_files, load_checkpoint, load_newest_intact
+from torchstage.files.checkpoint_format import CheckpointError
 from torchstage.data.resume import (batch_size_changed, capture_loader_rng, discard_persistent_iterator,
                                     filtered_pass, resume_after_samples, resume_iterator, skips_samples)
 from torchstage.data.reshard import order_kind, pass_order, resume_shard

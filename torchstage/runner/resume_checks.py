@@ -4,7 +4,7 @@ import logging
 
 import torch
 
-from torchstage.files.format import CheckpointError, clean_state_dict
+from torchstage.files.checkpoint_format import CheckpointError, clean_state_dict
 from torchstage.launch import membership
 from torchstage.launch.resolve import restart_attempt
 from torchstage.one_or_many import named

@@ -40,7 +40,7 @@ class Shared:
         self.nested = []
 
     def add_logger(self, logger) -> None:
-        """``logger`` receives what every callback logs (:func:`~torchstage.callbacks.loggers.logger_base.log_metrics`)."""
+        """``logger`` receives what every callback logs (``logger_base.log_metrics``/``log_artifact``)."""
         self.loggers.append(logger)
 
     def add_checkpoint_writer(self, save_last, folder_of) -> None:

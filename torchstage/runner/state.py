@@ -4,7 +4,7 @@ import time
 
 import torch
 
-from torchstage.files.format import FORMAT, CheckpointError, clean_state_dict
+from torchstage.files.checkpoint_format import FORMAT, CheckpointError, clean_state_dict
 from torchstage.launch.resolve import job_identity, restart_attempt
 from torchstage.one_or_many import named
 from torchstage.rng import get_rng_state, set_rng_state, set_seed

@@ -2,7 +2,7 @@
 
 A strategy owns putting a model on the device, wrapping and unwrapping it, precision, backward, skipping
 gradient sync on accumulation steps, clipping gradients, the optimizer step, and moving model and optimizer
-state into and out of a checkpoint (its :class:`~torchstage.files.checkpoint_io.CheckpointIO` writes the
+state into and out of a checkpoint (its :class:`~torchstage.files.checkpoint_write.CheckpointIO` writes the
 files). Its lifecycle, the same for every strategy:
 
 1. :meth:`Strategy.connect` ``(engine, amp)``: once per run, the process's engine (device, rank, world) and precision;
@@ -23,7 +23,7 @@ from typing import Any, Optional
 
 import torch
 
-from torchstage.files.checkpoint_io import FileCheckpointIO
+from torchstage.files.checkpoint_write import FileCheckpointIO
 from torchstage.strategies.precision import FULL, Precision
 
 

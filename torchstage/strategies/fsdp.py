@@ -10,7 +10,7 @@ import numbers
 
 import torch
 
-from torchstage.files.checkpoint_io import ShardedCheckpointIO
+from torchstage.files.checkpoint_write import ShardedCheckpointIO
 from torchstage.strategies.base import Strategy, optimizer_module
 from torchstage.strategies.mesh import (MeshLayout, build_mesh, by_mesh, check_degree, complete, data_mesh, place,
                                         total_norm)

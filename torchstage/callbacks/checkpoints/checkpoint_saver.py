@@ -13,8 +13,8 @@ import os
 from torchstage.arguments import ArgumentError
 from torchstage.callbacks.base import Callback, CallbackOrder
 from torchstage.files.atomic import write_atomic
-from torchstage.files.checkpoint import load_checkpoint
-from torchstage.files.format import checkpoint_folder, checkpoint_path
+from torchstage.files.checkpoint_read import load_checkpoint
+from torchstage.files.checkpoint_format import checkpoint_folder, checkpoint_path
 from torchstage.files.writer import hand_over
 from torchstage.periods import Batch, Epoch, as_periods, batch_due, epoch_due
 

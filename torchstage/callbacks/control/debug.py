@@ -6,9 +6,9 @@ import torch
 
 from torchstage.arguments import ArgumentError, check_int
 from torchstage.callbacks.base import Callback, CallbackOrder, CancelLoader, CancelStage
-from torchstage.files.checkpoint import load_checkpoint
+from torchstage.files.checkpoint_read import load_checkpoint
 from torchstage.files.checkpoint_file import serialize
-from torchstage.files.format import CheckpointError, checkpoint_path
+from torchstage.files.checkpoint_format import CheckpointError, checkpoint_path
 from torchstage.one_or_many import named
 
 logger = logging.getLogger("torchstage")
