@@ -73,7 +73,7 @@ def evaluate_loader(runner, loader, callbacks=None, criterion=None) -> dict:
         chain.update({k: cb for k, cb in saved[1].items() if isinstance(cb, HangWatchdog)})  # beats on
         runner.set_callbacks(merge_chain(chain, callbacks))
         runner._run_event("stage", runner._run_epochs, CancelStage)
-        return dict(runner.epoch_metrics.get("valid", {}))
+        return dict(runner.loop.epoch_metrics.get("valid", {}))
     finally:
         runner.loop, runner.callbacks, runner._handlers, runner.criterion, runner.shared = saved
         torch.set_grad_enabled(grad)
@@ -97,9 +97,9 @@ def infer(runner, model=None, loaders=None, callbacks=None, resume=None, **unsup
     use_model(runner, model, resume, "infer")
     check_callbacks(callbacks)
     runner.set_callbacks(merge_chain(default_callbacks(runner), callbacks))
-    runner.stage_key, runner.num_epochs, runner.epoch, runner.loaders = "infer", 1, 0, dict(loaders)
-    runner.global_epoch_step = runner.global_batch_step = runner.global_sample_step = 0
-    runner.epoch_metrics = {}
+    runner.loop.stage_key, runner.loop.num_epochs, runner.loop.epoch, runner.loop.loaders = "infer", 1, 0, dict(loaders)
+    runner.loop.global_epoch_step = runner.loop.global_batch_step = runner.loop.global_sample_step = 0
+    runner.loop.epoch_metrics = runner.epoch_metrics_type()
     runner._run_event("stage", runner._run_epochs, CancelStage)
     return runner
 

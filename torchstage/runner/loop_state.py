@@ -1,7 +1,9 @@
 """The run's loop state, declared in one place: position, counters, metrics, resume point and stop request.
 
 The runner holds one :class:`LoopState` (``runner.loop``) and exposes each field as an attribute
-(``runner.epoch``, ``runner.batch_step``...), so callbacks and user code read and write them as before.
+(``runner.epoch``, ``runner.batch_step``...), so user code reads and writes them either way. Inside the library
+they are spelled one way, ``runner.loop.<field>``: a runner subclass may give ``runner.<field>`` a meaning of its
+own (Catalyst 22's ``IRunner.batch_step`` counts the whole run's batches), the loop state never changes meaning.
 """
 from dataclasses import dataclass, field, fields
 from operator import attrgetter

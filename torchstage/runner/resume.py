@@ -142,39 +142,40 @@ def restore(runner, checkpoint: dict, path: str = "the checkpoint") -> None:
     report_epochs(runner, checkpoint, path)
     for key in _COUNTERS:
         setattr(runner, key, loop[key])
-    runner.epoch_metrics = checkpoint.get("metrics", {})
+    runner.loop.epoch_metrics = runner.epoch_metrics_type(checkpoint.get("metrics", {}))
     if loop["epoch_done"]:
-        runner.epoch = loop["epoch"]
-        if runner.epoch >= runner.num_epochs and index + 1 < len(names):
+        runner.loop.epoch = loop["epoch"]
+        if runner.loop.epoch >= runner.loop.num_epochs and index + 1 < len(names):
             runner.enter_stage(index + 1)
         return
     loader, rngs = loop.get("loader"), checkpoint["rng"]
     same_world = same_data_layout(checkpoint, runner.engine)
     rng = rngs[runner.engine.rank] if same_world else rngs[0]
-    if loader not in runner.loaders or "loader_start" not in rng:
+    if loader not in runner.loop.loaders or "loader_start" not in rng:
         raise CheckpointError(f"checkpoint was written in the middle of loader {loader!r} of stage "
-                              f"{loop['stage']!r}, which this run does not have (loaders: {list(runner.loaders)})"
+                              f"{loop['stage']!r}, which this run does not have (loaders: {list(runner.loop.loaders)})"
                               if "loader_start" in rng else
                               "checkpoint was written mid-epoch without the loader's random state; it cannot "
                               "be resumed exactly")
-    runner.epoch = loop["epoch"] - 1  # the loop runs this epoch again...
-    runner.global_epoch_step -= 1  # ...and its start counts it again
+    runner.loop.epoch = loop["epoch"] - 1  # the loop runs this epoch again...
+    runner.loop.global_epoch_step -= 1  # ...and its start counts it again
     point = dict(loader=loader, batch=loop["loader_batch"], train_batches_done=loop["batch"],
-                 loader_sample_step=loop["loader_sample_step"], metrics=runner.epoch_metrics)
+                 loader_sample_step=loop["loader_sample_step"], metrics=runner.loop.epoch_metrics)
     if same_world and "reshard" not in rng["loader_start"]:
         by_samples = _check_mid_epoch_loader(runner, loader, loop, path)
-        runner.resume_point = ResumePoint(**point, loader_rng=rng["loader_start"], rng=rng, by_samples=by_samples)
+        runner.loop.resume_point = ResumePoint(**point, loader_rng=rng["loader_start"], rng=rng, by_samples=by_samples)
         return
     _check_mid_epoch_loader(runner, loader, loop, path, batch_size=False)
     lineage, indices = _reshard(runner, loader, loop, rng["loader_start"], data_layout(checkpoint)[0], path)
-    runner.resume_point = ResumePoint(**point, loader_rng=lineage, rng=rng if same_world else None, indices=indices)
+    runner.loop.resume_point = ResumePoint(**point, loader_rng=lineage, rng=rng if same_world else None,
+                                           indices=indices)
 
 
 def _reshard(runner, name: str, loop: dict, start: dict, ck_world: int, path: str) -> tuple:
     """``(lineage, indices)`` of a pass interrupted under ``ck_world`` data-parallel ranks and resumed under this
     world's (or resumed before): the samples of its order not done yet, dealt out anew; this rank's share of them
     (the ranks of a tensor-parallel group get the same share)."""
-    loader, world, rank = runner.loaders[name], runner.engine.dp_size, runner.engine.dp_rank
+    loader, world, rank = runner.loop.loaders[name], runner.engine.dp_size, runner.engine.dp_rank
     kind = order_kind(loader)
     if kind is None:
         raise CheckpointError(f"cannot resume from {path} with {world} process(es): it was written by {ck_world} in "
@@ -202,8 +203,8 @@ def _reshard(runner, name: str, loop: dict, start: dict, ck_world: int, path: st
 def _check_mid_epoch_loader(runner, name: str, loop: dict, path: str, batch_size: bool = True) -> bool:
     """A loader interrupted mid-pass must still hold the samples its order was drawn over (refused otherwise);
     True when its batch size changed, so the pass goes on after the samples done (logged)."""
-    loader, where = runner.loaders[name], f"loader {name!r} of stage {loop['stage']!r}"
-    before, now = loop.get("loader_samples"), dataset_size(runner.loaders[name])
+    loader, where = runner.loop.loaders[name], f"loader {name!r} of stage {loop['stage']!r}"
+    before, now = loop.get("loader_samples"), dataset_size(runner.loop.loaders[name])
     if before is not None and now is not None and before != now:
         raise CheckpointError(f"cannot resume from {path}: it was written in the middle of {where}, whose dataset had "
                               f"{before} samples; it has {now} now, so the epoch's order (drawn over {before}) cannot "
@@ -230,8 +231,8 @@ def _check_mid_epoch_loader(runner, name: str, loop: dict, path: str, batch_size
 
 def remaining_loaders(runner) -> list:
     """The current epoch's ``(name, loader)`` pairs, less those a resumed epoch had already finished."""
-    items = list(runner.loaders.items())
-    point = runner.resume_point
+    items = list(runner.loop.loaders.items())
+    point = runner.loop.resume_point
     if point is not None:
         items = items[[name for name, _ in items].index(point.loader):]
     return items
@@ -246,32 +247,32 @@ def loader_batches(runner, skips=None):
     loader's sampler starts (a persistent iterator keeps the sampler): the batches of its skip list are left out
     and the rest recorded.
     """
-    point = runner.resume_point
-    if point is None or point.loader != runner.loader_key:
+    point = runner.loop.resume_point
+    if point is None or point.loader != runner.loop.loader_key:
         if skips is None:
-            runner.loader_start_rng = capture_loader_rng(runner.loader)
-            return enumerate(runner.loader, 1)
-        discard_persistent_iterator(runner.loader, unless_filtered=True)  # before the capture: it may draw anew
-        runner.loader_start_rng = capture_loader_rng(runner.loader)
-        return enumerate(filtered_pass(runner.loader, skips), 1)
-    runner.resume_point = None
-    runner.loader_start_rng = point.loader_rng
-    runner.train_batches_done = point.train_batches_done
-    runner.loader_sample_step = point.loader_sample_step
-    done = {name: metrics for name, metrics in point.metrics.items() if name != runner.loader_key}
-    runner.epoch_metrics = {**done, runner.loader_key: runner.loader_metrics}
+            runner.loop.loader_start_rng = capture_loader_rng(runner.loop.loader)
+            return enumerate(runner.loop.loader, 1)
+        discard_persistent_iterator(runner.loop.loader, unless_filtered=True)  # before the capture: it may draw anew
+        runner.loop.loader_start_rng = capture_loader_rng(runner.loop.loader)
+        return enumerate(filtered_pass(runner.loop.loader, skips), 1)
+    runner.loop.resume_point = None
+    runner.loop.loader_start_rng = point.loader_rng
+    runner.loop.train_batches_done = point.train_batches_done
+    runner.loop.loader_sample_step = point.loader_sample_step
+    done = {name: metrics for name, metrics in point.metrics.items() if name != runner.loop.loader_key}
+    runner.loop.epoch_metrics = runner.epoch_metrics_type({**done, runner.loop.loader_key: runner.loop.loader_metrics})
     done = point.batch
     if point.loader_restored:  # a stateful loader was put back where it was (LoaderStateCallback)
-        batches = iter(runner.loader)
+        batches = iter(runner.loop.loader)
         set_rng_state(point.rng)
     elif point.indices is not None:  # resumed on another world (or resumed so before): its share of the rest
-        runner.loader_sample_step = 0  # samples of this rank's share, from which a later resume goes on
-        batches, done = resume_shard(runner.loader, point.indices, skips)
+        runner.loop.loader_sample_step = 0  # samples of this rank's share, from which a later resume goes on
+        batches, done = resume_shard(runner.loop.loader, point.indices, skips)
         if point.rng is not None:
             set_rng_state(point.rng)
     elif point.by_samples:  # its batch size changed: on from the first sample not done
-        batches, done = resume_after_samples(runner.loader, point.loader_sample_step, point.loader_rng, point.rng,
+        batches, done = resume_after_samples(runner.loop.loader, point.loader_sample_step, point.loader_rng, point.rng,
                                              skips)
     else:
-        batches = resume_iterator(runner.loader, point.batch, point.loader_rng, point.rng, skips)
+        batches = resume_iterator(runner.loop.loader, point.batch, point.loader_rng, point.rng, skips)
     return enumerate(batches, done + 1)

@@ -155,7 +155,7 @@ class RollbackCallback(Callback):
         drawn = train_pass.skips.drawn if train_pass is not None else {}
         ordinal, item = drawn.get(finding["position"], (None, None))
         samples = engine.all_gather_object(sample_indices(item))
-        entry = {"stage": runner.stage_key, "epoch": runner.global_epoch_step, "loader": runner.loader_key,
+        entry = {"stage": loop.stage_key, "epoch": loop.global_epoch_step, "loader": loop.loader_key,
                  "ordinal": ordinal, "world": engine.world_size, "global_batch": finding["step"],
                  "reason": what, "samples": [None if s is None else torch.tensor(s, dtype=torch.int64)
                                              for s in samples]}
@@ -227,7 +227,7 @@ class RollbackCallback(Callback):
 
 
 def _pass_key(runner) -> tuple:
-    return runner.stage_key, runner.global_epoch_step, runner.loader_key
+    return runner.loop.stage_key, runner.loop.global_epoch_step, runner.loop.loader_key
 
 
 def _pass_key_of(entry: dict) -> tuple:

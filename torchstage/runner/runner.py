@@ -36,7 +36,8 @@ class Runner:
     Subclass and override :meth:`handle_batch` for custom training steps (GANs, multi-model runs);
     :class:`~torchstage.SupervisedRunner` is the ready-made one for ``model(input) -> output`` tasks.
     The loop's position and counters live in ``runner.loop`` (a :class:`~torchstage.runner.loop_state.LoopState`),
-    each field also readable and writable as an attribute (``runner.epoch``, ``runner.batch_step``...).
+    each field also readable and writable as an attribute (``runner.epoch``, ``runner.batch_step``...); the library
+    itself spells them ``runner.loop.<field>``.
     """
 
     #: Metric names this runner's handle_batch writes; ``None`` means unknown until the first loader.
@@ -98,7 +99,7 @@ class Runner:
     def predict_batch(self, batch) -> dict:
         """The model outputs for one batch, for :meth:`predict_loader`; runs ``handle_batch`` by default."""
         self.handle_batch(batch)
-        return self.batch
+        return self.loop.batch
 
     def predict_loader(self, loader, to_cpu: bool = False, *, model=None, resume=None):
         """Yield :meth:`predict_batch` for each batch of ``loader`` (eval mode, no grad; on CPU if ``to_cpu``);
@@ -226,9 +227,9 @@ class Runner:
             if self.logdir_lock is not None:
                 self.logdir_lock.release()
                 self.logdir_lock = None
-        if self.stop_request is not None:
-            record_stop(self.engine.rank, self.stop_request.reason, self.loop_position())  # not to be restarted
-            raise RunStopped(self.stop_request)  # a graceful stop: checkpoint written, exit code set
+        if self.loop.stop_request is not None:
+            record_stop(self.engine.rank, self.loop.stop_request.reason, self.loop_position())  # not to be restarted
+            raise RunStopped(self.loop.stop_request)  # a graceful stop: checkpoint written, exit code set
         return self
 
     def _close_file_writer(self) -> None:
@@ -253,18 +254,18 @@ class Runner:
             handler(self)
 
     def _run_stages(self) -> None:
-        for index in range(self.stage_index, len(self.spec.stage_specs)):
-            if index != self.stage_index:
+        for index in range(self.loop.stage_index, len(self.spec.stage_specs)):
+            if index != self.loop.stage_index:
                 self.enter_stage(index)
             self._run_event("stage", self._run_epochs, CancelStage)
 
     def _run_epochs(self) -> None:
-        for self.epoch in range(self.epoch + 1, self.num_epochs + 1):
+        for self.loop.epoch in range(self.loop.epoch + 1, self.loop.num_epochs + 1):
             self._run_event("epoch", self._run_loaders, CancelEpoch)
 
     def _run_loaders(self) -> None:
-        for self.loader_key, self.loader in remaining_loaders(self):
-            self.is_train_loader = self.loader_key.startswith("train")
+        for self.loop.loader_key, self.loop.loader in remaining_loaders(self):
+            self.loop.is_train_loader = self.loop.loader_key.startswith("train")
             self._run_loader()
 
     def _run_loader(self) -> None:
@@ -272,7 +273,7 @@ class Runner:
         # and the loader starts again from there, as a run resumed there would (runner/rollback.py).
         self._run_event("loader", self._run_batches, CancelLoader)
         while self.rollback is not None and self.rollback.restore(self):
-            self.loader = self.loaders[self.loader_key]
+            self.loop.loader = self.loop.loaders[self.loop.loader_key]
             self._run_event("loader", self._run_batches, CancelLoader)
 
     def _run_batches(self) -> None:
@@ -304,12 +305,12 @@ class Runner:
     def enter_stage(self, index: int) -> None:
         """Make stage ``index`` current: its optimizer, loaders, callbacks and epoch count."""
         stage = self.spec.stage_specs[index]
-        self.stage_index, self.stage_key, self.epoch = index, stage.name, 0
-        self.num_epochs = stage.num_epochs
+        self.loop.stage_index, self.loop.stage_key, self.loop.epoch = index, stage.name, 0
+        self.loop.num_epochs = stage.num_epochs
         self.criterion, self.optimizer, self.scheduler = stage.criterion, stage.optimizer, stage.scheduler
         self.valid_loader, self.valid_metric = stage.valid_loader, stage.valid_metric
         self.minimize_valid_metric = stage.minimize_valid_metric
-        self.loaders = self.stage_loaders[index]
+        self.loop.loaders = self.stage_loaders[index]
         self.set_callbacks(self.stage_callbacks[index])
 
     def set_callbacks(self, callbacks: dict) -> None:

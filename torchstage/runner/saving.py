@@ -63,7 +63,7 @@ def check_finite_state(runner, last_good: str) -> None:
     """Raise :class:`~torchstage.callbacks.training.nonfinite.NonFiniteStateError` on every rank when any rank's
     weights or optimizer state hold NaN/inf (collective: one all-reduce of a flag under several processes, then an
     all-gather of where, when one was seen); ``last_good`` names the checkpoint kept."""
-    where, engine = first_nonfinite_state(runner), runner.engine
+    where, engine, loop = first_nonfinite_state(runner), runner.engine, runner.loop
     if engine.is_distributed:
         seen = engine.all_reduce_(torch.tensor([where is not None], dtype=torch.int32, device=engine.device), op="max")
         if not seen.item():
@@ -73,7 +73,7 @@ def check_finite_state(runner, last_good: str) -> None:
     if where is None:
         return
     raise NonFiniteStateError(
-        f"non-finite weights: {where} holds NaN/inf at stage {runner.stage_key!r}, epoch {runner.epoch}, after global "
-        f"batch {runner.global_batch_step}, though every train loss was finite (a gradient or an update was not); "
+        f"non-finite weights: {where} holds NaN/inf at stage {loop.stage_key!r}, epoch {loop.epoch}, after global "
+        f"batch {loop.global_batch_step}, though every train loss was finite (a gradient or an update was not); "
         f"no checkpoint was written, so {last_good} is the last finite one. Lower the learning rate, clip "
         f"gradients (grad_clip_norm=...), or find the operation with torch.autograd.set_detect_anomaly(True)")

@@ -117,7 +117,7 @@ def prepare(runner, spec, world: World = None):
         _log_resume(*found, runner.engine)
         restore(runner, found[1], path=found[0])
     if runner.engine.is_main and spec.verbose:
-        logger.info("callbacks of stage %r:\n%s", runner.stage_key, describe_chain(runner.callbacks))
+        logger.info("callbacks of stage %r:\n%s", runner.loop.stage_key, describe_chain(runner.callbacks))
     return found[1]["optimizers"] if found is not None else None
 
 
@@ -203,7 +203,7 @@ def setup_strategy(runner, resumed: dict = None):
         for stage in stages:
             if stage.optimizer is None:
                 stage.optimizer = supplied[0]
-        runner.optimizer = stages[runner.stage_index].optimizer
+        runner.optimizer = stages[runner.loop.stage_index].optimizer
         if resumed is not None and "optimizer" in resumed:
             strategy.load_optimizer_state_dict(supplied[0], named(runner.unwrapped_model, "model"),
                                                resumed["optimizer"])

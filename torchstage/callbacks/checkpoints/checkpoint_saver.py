@@ -75,7 +75,7 @@ class CheckpointCallback(Callback):
                 os.remove(stale)
 
     def on_stage_start(self, runner):
-        if self.best is not None and self.best.get("stage") != runner.stage_key:
+        if self.best is not None and self.best.get("stage") != runner.loop.stage_key:
             self.best, self.kept = None, []
 
     def handles(self, event: str) -> bool:
@@ -88,8 +88,9 @@ class CheckpointCallback(Callback):
             self.save_last(runner)
 
     def on_epoch_end(self, runner):
-        entry = {"stage": runner.stage_key, "epoch": runner.epoch, "global_epoch": runner.global_epoch_step,
-                 "metrics": {k: dict(v) for k, v in runner.epoch_metrics.items()}}
+        loop = runner.loop
+        entry = {"stage": loop.stage_key, "epoch": loop.epoch, "global_epoch": loop.global_epoch_step,
+                 "metrics": {k: dict(v) for k, v in loop.epoch_metrics.items()}}
         value = self._valid_value(runner)
         if value is not None:
             entry["value"] = value
@@ -98,7 +99,7 @@ class CheckpointCallback(Callback):
             self.best = entry
         kept, dropped = self._update_topk(runner, entry)
         self.history.append(json.dumps(entry))
-        last_due = epoch_due(self.periods, runner) or runner.epoch == runner.num_epochs
+        last_due = epoch_due(self.periods, runner) or runner.loop.epoch == runner.loop.num_epochs
         folder = self.folder(runner)
         # last.pth goes last, after every file it accounts for (best, the epoch file, then metrics.json and the
         # removals): a kill at any moment leaves last.pth on the previous epoch, whose resume redoes this one and
@@ -145,7 +146,7 @@ class CheckpointCallback(Callback):
     def on_experiment_end(self, runner):
         if runner.file_writer is not None:  # every checkpoint on disk before anything (a logger) reads one
             runner.file_writer.wait()
-        if not self.load_best_on_end or runner.stop_request is not None or self.best is None:
+        if not self.load_best_on_end or runner.loop.stop_request is not None or self.best is None:
             return
         runner.engine.barrier()  # the main rank has written best.pth
         runner.load_state_dict(load_checkpoint(checkpoint_path(self.folder(runner), "best")), weights_only=True)
@@ -174,11 +175,11 @@ class CheckpointCallback(Callback):
 
     @staticmethod
     def _position(runner) -> tuple:
-        return runner.stage_key, runner.epoch, runner.global_batch_step, runner.epoch_done
+        return runner.loop.stage_key, runner.loop.epoch, runner.loop.global_batch_step, runner.loop.epoch_done
 
     def _valid_value(self, runner):
         loader, metric, _ = self._judged_by(runner)
-        metrics = runner.epoch_metrics.get(loader)
+        metrics = runner.loop.epoch_metrics.get(loader)
         if metrics is None:
             return None  # validation did not run this epoch
         if metric not in metrics:

@@ -48,12 +48,12 @@ class LimitBatchesCallback(Callback):
 
     def on_loader_start(self, runner):
         if not self.same_batches:
-            runner.loader = _Limited(runner.loader, self.num_batches)
+            runner.loop.loader = _Limited(runner.loop.loader, self.num_batches)
             return
-        key = (runner.stage_key, runner.loader_key)
+        key = (runner.loop.stage_key, runner.loop.loader_key)
         if key not in self._cache:
-            self._cache[key] = list(itertools.islice(runner.loader, self.num_batches))
-        runner.loader = self._cache[key]
+            self._cache[key] = list(itertools.islice(runner.loop.loader, self.num_batches))
+        runner.loop.loader = self._cache[key]
 
 
 class BatchOverfitCallback(LimitBatchesCallback):
@@ -76,10 +76,10 @@ class BatchOverfitCallback(LimitBatchesCallback):
         self.loader_batches = loader_batches
 
     def on_loader_start(self, runner):
-        n = self.loader_batches.get(runner.loader_key, 1)
-        length = len(runner.loader)
+        n = self.loader_batches.get(runner.loop.loader_key, 1)
+        length = len(runner.loop.loader)
         n = max(1, int(length * n)) if isinstance(n, float) else n
-        runner.loader = _Repeated(list(itertools.islice(runner.loader, n)), length)
+        runner.loop.loader = _Repeated(list(itertools.islice(runner.loop.loader, n)), length)
 
 
 class _Repeated:
@@ -154,10 +154,10 @@ class CheckRunCallback(Callback):
                 logger.info(CATALYST_CHECK, self.num_epochs, min(runner.shared.batch_limits + [self.num_batch_steps]))
 
     def on_stage_start(self, runner):
-        runner.num_epochs = min(runner.num_epochs, self.num_epochs)  # progress and logs show the real count
+        runner.loop.num_epochs = min(runner.loop.num_epochs, self.num_epochs)  # progress and logs show the real count
 
     def on_epoch_end(self, runner):
-        if runner.epoch >= self.num_epochs and runner.epoch < runner.num_epochs:
+        if runner.loop.epoch >= self.num_epochs and runner.loop.epoch < runner.loop.num_epochs:
             raise CancelStage()
 
     def on_experiment_end(self, runner):
@@ -169,7 +169,7 @@ class CheckRunCallback(Callback):
             path = checkpoint_path(folders[0], "last")
             _load_and_compare(runner, load_checkpoint(path), path)
         logger.info("check run passed: %d batch(es) trained, checkpoint reloaded into the model",
-                    runner.global_batch_step)
+                    runner.loop.global_batch_step)
 
 
 def _load_and_compare(runner, checkpoint: dict, what: str) -> None:

@@ -83,18 +83,20 @@ class LoggerCallback(Callback):
         self.log_hparams(run_hparams(runner), runner)
         attempt = restart_attempt()
         if attempt:  # a restarted job: the count, at the global epoch it goes on from, under loader "run"
-            self.log_metrics({"restarts": attempt}, runner.global_epoch_step, RUN, EPOCH, runner)
+            self.log_metrics({"restarts": attempt}, runner.loop.global_epoch_step, RUN, EPOCH, runner)
 
     def on_batch_end(self, runner):
         if self.periods and batch_due(self.periods, runner):
-            self.log_metrics(batch_scalars(runner), runner.global_batch_step, runner.loader_key, BATCH, runner)
+            loop = runner.loop
+            self.log_metrics(batch_scalars(runner), loop.global_batch_step, loop.loader_key, BATCH, runner)
 
     def on_loader_end(self, runner):
-        if not runner.loop.rolling_back():  # a pass a rollback ended runs again, and is logged then
-            self.log_metrics(dict(runner.loader_metrics), runner.global_epoch_step, runner.loader_key, EPOCH, runner)
+        loop = runner.loop
+        if not loop.rolling_back():  # a pass a rollback ended runs again, and is logged then
+            self.log_metrics(dict(loop.loader_metrics), loop.global_epoch_step, loop.loader_key, EPOCH, runner)
 
     def on_experiment_end(self, runner):
-        self.close(runner, "STOPPED" if runner.stop_request is not None else "FINISHED")
+        self.close(runner, "STOPPED" if runner.loop.stop_request is not None else "FINISHED")
 
     def on_exception(self, runner):
         self.close(runner, "FAILED")
@@ -123,14 +125,14 @@ def log_artifact(runner, path: str, kind: str = "file") -> None:
 def batch_scalars(runner) -> dict:
     """The current batch's scalar metrics as floats, read from the device once for all loggers."""
     cached = getattr(runner, "_logged_batch", None)
-    if cached is not None and cached[0] is runner.batch_metrics:
+    if cached is not None and cached[0] is runner.loop.batch_metrics:
         return cached[1]
-    values = {k: v for k, v in runner.batch_metrics.items()
+    values = {k: v for k, v in runner.loop.batch_metrics.items()
               if isinstance(v, (float, int)) or (isinstance(v, torch.Tensor) and v.numel() == 1)}
     floats = torch.stack([torch.as_tensor(v).detach().reshape(()).double().cpu() for v in values.values()]) \
         if values else torch.zeros(0)
     result = dict(zip(values, floats.tolist()))
-    runner._logged_batch = (runner.batch_metrics, result)
+    runner._logged_batch = (runner.loop.batch_metrics, result)
     return result
 
 

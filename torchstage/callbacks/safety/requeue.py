@@ -68,7 +68,7 @@ class RequeueCallback(Callback):
 
     def on_experiment_end(self, runner):
         self._release()
-        request = runner.stop_request
+        request = runner.loop.stop_request
         if not self.enabled or request is None or request.signum not in self.signals:
             return
         requeued = self._requeue(request) if runner.engine.is_main else None

@@ -101,7 +101,7 @@ class NonFiniteLossCallback(Callback):
             shared.allow_rollbacks()
 
     def _losses(self, runner) -> dict:
-        metrics = runner.batch_metrics
+        metrics = runner.loop.batch_metrics
         keys = self.keys if self.keys is not None else [k for k in metrics if "loss" in k]
         return {k: metrics[k] for k in keys if isinstance(metrics.get(k), torch.Tensor)}
 
@@ -118,8 +118,8 @@ class NonFiniteLossCallback(Callback):
 
     def on_loader_start(self, runner):
         self._values, self._pending, self._first, self._skipped = {}, 0, {}, 0
-        if self.mode == "rollback" and runner.is_train_loader:  # first among the loader metrics, as the CSV's column
-            runner.loader_metrics["rollbacks"] = float(runner.rollback.rollbacks_in_pass(runner))
+        if self.mode == "rollback" and runner.loop.is_train_loader:  # first of the loader metrics (the CSV's columns)
+            runner.loop.loader_metrics["rollbacks"] = float(runner.rollback.rollbacks_in_pass(runner))
 
     def on_batch_end(self, runner):
         loop = runner.loop
@@ -151,16 +151,16 @@ class NonFiniteLossCallback(Callback):
         self._values.setdefault(STATE, []).append((step, position, largest_magnitude(tensors)))
 
     def on_loader_end(self, runner):
-        if not runner.is_train_loader:
+        if not runner.loop.is_train_loader:
             return
         if self.mode == "skip":
-            runner.loader_metrics["nonfinite_skipped"] = float(self._skipped)
+            runner.loop.loader_metrics["nonfinite_skipped"] = float(self._skipped)
             return
         if self._params:  # the state after the loader's last step (a partial accumulation group's, at its end)
-            self._keep_state(runner, runner.global_batch_step, runner.batch_step)
+            self._keep_state(runner, runner.loop.global_batch_step, runner.loop.batch_step)
         self._find(runner)  # a rollback asked for here ends the pass with the loader (the loop puts it back)
         if self.mode == "rollback":
-            runner.loader_metrics["rollbacks"] = float(runner.rollback.rollbacks_in_pass(runner))
+            runner.loop.loader_metrics["rollbacks"] = float(runner.rollback.rollbacks_in_pass(runner))
 
     def check(self, runner) -> None:
         """Read the values since the last check (one host read; under several processes one all-reduce of an
@@ -272,10 +272,10 @@ class NonFiniteLossCallback(Callback):
                     self._history.setdefault(key, self.spike.history()).append(value)
             return
         self._skipped += 1
-        runner.batch_skipped = True  # the averaging and optimizer callbacks leave this batch out
+        runner.loop.batch_skipped = True  # the averaging and optimizer callbacks leave this batch out
         if runner.engine.is_main:
-            logger.warning("skipped train batch %d of epoch %d (global batch %d): %s", runner.batch_step,
-                           runner.epoch, runner.global_batch_step, why or "a bad loss on another rank")
+            logger.warning("skipped train batch %d of epoch %d (global batch %d): %s", runner.loop.batch_step,
+                           runner.loop.epoch, runner.loop.global_batch_step, why or "a bad loss on another rank")
 
     def _skip_judgement(self, key: str, value: float):
         """Why a loss makes this batch skipped (mode="skip"), judged without keeping it; None if it is fine."""
@@ -316,7 +316,8 @@ def describe(runner, finding: dict) -> str:
             f"was finite (a gradient or an update was not)" if finding["key"] == STATE else
             f"non-finite loss: {finding['key']!r} was {value}" if why is None else
             f"loss spike: {finding['key']!r} was {value:.4g} ({why})")
-    return (f"{what}{seen} at stage {runner.stage_key!r}, epoch {runner.epoch}, loader {runner.loader_key!r}, batch "
+    loop = runner.loop
+    return (f"{what}{seen} at stage {loop.stage_key!r}, epoch {loop.epoch}, loader {loop.loader_key!r}, batch "
             f"{finding['position']} (global batch {finding['step']})")
 
 

@@ -57,8 +57,8 @@ class OptimizerCallback(Callback):
 
     def on_stage_start(self, runner):
         self._optimizer_now = self._optimizer(runner)
-        if self._optimizer_now is None and any(key.startswith("train") for key in runner.loaders):
-            raise ValueError(f"stage {runner.stage_key!r} has no optimizer; pass optimizer=... to train()")
+        if self._optimizer_now is None and any(key.startswith("train") for key in runner.loop.loaders):
+            raise ValueError(f"stage {runner.loop.stage_key!r} has no optimizer; pass optimizer=... to train()")
         self._strategy = strategy = runner.engine.strategy
         self._backward = strategy.backward  # bound once: it runs every train batch
         #: a callback of the chain back-propagates this loss (a BackwardCallback): this one only steps (Catalyst 22's)
@@ -67,8 +67,8 @@ class OptimizerCallback(Callback):
     def on_loader_start(self, runner):
         self._leave_no_sync()  # a pass whose on_loader_end an error cut short may have left one open
         self._pending, self._group, self._length = 0, self.accumulation_steps, None
-        if runner.is_train_loader and not self._step_only:
-            self._length = _length(runner.loader)
+        if runner.loop.is_train_loader and not self._step_only:
+            self._length = _length(runner.loop.loader)
             self._strategy.zero_grad(self._optimizer_now)
 
     def handles(self, event: str) -> bool:
@@ -77,7 +77,7 @@ class OptimizerCallback(Callback):
         return super().handles(event)
 
     def on_batch_start(self, runner):
-        if not runner.is_train_loader or self._step_only:
+        if not runner.loop.is_train_loader or self._step_only:
             return
         if self._pending == 0 and self._length is not None:  # a group's first batch: how many it will hold
             train_pass = runner.loop.train_pass  # batches a rollback left out of this pass shorten it
@@ -134,13 +134,13 @@ class OptimizerCallback(Callback):
 
     def on_loader_end(self, runner):
         self._leave_no_sync()
-        if not runner.is_train_loader:
+        if not runner.loop.is_train_loader:
             return
         if self._pending and not self._step_only:  # a loader of unknown length (or cut short) left a partial group
             # rescaled to the group's real size and, under DDP, averaged where no_sync skipped the all-reduce
             self._strategy.finish_partial_group(self._optimizer_now, self._group / self._pending)
             self._step()
-        runner.loader_metrics["lr"] = self._optimizer_now.param_groups[0]["lr"]
+        runner.loop.loader_metrics["lr"] = self._optimizer_now.param_groups[0]["lr"]
 
     def _step(self):
         self._strategy.clip_gradients(self._optimizer_now, self.grad_clip_norm, self.grad_clip_value)

@@ -74,7 +74,7 @@ class WeightAveragingCallback(Callback):
         self._stepped = True
 
     def on_batch_end(self, runner):
-        if not (runner.is_train_loader and self._stepped):
+        if not (runner.loop.is_train_loader and self._stepped):
             return
         self._stepped = False
         self.steps += 1
@@ -90,7 +90,7 @@ class WeightAveragingCallback(Callback):
 
     # ---- evaluation with the averaged weights ------------------------------------------------------
     def on_loader_start(self, runner):
-        if self.evaluate and not runner.is_train_loader and self.num_averaged:
+        if self.evaluate and not runner.loop.is_train_loader and self.num_averaged:
             self._swap_in(runner)
 
     def on_loader_end(self, runner):
