@@ -1,7 +1,5 @@
 """The Runner: experiment -> stages -> epochs -> loaders -> batches, each level run by one helper."""
 import logging
-from collections.abc import Mapping
-from typing import Any, Optional
 
 from torchstage.callbacks.base import (EVENTS, CallbackScope, CancelBatch, CancelEpoch, CancelLoader, CancelRun,
                                        CancelStage)
@@ -20,7 +18,9 @@ from torchstage.runner import saving
 from torchstage.runner.shared import Shared, share
 from torchstage.runner.snapshot import Snapshot, restore_snapshot, take_snapshot
 from torchstage.runner.setup import train_in_world
-from torchstage.runner.spec import TrainSpec, make_spec, passes_arguments_as_given
+from torchstage.runner.errors import shorten_user_error
+from torchstage.runner.spec import TrainSpec, make_spec
+from torchstage.runner.train_arguments import takes_arguments_of, train_signature
 from torchstage.runner.state import load_runner_state_dict, runner_state_dict
 from torchstage.stop_request import RunStopped
 from torchstage.runner.engine import Engine
@@ -142,36 +142,11 @@ class Runner:
         return {}
 
     # ---- entry point ---------------------------------------------------------------------
-    def _train(self, given: dict) -> "Runner":
-        """``train()`` with its keyword arguments as given: check every one, then run all stages."""
-        return train_in_world(self, make_spec(self, given))
-
-    @passes_arguments_as_given(_train)
-    def train(self, *,
-              # data and stages
-              model: Any = None, criterion: Any = None, optimizer: Any = None, scheduler: Any = None,
-              loaders: Optional[Mapping] = None, datasets: Optional[dict] = None, callbacks: Any = None,
-              num_epochs: int = 1, valid_loader: str = "valid", valid_metric: str = "loss",
-              minimize_valid_metric: bool = True, stages: Optional[Mapping] = None,
-              # optimization
-              scheduler_step: str = "epoch", accumulation_steps: int = 1, grad_clip_norm: Optional[float] = None,
-              grad_clip_value: Optional[float] = None, amp: Any = None, compile: Any = False,
-              channels_last: bool = False,
-              # checkpoints and resume
-              logdir: Optional[str] = None, resume: Optional[str] = None, overwrite: bool = False,
-              resume_lr: str = "refuse", checkpoint_period: Any = None, topk: int = 0, load_best_on_end: bool = False,
-              requeue: Optional[bool] = None,
-              # run control
-              seed: int = 42, deterministic: bool = False, verbose: bool = False, check: bool = False,
-              overfit: Any = False, timeit: bool = False, monitor: bool = False, valid_every: int = 1,
-              valid_period: Any = None, log_period: Any = None, loggers: Optional[Mapping] = None,
-              # processes and strategy
-              distributed: Optional[bool] = None, nprocs: Optional[int] = None, strategy: Any = "ddp",
-              engine: Any = None, prefetch: bool = False, hang_timeout: Optional[float] = 300,
-              max_restarts: Optional[int] = None, preflight: bool = False,
-              **more) -> "Runner":
-        """Check every argument (each error names it, before training), then run all stages. docs/api.md has a row
-        per argument; each part of :class:`~torchstage.runner.spec.TrainSpec` checks its own.
+    @takes_arguments_of(train_signature)
+    def train(self, **given) -> "Runner":
+        """Check every argument (each error names it, before training), then run all stages. The arguments are
+        declared once (:func:`~torchstage.runner.train_arguments.train_signature`, this signature); docs/api.md has a
+        row per argument; each part of them is checked by its own module (:mod:`torchstage.runner.spec`).
 
         Data and stages: ``model`` (a module or a dict of them), ``criterion``, ``optimizer``, ``scheduler``,
         ``loaders`` (name -> iterable; ``train*`` loaders train) or ``datasets`` (built in each process),
@@ -195,7 +170,18 @@ class Runner:
 
         ``**more``: other libraries' names for these (Catalyst's ``fp16=``, ``main_metric=``, ``ddp=``...), which
         the runner translates; any other name is refused, with the closest accepted one.
+
+        The arguments arrive as given (one passed at its default value counts as given: ``train(main_metric="loss",
+        valid_metric="loss")`` is refused as two names for one argument). A user error found before training reaches
+        the user under their own call, without torchstage's frames (:func:`~torchstage.runner.errors.
+        shorten_user_error`).
         """
+        try:
+            return train_in_world(self, make_spec(self, given))
+        except Exception as exc:
+            if shorten_user_error(exc, self):  # the user's error, under the user's call
+                raise exc
+            raise
 
     def translate_train_kwargs(self, kwargs: dict) -> dict:
         """``train()``'s keyword arguments as torchstage names them (here: as given); a subclass may accept other
