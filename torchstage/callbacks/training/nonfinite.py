@@ -145,10 +145,10 @@ class NonFiniteLossCallback(Callback):
     def _keep_state(self, runner, step: int, position: int) -> None:
         """Keep the largest magnitude of the weights and of the gradients held for the next step (not under a grad
         scaler, which skips the step of overflowing gradients), on the device, read at the next check."""
-        tensors = [p.detach() for p in self._params]
-        if runner.scaler is None:
-            tensors += [p.grad for p in self._params if p.grad is not None]
-        self._values.setdefault(STATE, []).append((step, position, largest_magnitude(tensors)))
+        tensors = self._params if runner.scaler is not None else \
+            self._params + [p.grad for p in self._params if p.grad is not None]
+        with torch.no_grad():
+            self._values.setdefault(STATE, []).append((step, position, largest_magnitude(tensors)))
 
     def on_loader_end(self, runner):
         if not runner.loop.is_train_loader:
