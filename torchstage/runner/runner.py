@@ -173,8 +173,8 @@ class Runner:
 
         The arguments arrive as given (one passed at its default value counts as given: ``train(main_metric="loss",
         valid_metric="loss")`` is refused as two names for one argument). A user error found before training reaches
-        the user under their own call, without torchstage's frames (:func:`~torchstage.runner.errors.
-        shorten_user_error`).
+        the user under their own call, without torchstage's frames
+        (:func:`~torchstage.runner.errors.shorten_user_error`).
         """
         try:
             return train_in_world(self, make_spec(self, given))
