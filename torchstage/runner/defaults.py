@@ -60,9 +60,8 @@ def stage_chains(runner, spec) -> list:
 
 def with_rollback(chain: dict, keeper: RollbackCallback) -> dict:
     """``chain`` with the run's rollback keeper (``rollback``: it takes the snapshots and puts them back, after every
-    other callback) when one of its callbacks may roll the run back (:meth:`Shared.allow_rollbacks
-    <torchstage.runner.shared.Shared.allow_rollbacks>`: ``NonFiniteLossCallback(mode="rollback")``), unless the chain
-    names one itself."""
+    other callback) when one of its callbacks may roll the run back (``Shared.allow_rollbacks``:
+    ``NonFiniteLossCallback(mode="rollback")``), unless the chain names one itself."""
     if "rollback" in chain or not share(chain.values()).rolls_back:
         return chain
     return merge_chain(chain, {"rollback": keeper})

@@ -1,8 +1,8 @@
 """What the callbacks of a chain do for one another, owned by the runner: callbacks never find or call each other.
 
 When the runner installs a chain (:meth:`~torchstage.runner.runner.Runner.set_callbacks`) each of its callbacks that
-runs in this process offers the run what it does for every other one, by :meth:`~torchstage.callbacks.base.Callback.
-attach` to a :class:`Shared`: a logger registers to receive what any callback logs, a checkpoint writer to write
+runs in this process offers the run what it does for every other one, in its
+:meth:`~torchstage.callbacks.base.Callback.attach` to a :class:`Shared`: a logger registers to receive what any callback logs, a checkpoint writer to write
 ``last.pth`` when a stop asks, the non-finite check to run before every save, and so on. Callbacks then reach those
 through ``runner.shared`` (and the runner's own :meth:`~torchstage.runner.runner.Runner.save_checkpoint`), as
 ignite's handlers reach the engine's state and never one another.
