@@ -5,7 +5,6 @@ import os
 import torch
 
 from torchstage.callbacks.base import CancelStage
-from torchstage.callbacks.safety.watchdog import HangWatchdog
 from torchstage.files.checkpoint_read import load_checkpoint
 from torchstage.one_or_many import each
 from torchstage.runner.chain import check_callbacks, merge_chain
@@ -70,8 +69,7 @@ def evaluate_loader(runner, loader, callbacks=None, criterion=None) -> dict:
         if criterion is not None:
             runner.criterion = criterion
         chain = default_callbacks(runner, evaluate=True)
-        chain.update({k: cb for k, cb in saved[1].items() if isinstance(cb, HangWatchdog)})  # beats on
-        runner.set_callbacks(merge_chain(chain, callbacks))
+        runner.set_callbacks(merge_chain(chain, saved[4].nested, callbacks))  # the hang watchdog beats on
         runner._run_event("stage", runner._run_epochs, CancelStage)
         return dict(runner.loop.epoch_metrics.get("valid", {}))
     finally:
