@@ -87,7 +87,8 @@ class NonFiniteLossCallback(Callback):
         if mode == "rollback":  # after the step, before the checkpoint: a clean check covers the state it snapshots
             self.order = CallbackOrder.Optimizer + 5
         self.state_per_rank = spike is not None  # each rank's window of its own losses
-        self._first, self._skipped, self._history, self._params = {}, 0, {}, []
+        self._first, self._skipped, self._history, self._params, self._weights = {}, 0, {}, [], []
+        self._with_grads = True
         self._values, self._pending, self._agreed_clean = {}, 0, False
 
     @property
@@ -120,6 +121,7 @@ class NonFiniteLossCallback(Callback):
         self._values, self._pending, self._first, self._skipped = {}, 0, {}, 0
         if self.mode == "rollback" and runner.loop.is_train_loader:  # first of the loader metrics (the CSV's columns)
             runner.loop.loader_metrics["rollbacks"] = float(runner.rollback.rollbacks_in_pass(runner))
+            self._weights, self._with_grads = by_device(self._params), runner.scaler is None
 
     def on_batch_end(self, runner):
         loop = runner.loop
@@ -143,12 +145,15 @@ class NonFiniteLossCallback(Callback):
             self.check(runner)
 
     def _keep_state(self, runner, step: int, position: int) -> None:
-        """Keep the largest magnitude of the weights and of the gradients held for the next step (not under a grad
-        scaler, which skips the step of overflowing gradients), on the device, read at the next check."""
-        tensors = self._params if runner.scaler is not None else \
-            self._params + [p.grad for p in self._params if p.grad is not None]
-        with torch.no_grad():
-            self._values.setdefault(STATE, []).append((step, position, largest_magnitude(tensors)))
+        """Keep the magnitudes of the weights and of the gradients held for the next step (not under a grad scaler,
+        which skips the step of overflowing gradients): one fused ``torch._foreach_norm`` per device, on the device,
+        read at the next check."""
+        groups = self._weights
+        if self._with_grads:  # held inside an accumulation group (a step resets them)
+            grads = [p.grad for p in self._params if p.grad is not None]
+            groups = groups + by_device(grads) if grads else groups
+        norms = [norm for group in groups for norm in torch._foreach_norm(group, math.inf)]
+        self._values.setdefault(STATE, []).append((step, position, norms))
 
     def on_loader_end(self, runner):
         if not runner.loop.is_train_loader:
@@ -229,7 +234,8 @@ class NonFiniteLossCallback(Callback):
             if not seen or key in self._first:
                 continue
             # one host read of them all; a non-scalar loss by its sum, which NaN/inf survive
-            read = torch.stack([loss if loss.dim() == 0 else loss.sum() for _, _, loss in seen]).tolist()
+            read = largest_magnitudes(seen) if key == STATE else \
+                torch.stack([loss if loss.dim() == 0 else loss.sum() for _, _, loss in seen]).tolist()
             found = self._judge(key, read)
             if found is not None:
                 index, why = found
@@ -321,15 +327,29 @@ def describe(runner, finding: dict) -> str:
             f"{finding['position']} (global batch {finding['step']})")
 
 
-def largest_magnitude(tensors: list) -> torch.Tensor:
-    """The largest magnitude in ``tensors`` (this rank's shards of sharded ones), one device scalar, NaN or inf when
-    any element is: a fused ``torch._foreach_norm`` per device and dtype, no host read."""
+def by_device(tensors: list) -> list:
+    """``tensors`` (this rank's shards of sharded ones, detached) in lists of one device each, the empty left out."""
     groups = {}
     for tensor in tensors:
         tensor = tensor.to_local() if hasattr(tensor, "to_local") else tensor
         if tensor.numel():
-            groups.setdefault((tensor.device, tensor.dtype), []).append(tensor)
-    if not groups:
-        return torch.zeros(())
-    maxima = [torch.stack(torch._foreach_norm(group, math.inf)).max().float() for group in groups.values()]
-    return maxima[0] if len(maxima) == 1 else torch.stack([m.to(maxima[0].device) for m in maxima]).max()
+            groups.setdefault(tensor.device, []).append(tensor.detach())
+    return list(groups.values())
+
+
+def largest_magnitudes(seen: list) -> list:
+    """Per ``(step, position, norms)`` kept by :meth:`NonFiniteLossCallback._keep_state`, the largest of its norms,
+    NaN when one is (one host read per device)."""
+    flat = [norm for _, _, norms in seen for norm in norms]
+    by_place = {}
+    for index, norm in enumerate(flat):
+        by_place.setdefault(norm.device, []).append(index)
+    read = [0.0] * len(flat)
+    for indices in by_place.values():
+        for index, value in zip(indices, torch.stack([flat[i].float() for i in indices]).tolist()):
+            read[index] = value
+    largest, start = [], 0
+    for _, _, norms in seen:
+        values, start = read[start:start + len(norms)], start + len(norms)
+        largest.append(next((v for v in values if not math.isfinite(v)), max(values, default=0.0)))
+    return largest
