@@ -39,7 +39,7 @@ from torchstage.callbacks.training.loss_spike import LossSpike
 from torchstage.callbacks.training.nonfinite import (LossSpikeError, NonFiniteLossCallback, NonFiniteLossError,
                                                      NonFiniteStateError)
 from torchstage.callbacks.training.output_losses import Loss, OutputLossesCallback, Regularizer
-from torchstage.callbacks.training.rollback import RollbackCallback
+from torchstage.runner.rollback import RollbackCallback
 from torchstage.callbacks.training.scheduler import SchedulerCallback
 from torchstage.callbacks.training.swa import SWACallback
 from torchstage.callbacks.training.weight_averaging import EMACallback, WeightAveragingCallback
@@ -58,8 +58,8 @@ from torchstage.config.instantiate import ConfigError
 from torchstage.config.train_call import train_from_config
 from torchstage.config.tuning import tune
 from torchstage.config.yaml_files import load_config
-from torchstage.files.checkpoint import load_checkpoint, load_model_weights
-from torchstage.files.format import CheckpointError
+from torchstage.files.checkpoint_read import load_checkpoint, load_model_weights
+from torchstage.files.checkpoint_format import CheckpointError
 from torchstage.files.lock import LogdirLocked
 from torchstage.launch.enter import distributed_cmd_run
 from torchstage.launch.preflight.check import PreflightFailed

@@ -36,14 +36,14 @@ class Batch(Period):
     """Due after every ``n``-th train batch of the run (counted by ``runner.global_batch_step``)."""
 
     def batch_due(self, runner) -> bool:
-        return runner.is_train_loader and runner.global_batch_step % self.n == 0
+        return runner.loop.is_train_loader and runner.loop.global_batch_step % self.n == 0
 
 
 class Epoch(Period):
     """Due at the end of every ``n``-th epoch of a stage (``runner.epoch``, counted from 1)."""
 
     def epoch_due(self, runner) -> bool:
-        return runner.epoch % self.n == 0
+        return runner.loop.epoch % self.n == 0
 
 
 def as_periods(value, name: str = "period") -> tuple:

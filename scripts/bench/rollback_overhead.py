@@ -8,7 +8,8 @@ Contenders run in turns (each in each position of a round equally often, after a
 paired per-round ratio of each rollback contender to ``mode="stop"`` with a 95 % bootstrap interval: the price
 of the snapshots themselves; and the snapshots' own CPU time (``Runner.take_snapshot``, timed in the training
 thread): how many a run takes, each one's cost, and their share of the rollback runs' CPU time, a figure that
-the load of a shared host moves little. ``--hidden N`` trains a two-layer MLP of width N instead of the tutorial's linear
+the load of a shared host moves little; the same for what ``mode="rollback"`` keeps of every train batch besides
+its loss (the norms of the weights and held gradients, ``NonFiniteLossCallback._keep_state``), where it has it. ``--hidden N`` trains a two-layer MLP of width N instead of the tutorial's linear
 model (N=1024: 12 k parameters; 8192: 98 k), so that the copies weigh more; ``--control`` adds the hand-written
 loop again (A/A), whose ratio is the noise of the figures.
 Usage: python scripts/bench/rollback_overhead.py [--repeats 21] [--hidden 0] [--num-workers 0] [--control]
@@ -31,22 +32,26 @@ from torchstage import LossSpike, NonFiniteLossCallback, SupervisedRunner  # noq
 from torchstage.runner.runner import Runner  # noqa: E402
 
 CHECK_EVERY = 100
-#: The snapshots' count and thread CPU seconds, summed over the rollback runs (see :func:`timed_snapshots`).
+#: The snapshots' count and thread CPU seconds, summed over the rollback runs (see :func:`timed`).
 SNAPSHOTS = {"count": 0, "cpu": 0.0}
+#: The same for what a rollback run keeps of each train batch's state (none where the version has no such step).
+STATES = {"count": 0, "cpu": 0.0}
 
 
-def timed_snapshots() -> None:
-    """Count the snapshots the rollback runs take and sum the training thread's CPU time in them."""
-    take = Runner.take_snapshot
+def timed(owner, name: str, sums: dict) -> None:
+    """Count the calls of ``owner.name`` and sum the training thread's CPU time in them (if ``owner`` has it)."""
+    method = getattr(owner, name, None)
+    if method is None:
+        return
 
-    def timed(self, *args, **kwargs):
+    def counted(*args, **kwargs):
         start = time.thread_time()
         try:
-            return take(self, *args, **kwargs)
+            return method(*args, **kwargs)
         finally:
-            SNAPSHOTS["cpu"] += time.thread_time() - start
-            SNAPSHOTS["count"] += 1
-    Runner.take_snapshot = timed
+            sums["cpu"] += time.thread_time() - start
+            sums["count"] += 1
+    setattr(owner, name, counted)
 
 
 def make_parts(hidden: int):
@@ -97,7 +102,8 @@ def main():
     params = sum(p.numel() for p in make_parts(args.hidden)[0].parameters())
     print(f"model: {params} parameters; {workload.NUM_EPOCHS} epochs of {len(loaders['train'])} train batches; "
           f"check_every={CHECK_EVERY}")
-    timed_snapshots()
+    timed(Runner, "take_snapshot", SNAPSHOTS)
+    timed(NonFiniteLossCallback, "_keep_state", STATES)
     wall, cpu = {name: [] for name in runs}, {name: [] for name in runs}
     with tempfile.TemporaryDirectory() as logdir:
         for repeat in range(args.repeats + 1):
@@ -116,6 +122,10 @@ def main():
     per_run, each = SNAPSHOTS["count"] / rollback_runs, SNAPSHOTS["cpu"] / max(1, SNAPSHOTS["count"])
     print(f"snapshots: {per_run:.0f} a run, {1e3 * each:.3f} ms of CPU each, {100 * per_run * each / base_cpu:.2f} % "
           f"of the hand-written loop's CPU time")
+    if STATES["count"]:
+        per_run, each = STATES["count"] / rollback_runs, STATES["cpu"] / STATES["count"]
+        print(f"states kept: {per_run:.0f} a run, {1e6 * each:.1f} us of CPU each, "
+              f"{100 * per_run * each / base_cpu:.2f} % of the hand-written loop's CPU time")
     for name in ("rollback", "rollback+spike"):
         for label, measured in (("wall", wall), ("cpu", cpu)):
             per_round = [a / b for a, b in zip(measured[name], measured["stop"])]

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from torchstage.files import atomic
-from torchstage.files.format import FORMAT
+from torchstage.files.checkpoint_format import FORMAT
 from torchstage import CheckpointError, SupervisedRunner, load_checkpoint, load_model_weights
 
 from tests.resume_helpers import tiny_train_kwargs

@@ -193,7 +193,7 @@ def test_an_async_save_holds_the_state_of_its_moment_and_tied_weights_once(tmp_p
     with torch.no_grad():
         encoder.weight.add_(1.0)  # training goes on in place
     gate.set()
-    writer.wait()
+    writer.close()  # landed, and no writer thread left for the next test
     for path in paths:
         saved = load_checkpoint(path)["models"]["model"]
         assert torch.equal(saved["encoder.weight"], before) and torch.equal(saved["decoder.weight"], before)

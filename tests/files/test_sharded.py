@@ -13,7 +13,7 @@ import torch
 
 from torchstage import CheckpointError, SupervisedRunner, load_checkpoint, load_model_weights
 from torchstage.cli import main
-from torchstage.files.format import FORMAT
+from torchstage.files.checkpoint_format import FORMAT
 
 from tests.resume_helpers import tiny_train_kwargs
 

@@ -8,8 +8,8 @@ TRACE = ["Traceback (most recent call last):\n", '  File "x.py", line 3, in <mod
 def test_last_error_is_the_line_the_last_traceback_ends_with():
     assert last_error(["epoch 1\n"]) is None
     chained = [*TRACE, "KeyError: 'a'\n", "\n", "During handling of the above exception, another exception occurred:\n",
-               "\n", *TRACE, "torchstage.files.format.CheckpointError: cannot resume: shape (17,)\n", "more output\n"]
-    assert last_error(chained) == "torchstage.files.format.CheckpointError: cannot resume: shape (17,)"
+               "\n", *TRACE, "torchstage.files.checkpoint_format.CheckpointError: cannot resume: shape (17,)\n", "more output\n"]
+    assert last_error(chained) == "torchstage.files.checkpoint_format.CheckpointError: cannot resume: shape (17,)"
     assert comparable("TypeError: <object at 0x7f3a2b4c5d60>") == "TypeError: <object at 0x...>"
 
 

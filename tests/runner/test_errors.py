@@ -83,7 +83,7 @@ def test_errors_found_while_preparing_the_run_are_short_too():
     with pytest.raises(ValueError, match="no loader trains") as err:
         _train(loaders=None, datasets={"batch_size": 4, "get_datasets_fn": make_datasets})
     ours = [f for f in _frames(err.value) if f.startswith(PACKAGE)]
-    assert len(ours) == 1 and ours[0].endswith("spec.py")
+    assert len(ours) == 1 and ours[0].endswith(os.path.join("runner", "runner.py"))  # Runner.train, the user's call
     assert set(_frames(err.value)) == {__file__, ours[0]}  # this test's frames and one of torchstage's
 
 

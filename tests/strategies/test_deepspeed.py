@@ -139,7 +139,7 @@ def test_a_zero_checkpoint_continues_under_ddp_and_on_one_process(runs, tmp_path
 
 def test_another_zero_stage_is_refused_with_the_reason(runs):
     from torchstage import CheckpointError, DeepSpeed
-    from torchstage.files.checkpoint import load_checkpoint
+    from torchstage.files.checkpoint_read import load_checkpoint
     state = load_checkpoint(os.path.join(runs["zero3"]["logdir"], "checkpoints", "last.pth"))["optimizers"]["optimizer"]
     strategy = DeepSpeed(stage=2)
     strategy._world_size = 2  # what setup() takes from a world of 2

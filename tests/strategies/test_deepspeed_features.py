@@ -12,7 +12,7 @@ from tests.helpers import ROOT, run
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 from torchstage import DeepSpeed, SupervisedRunner
-from torchstage.files.checkpoint import load_checkpoint
+from torchstage.files.checkpoint_read import load_checkpoint
 from torchstage.strategies.base import StepPlan
 
 pytestmark = pytest.mark.distributed

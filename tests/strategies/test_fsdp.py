@@ -10,7 +10,7 @@ import torch
 
 from tests.helpers import run as run_script, script_env
 from tests.resume_helpers import EXACT_KEYS, ROOT, differences
-from torchstage.files.checkpoint import load_checkpoint
+from torchstage.files.checkpoint_read import load_checkpoint
 
 pytestmark = pytest.mark.distributed
 

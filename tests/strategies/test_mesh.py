@@ -12,7 +12,7 @@ import torch
 
 from tests.helpers import script_env
 from tests.resume_helpers import EXACT_KEYS, ROOT, differences
-from torchstage.files.checkpoint import load_checkpoint
+from torchstage.files.checkpoint_read import load_checkpoint
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(900)]
 

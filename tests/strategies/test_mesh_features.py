@@ -13,7 +13,7 @@ import torch
 from tests.helpers import ROOT, script_env
 from tests.resume_helpers import EXACT_KEYS, differences
 from tests.strategies.test_mesh import RUNS, final, launch, mesh_runs, reports  # noqa: F401 (a session fixture)
-from torchstage.files.checkpoint import load_checkpoint
+from torchstage.files.checkpoint_read import load_checkpoint
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(900)]
 

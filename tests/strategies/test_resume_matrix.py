@@ -10,7 +10,7 @@ import pytest
 
 from tests.resume_helpers import EXACT_KEYS, differences
 from tests.strategies.test_fsdp import launch
-from torchstage.files.checkpoint import load_checkpoint
+from torchstage.files.checkpoint_read import load_checkpoint
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(900)]
 

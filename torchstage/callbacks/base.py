@@ -112,6 +112,12 @@ class Callback(EventMethods):
         StageSpec: ``stage.optimizer``), declared before training so that the strategy sets up for them; none here."""
         return ()
 
+    def attach(self, shared) -> None:
+        """Offer the run what this callback does for every other one, when the runner installs its chain: register
+        with ``shared`` (a :class:`~torchstage.runner.shared.Shared`) as a logger, a checkpoint writer, a check before
+        each save...; callbacks reach those through ``runner.shared``, never one another. Nothing here; registering
+        only (the runner may ask twice)."""
+
     def handles(self, event: str) -> bool:
         """True if this callback overrides ``event``; the runner skips the rest at no cost.
 
@@ -146,7 +152,8 @@ class CancelRun(CancelException):
     """End the whole run now (early stopping, a smoke run's end, a requested stop)."""
 
 
-class RollBack(Exception):
-    """Raised by a callback that put the run back to a snapshot of the current train loader's pass (a rollback,
-    :class:`~torchstage.callbacks.training.rollback.RollbackCallback`): the runner starts that loader again, firing
-    ``on_loader_start``, and its pass goes on from the snapshot's point as a run resumed there would."""
+class RollBack(CancelLoader):
+    """End the current train loader's pass: a rollback was asked for (``runner.rollback``, the run's
+    :class:`~torchstage.runner.rollback.RollbackCallback`). The loop fires ``on_loader_end`` as for any cancel, then
+    the keeper puts the run back to its snapshot of the pass, and the loader starts again from there, without the bad
+    batch."""

@@ -164,16 +164,16 @@ class CatalystAttributes:
     batch_in = _Alias("runner.batch", lambda r: r.input)
     batch_out = _Alias("runner.batch", lambda r: r.output)
     device = _Alias("runner.engine.device", lambda r: _engine(r).device)
-    global_epoch = _Alias("runner.global_epoch_step", lambda r: r.global_epoch_step)
-    loader_name = _Alias("runner.loader_key", lambda r: r.loader_key)
+    global_epoch = _Alias("runner.global_epoch_step", lambda r: r.loop.global_epoch_step)
+    loader_name = _Alias("runner.loader_key", lambda r: r.loop.loader_key)
     loader_batch_step = _Alias("runner.batch_step (counted from 1)", lambda r: r.loop.batch_step - 1)
-    loader_len = _Alias("len(runner.loader)", lambda r: len(r.loader))
-    stage = _Alias("runner.stage_key", lambda r: r.stage_key)
-    stage_name = _Alias("runner.stage_key", lambda r: r.stage_key)
-    is_valid_loader = _Alias("runner.loader_key.startswith('valid')", lambda r: r.loader_key.startswith("valid"))
-    is_infer_loader = _Alias("runner.loader_key.startswith('infer')", lambda r: r.loader_key.startswith("infer"))
+    loader_len = _Alias("len(runner.loader)", lambda r: len(r.loop.loader))
+    stage = _Alias("runner.stage_key", lambda r: r.loop.stage_key)
+    stage_name = _Alias("runner.stage_key", lambda r: r.loop.stage_key)
+    is_valid_loader = _Alias("runner.loader_key.startswith('valid')", lambda r: r.loop.loader_key.startswith("valid"))
+    is_infer_loader = _Alias("runner.loader_key.startswith('infer')", lambda r: r.loop.loader_key.startswith("infer"))
     valid_metrics = _Alias("runner.epoch_metrics[runner.valid_loader]",
-                           lambda r: r.epoch_metrics.get(r.valid_loader, {}))
+                           lambda r: r.loop.epoch_metrics.get(r.valid_loader, {}))
     main_metric = _Alias("runner.valid_metric", lambda r: r.valid_metric)
     minimize_metric = _Alias("runner.minimize_valid_metric", lambda r: r.minimize_valid_metric)
     distributed_rank = _Alias("runner.engine.rank", lambda r: _engine(r).rank)
@@ -183,10 +183,10 @@ class CatalystAttributes:
     state = _Alias("runner", lambda r: r)
     # Catalyst 22's names (runner.batch_step keeps torchstage's meaning, the batch within the loader, except on
     # dl.IRunner: see catalyst/irunner.py)
-    epoch_step = _Alias("runner.global_epoch_step", lambda r: r.global_epoch_step, version="22")
+    epoch_step = _Alias("runner.global_epoch_step", lambda r: r.loop.global_epoch_step, version="22")
     sample_step = _Alias("runner.loop.run_sample_step (every loader's samples so far)",
                          lambda r: r.loop.run_sample_step, version="22")
-    loader_batch_len = _Alias("len(runner.loader)", lambda r: len(r.loader), version="22")
+    loader_batch_len = _Alias("len(runner.loader)", lambda r: len(r.loop.loader), version="22")
     need_early_stop = property(lambda r: False, _early_stop)
 
 
@@ -239,7 +239,7 @@ def _catalyst_handle_batch(self, batch) -> None:
     self._handle_batch(batch)
     inputs, output = self.input, self.output  # the step may have replaced either
     if isinstance(output, dict) and output:
-        self.batch = {**inputs, **output} if isinstance(inputs, dict) else dict(output)
+        self.loop.batch = {**inputs, **output} if isinstance(inputs, dict) else dict(output)
     else:
-        self.batch = inputs
+        self.loop.batch = inputs
 

@@ -10,9 +10,9 @@ import sys
 import torch
 
 from torchstage.files.atomic import write_atomic
-from torchstage.files.checkpoint import load_checkpoint
+from torchstage.files.checkpoint_read import load_checkpoint
 from torchstage.files.checkpoint_file import serialize
-from torchstage.files.format import CheckpointError
+from torchstage.files.checkpoint_format import CheckpointError
 
 def add_parser(subparsers) -> None:
     """Register ``checkpoint inspect`` on the ``torchstage`` command."""

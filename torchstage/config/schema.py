@@ -1,4 +1,6 @@
-"""Checking a config's keys and scalar types against ``train()``'s arguments, with the YAML path of a mistake."""
+"""Checking a config's keys and scalar types against ``train()``'s arguments, with the YAML path of a mistake: the
+keys, types and defaults of :class:`~torchstage.runner.spec.TrainSpec`, made from the one declaration of the
+arguments (:func:`~torchstage.runner.train_arguments.train_signature`), and of a stage (``StageSpec``)."""
 import dataclasses
 import difflib
 import typing

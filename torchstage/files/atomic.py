@@ -4,7 +4,7 @@ import errno
 import itertools
 import os
 
-from torchstage.files.format import CheckpointError
+from torchstage.files.checkpoint_format import CheckpointError
 
 
 def write_atomic_copies(paths: list, data: bytes, before_last=None) -> None:

@@ -15,7 +15,7 @@ import zlib
 import torch
 from torch.utils.serialization import config as serialization_config
 
-from torchstage.files.format import FORMAT, CheckpointError
+from torchstage.files.checkpoint_format import FORMAT, CheckpointError
 
 
 def content_checksum(tree) -> int:

@@ -20,7 +20,7 @@ import torch
 
 from torchstage.files.atomic import fsync_folder, write_atomic_stream
 from torchstage.files.checkpoint_file import damaged_record, dump, load_file
-from torchstage.files.format import CheckpointError
+from torchstage.files.checkpoint_format import CheckpointError
 
 #: The torchstage part of a DeepSpeed checkpoint directory.
 STATE_FILE = "torchstage.pth"

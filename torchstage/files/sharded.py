@@ -21,7 +21,7 @@ import torch
 
 from torchstage.files.atomic import fsync_folder
 from torchstage.files.checkpoint_file import unpickling_reason as _unpickling_reason
-from torchstage.files.format import FORMAT, CheckpointError
+from torchstage.files.checkpoint_format import FORMAT, CheckpointError
 from torchstage.files.writer import hand_over
 
 DATA_PREFIX = ".sharded-"
@@ -119,7 +119,7 @@ def load_sharded(path: str) -> dict:
     """The whole checkpoint in ``path`` as plain tensors and values, read by this process alone.
 
     Its ``.metadata`` is read first, by :class:`_MetadataUnpickler`; a damaged or foreign file is a
-    :class:`~torchstage.files.format.CheckpointError`, as any error of DCP's reading it."""
+    :class:`~torchstage.files.checkpoint_format.CheckpointError`, as any error of DCP's reading it."""
     from torch.distributed.checkpoint import FileSystemReader  # heavy: only sharded checkpoints need it
     from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner

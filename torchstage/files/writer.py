@@ -1,8 +1,8 @@
 """Checkpoint and log files written by one background thread, in the order the training thread handed them over.
 
-The training thread takes the snapshot (a host-memory copy of the state) and goes on training; the thread
-serializes it and writes each file atomically (temporary file, fsync, rename), so a crash at any moment leaves the previous
-file or the new one, never a mix, and files land in order: the ``last.pth`` of epoch 5 never replaces that
+The training thread takes the host copy of the state (:func:`~torchstage.files.checkpoint_write.host_copy`) and goes
+on training; the thread serializes it and writes each file atomically (temporary file, fsync, rename), so a crash
+at any moment leaves the previous file or the new one, never a mix, and files land in order: the ``last.pth`` of epoch 5 never replaces that
 of epoch 6. A failed write stops the queue (nothing handed over after it runs, so no kept top-k file is
 deleted after its successor failed to land) and is raised in the training thread at its next hand-over or
 at :meth:`FileWriter.wait`, which the run calls before anything reads the files and when it ends. The
@@ -18,8 +18,8 @@ import functools
 import queue
 import threading
 
-#: Large jobs (a checkpoint's snapshot) handed over and not yet finished, the one being written included; a
-#: further large hand-over blocks until one finishes, and a save takes its snapshot only then
+#: Large jobs (a checkpoint's host copy) handed over and not yet finished, the one being written included; a
+#: further large hand-over blocks until one finishes, and a save takes its host copy only then
 #: (:meth:`FileWriter.wait_for_room`). So no two saves overlap and the host holds at most one copy of the
 #: state besides the live one: a large model on a slow disk cannot fill the host's RAM. Small jobs (log
 #: rows, ``metrics.json``, deletions) never wait for a checkpoint to land.
@@ -77,7 +77,7 @@ class FileWriter:
 
     def wait_for_room(self) -> None:
         """Block until a large job may be handed over without waiting (the previous checkpoint landed, when only
-        one is allowed): call it before taking the next snapshot, so two are never held at once."""
+        one is allowed): call it before taking the next host copy, so two are never held at once."""
         self._raise_error()
         if self._thread is not None:
             self._hand_held()
@@ -131,7 +131,7 @@ class FileWriter:
             except BaseException as error:  # raised in the training thread, which knows what to do with it
                 self._error = error
             finally:
-                job = None  # a checkpoint's snapshot is freed as soon as its files landed, not at the next job
+                job = None  # a checkpoint's host copy is freed as soon as its files landed, not at the next job
                 if large:
                     self._large.release()
                 self._jobs.task_done()

@@ -24,7 +24,6 @@ from torchstage.callbacks.monitoring.model_summary import ModelSummary
 from torchstage.callbacks.monitoring.monitor import ThroughputMonitor
 from torchstage.callbacks.monitoring.stragglers import StragglerDetector
 from torchstage.callbacks.training.nonfinite import NonFiniteLossCallback
-from torchstage.callbacks.training.rollback import RollbackCallback
 from torchstage.callbacks.loggers.progress import ProgressBar
 from torchstage.callbacks.safety.requeue import RequeueCallback
 from torchstage.callbacks.training.scheduler import SchedulerCallback
@@ -36,6 +35,8 @@ from torchstage.callbacks.safety.watchdog import HangWatchdog
 from torchstage.launch.slurm.requeue import slurm_job_id
 from torchstage.periods import Epoch
 from torchstage.runner.chain import merge_chain
+from torchstage.runner.rollback import RollbackCallback
+from torchstage.runner.shared import share
 
 #: ``check=True``: batches per loader and epochs per stage of a smoke run.
 CHECK_BATCHES, CHECK_EPOCHS = 2, 2
@@ -45,7 +46,8 @@ OPTIMIZER_ARGS = {"accumulation_steps": 1, "grad_clip_norm": None, "grad_clip_va
 
 def stage_chains(runner, spec) -> list:
     """Each stage's chain: the defaults, the loggers (``runner.get_loggers()``: ``train(loggers=...)``), then
-    ``train(callbacks=...)``, then the stage's own, by name."""
+    ``train(callbacks=...)``, then the stage's own, by name; and the runner's rollback keeper where a callback may
+    roll the run back."""
     defaults = runner.get_default_callbacks(spec)
     loggers = runner_loggers(runner, spec)
     keeper = RollbackCallback()  # one for the run: its skip list and count span the stages
@@ -57,10 +59,10 @@ def stage_chains(runner, spec) -> list:
 
 
 def with_rollback(chain: dict, keeper: RollbackCallback) -> dict:
-    """``chain`` with ``keeper`` (``rollback``) when a NonFiniteLossCallback in it rolls back and it has no
-    RollbackCallback: the callback that takes the snapshots and puts them back, after every other one."""
-    rolls_back = any(isinstance(cb, NonFiniteLossCallback) and cb.mode == "rollback" for cb in chain.values())
-    if not rolls_back or any(isinstance(cb, RollbackCallback) for cb in chain.values()):
+    """``chain`` with the run's rollback keeper (``rollback``: it takes the snapshots and puts them back, after every
+    other callback) when one of its callbacks may roll the run back (``Shared.allow_rollbacks``:
+    ``NonFiniteLossCallback(mode="rollback")``), unless the chain names one itself."""
+    if "rollback" in chain or not share(chain.values()).rolls_back:
         return chain
     return merge_chain(chain, {"rollback": keeper})
 

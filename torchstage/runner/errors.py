@@ -3,7 +3,7 @@ user error reaches the user: its message under the user's own call, without torc
 import logging
 import os
 
-from torchstage.files.format import CheckpointError
+from torchstage.files.checkpoint_format import CheckpointError
 
 #: Set (to anything but "" or "0") to keep torchstage's own frames in the traceback of a user error.
 FULL_TRACEBACK_VAR = "TORCHSTAGE_FULL_TRACEBACK"

@@ -5,15 +5,14 @@ import os
 import torch
 
 from torchstage.callbacks.base import CancelStage
-from torchstage.callbacks.checkpoints.checkpoint_saver import CheckpointCallback
-from torchstage.callbacks.safety.watchdog import HangWatchdog
-from torchstage.files.checkpoint import load_checkpoint
+from torchstage.files.checkpoint_read import load_checkpoint
 from torchstage.one_or_many import each
 from torchstage.runner.chain import check_callbacks, merge_chain
 from torchstage.runner.defaults import default_callbacks
 from torchstage.runner.errors import RunnerException
 from torchstage.runner.loop_state import LoopState
 from torchstage.distributed.engine import Engine
+from torchstage.runner.shared import share
 
 
 def ready(runner, what: str) -> None:
@@ -60,22 +59,21 @@ def evaluate_loader(runner, loader, callbacks=None, criterion=None) -> dict:
     """
     ready(runner, "evaluate_loader")
     for key, callback in check_callbacks(callbacks):
-        if isinstance(callback, CheckpointCallback):  # as Catalyst 22 refused it (IRunnerError)
+        if share([callback]).checkpoint_writers:  # a CheckpointCallback, as Catalyst 22 refused it (IRunnerError)
             raise RunnerException(f"callbacks[{key!r}]: a CheckpointCallback has nothing to save in "
                                   f"evaluate_loader, which trains nothing; drop it")
-    saved = runner.loop, runner.callbacks, runner._handlers, runner.criterion
+    saved = runner.loop, runner.callbacks, runner._handlers, runner.criterion, runner.shared
     grad = torch.is_grad_enabled()  # a loader failing midway must not leave it off
     try:
         runner.loop = LoopState(stage_key="evaluate", num_epochs=1, loaders={"valid": loader})
         if criterion is not None:
             runner.criterion = criterion
         chain = default_callbacks(runner, evaluate=True)
-        chain.update({k: cb for k, cb in saved[1].items() if isinstance(cb, HangWatchdog)})  # beats on
-        runner.set_callbacks(merge_chain(chain, callbacks))
+        runner.set_callbacks(merge_chain(chain, saved[4].nested, callbacks))  # the hang watchdog beats on
         runner._run_event("stage", runner._run_epochs, CancelStage)
-        return dict(runner.epoch_metrics.get("valid", {}))
+        return dict(runner.loop.epoch_metrics.get("valid", {}))
     finally:
-        runner.loop, runner.callbacks, runner._handlers, runner.criterion = saved
+        runner.loop, runner.callbacks, runner._handlers, runner.criterion, runner.shared = saved
         torch.set_grad_enabled(grad)
 
 
@@ -97,9 +95,9 @@ def infer(runner, model=None, loaders=None, callbacks=None, resume=None, **unsup
     use_model(runner, model, resume, "infer")
     check_callbacks(callbacks)
     runner.set_callbacks(merge_chain(default_callbacks(runner), callbacks))
-    runner.stage_key, runner.num_epochs, runner.epoch, runner.loaders = "infer", 1, 0, dict(loaders)
-    runner.global_epoch_step = runner.global_batch_step = runner.global_sample_step = 0
-    runner.epoch_metrics = {}
+    runner.loop.stage_key, runner.loop.num_epochs, runner.loop.epoch, runner.loop.loaders = "infer", 1, 0, dict(loaders)
+    runner.loop.global_epoch_step = runner.loop.global_batch_step = runner.loop.global_sample_step = 0
+    runner.loop.epoch_metrics = runner.epoch_metrics_type()
     runner._run_event("stage", runner._run_epochs, CancelStage)
     return runner
 

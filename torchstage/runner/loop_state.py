@@ -1,7 +1,9 @@
 """The run's loop state, declared in one place: position, counters, metrics, resume point and stop request.
 
 The runner holds one :class:`LoopState` (``runner.loop``) and exposes each field as an attribute
-(``runner.epoch``, ``runner.batch_step``...), so callbacks and user code read and write them as before.
+(``runner.epoch``, ``runner.batch_step``...), so user code reads and writes them either way. Inside the library
+they are spelled one way, ``runner.loop.<field>``: a runner subclass may give ``runner.<field>`` a meaning of its
+own (Catalyst 22's ``IRunner.batch_step`` counts the whole run's batches), the loop state never changes meaning.
 """
 from dataclasses import dataclass, field, fields
 from operator import attrgetter
@@ -61,9 +63,14 @@ class LoopState:
     periodic_step: Optional[int] = None  #: global batch step of the last mid-epoch validation
     loader_start_rng: Optional[dict] = None  #: random state the current loader pass started from
     resume_point: Optional[ResumePoint] = None  #: set by resume until the interrupted loader restarts
-    #: the batches the current train pass leaves out and what it drew (a rollback run's; None otherwise)
-    pass_filter: Any = None
+    #: the current train pass of a run that may roll back (a :class:`~torchstage.runner.rollback.TrainPass`: what it
+    #: leaves out and drew, its snapshot); None otherwise
+    train_pass: Any = None
     stop_request: Optional[StopRequest] = None  #: the graceful stop every rank agreed on
+
+    def rolling_back(self) -> bool:
+        """Whether a rollback ended the current train pass: what it did is thrown away, and nothing logs it."""
+        return self.train_pass is not None and self.train_pass.rolled_back is not None
 
     def position(self) -> dict:
         """Where the run stands, as the checkpoint's ``loop`` entry (plain values)."""

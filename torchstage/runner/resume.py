@@ -8,9 +8,8 @@ epoch are not run again, and the interrupted loader skips its done batches by in
 import logging
 import os
 
-from torchstage.callbacks.checkpoints.checkpoint_saver import checkpoint_folders
-from torchstage.files.checkpoint import checkpoint_files, load_checkpoint, load_newest_intact
-from torchstage.files.format import CheckpointError
+from torchstage.files.checkpoint_read import checkpoint_files, load_checkpoint, load_newest_intact
+from torchstage.files.checkpoint_format import CheckpointError
 from torchstage.data.resume import (batch_size_changed, capture_loader_rng, discard_persistent_iterator,
                                     filtered_pass, resume_after_samples, resume_iterator, skips_samples)
 from torchstage.data.reshard import order_kind, pass_order, resume_shard
@@ -20,6 +19,7 @@ from torchstage.runner.state import data_layout, same_data_layout
 from torchstage.launch.resolve import LAUNCHER_COUNTERS, job_identity, restart_attempt, same_job
 from torchstage.runner.errors import LogdirHoldsRun
 from torchstage.runner.loop_state import ResumePoint
+from torchstage.runner.shared import share
 from torchstage.rng import set_rng_state
 
 logger = logging.getLogger("torchstage")
@@ -36,7 +36,8 @@ def checkpoint_to_resume(spec, engine, chains):
     """
     if spec.resume not in (None, "last", "auto"):
         return os.fspath(spec.resume), load_checkpoint(os.fspath(spec.resume))
-    folders = list(dict.fromkeys(f for chain in reversed(chains) for f in checkpoint_folders(chain, spec.logdir)))
+    folders = list(dict.fromkeys(f for chain in reversed(chains) for f in share(chain.values()).checkpoint_folders(
+        spec.logdir)))
     # The main rank looks before anyone can write, and every rank acts on what it saw: a slower rank
     # must not find the last.pth that this very run has just written.
     found = next((f for f in folders if checkpoint_files(f)), None) if engine.is_main else None
@@ -141,39 +142,40 @@ def restore(runner, checkpoint: dict, path: str = "the checkpoint") -> None:
     report_epochs(runner, checkpoint, path)
     for key in _COUNTERS:
         setattr(runner, key, loop[key])
-    runner.epoch_metrics = checkpoint.get("metrics", {})
+    runner.loop.epoch_metrics = runner.epoch_metrics_type(checkpoint.get("metrics", {}))
     if loop["epoch_done"]:
-        runner.epoch = loop["epoch"]
-        if runner.epoch >= runner.num_epochs and index + 1 < len(names):
+        runner.loop.epoch = loop["epoch"]
+        if runner.loop.epoch >= runner.loop.num_epochs and index + 1 < len(names):
             runner.enter_stage(index + 1)
         return
     loader, rngs = loop.get("loader"), checkpoint["rng"]
     same_world = same_data_layout(checkpoint, runner.engine)
     rng = rngs[runner.engine.rank] if same_world else rngs[0]
-    if loader not in runner.loaders or "loader_start" not in rng:
+    if loader not in runner.loop.loaders or "loader_start" not in rng:
         raise CheckpointError(f"checkpoint was written in the middle of loader {loader!r} of stage "
-                              f"{loop['stage']!r}, which this run does not have (loaders: {list(runner.loaders)})"
+                              f"{loop['stage']!r}, which this run does not have (loaders: {list(runner.loop.loaders)})"
                               if "loader_start" in rng else
                               "checkpoint was written mid-epoch without the loader's random state; it cannot "
                               "be resumed exactly")
-    runner.epoch = loop["epoch"] - 1  # the loop runs this epoch again...
-    runner.global_epoch_step -= 1  # ...and its start counts it again
+    runner.loop.epoch = loop["epoch"] - 1  # the loop runs this epoch again...
+    runner.loop.global_epoch_step -= 1  # ...and its start counts it again
     point = dict(loader=loader, batch=loop["loader_batch"], train_batches_done=loop["batch"],
-                 loader_sample_step=loop["loader_sample_step"], metrics=runner.epoch_metrics)
+                 loader_sample_step=loop["loader_sample_step"], metrics=runner.loop.epoch_metrics)
     if same_world and "reshard" not in rng["loader_start"]:
         by_samples = _check_mid_epoch_loader(runner, loader, loop, path)
-        runner.resume_point = ResumePoint(**point, loader_rng=rng["loader_start"], rng=rng, by_samples=by_samples)
+        runner.loop.resume_point = ResumePoint(**point, loader_rng=rng["loader_start"], rng=rng, by_samples=by_samples)
         return
     _check_mid_epoch_loader(runner, loader, loop, path, batch_size=False)
     lineage, indices = _reshard(runner, loader, loop, rng["loader_start"], data_layout(checkpoint)[0], path)
-    runner.resume_point = ResumePoint(**point, loader_rng=lineage, rng=rng if same_world else None, indices=indices)
+    runner.loop.resume_point = ResumePoint(**point, loader_rng=lineage, rng=rng if same_world else None,
+                                           indices=indices)
 
 
 def _reshard(runner, name: str, loop: dict, start: dict, ck_world: int, path: str) -> tuple:
     """``(lineage, indices)`` of a pass interrupted under ``ck_world`` data-parallel ranks and resumed under this
     world's (or resumed before): the samples of its order not done yet, dealt out anew; this rank's share of them
     (the ranks of a tensor-parallel group get the same share)."""
-    loader, world, rank = runner.loaders[name], runner.engine.dp_size, runner.engine.dp_rank
+    loader, world, rank = runner.loop.loaders[name], runner.engine.dp_size, runner.engine.dp_rank
     kind = order_kind(loader)
     if kind is None:
         raise CheckpointError(f"cannot resume from {path} with {world} process(es): it was written by {ck_world} in "
@@ -201,8 +203,8 @@ def _reshard(runner, name: str, loop: dict, start: dict, ck_world: int, path: st
 def _check_mid_epoch_loader(runner, name: str, loop: dict, path: str, batch_size: bool = True) -> bool:
     """A loader interrupted mid-pass must still hold the samples its order was drawn over (refused otherwise);
     True when its batch size changed, so the pass goes on after the samples done (logged)."""
-    loader, where = runner.loaders[name], f"loader {name!r} of stage {loop['stage']!r}"
-    before, now = loop.get("loader_samples"), dataset_size(runner.loaders[name])
+    loader, where = runner.loop.loaders[name], f"loader {name!r} of stage {loop['stage']!r}"
+    before, now = loop.get("loader_samples"), dataset_size(runner.loop.loaders[name])
     if before is not None and now is not None and before != now:
         raise CheckpointError(f"cannot resume from {path}: it was written in the middle of {where}, whose dataset had "
                               f"{before} samples; it has {now} now, so the epoch's order (drawn over {before}) cannot "
@@ -229,54 +231,48 @@ def _check_mid_epoch_loader(runner, name: str, loop: dict, path: str, batch_size
 
 def remaining_loaders(runner) -> list:
     """The current epoch's ``(name, loader)`` pairs, less those a resumed epoch had already finished."""
-    items = list(runner.loaders.items())
-    point = runner.resume_point
+    items = list(runner.loop.loaders.items())
+    point = runner.loop.resume_point
     if point is not None:
         items = items[[name for name, _ in items].index(point.loader):]
     return items
 
 
-def loader_batches(runner):
+def loader_batches(runner, skips=None):
     """``(batch_step, batch)`` pairs of the current loader; a resumed loader starts after its done batches.
 
     Also records in ``runner.loader_start_rng`` the random state the pass starts from, which every
-    checkpoint keeps so that a mid-epoch resume replays the same order. A pass with a pass filter (a rollback
-    run's train pass, ``runner.loop.pass_filter``) leaves out the batches of its skip list and records the rest.
+    checkpoint keeps so that a mid-epoch resume replays the same order. ``skips`` (a rollback run's train pass): a
+    function giving the :class:`~torchstage.data.skips.PassFilter` of the pass starting, asked as each pass of the
+    loader's sampler starts (a persistent iterator keeps the sampler): the batches of its skip list are left out
+    and the rest recorded.
     """
-    point, source = runner.resume_point, _filter_source(runner)
-    if point is None or point.loader != runner.loader_key:
-        if source is None:
-            runner.loader_start_rng = capture_loader_rng(runner.loader)
-            return enumerate(runner.loader, 1)
-        discard_persistent_iterator(runner.loader, unless_filtered=True)  # before the capture: it may draw anew
-        runner.loader_start_rng = capture_loader_rng(runner.loader)
-        return enumerate(filtered_pass(runner.loader, source), 1)
-    runner.resume_point = None
-    runner.loader_start_rng = point.loader_rng
-    runner.train_batches_done = point.train_batches_done
-    runner.loader_sample_step = point.loader_sample_step
-    done = {name: metrics for name, metrics in point.metrics.items() if name != runner.loader_key}
-    runner.epoch_metrics = {**done, runner.loader_key: runner.loader_metrics}
+    point = runner.loop.resume_point
+    if point is None or point.loader != runner.loop.loader_key:
+        if skips is None:
+            runner.loop.loader_start_rng = capture_loader_rng(runner.loop.loader)
+            return enumerate(runner.loop.loader, 1)
+        discard_persistent_iterator(runner.loop.loader, unless_filtered=True)  # before the capture: it may draw anew
+        runner.loop.loader_start_rng = capture_loader_rng(runner.loop.loader)
+        return enumerate(filtered_pass(runner.loop.loader, skips), 1)
+    runner.loop.resume_point = None
+    runner.loop.loader_start_rng = point.loader_rng
+    runner.loop.train_batches_done = point.train_batches_done
+    runner.loop.loader_sample_step = point.loader_sample_step
+    done = {name: metrics for name, metrics in point.metrics.items() if name != runner.loop.loader_key}
+    runner.loop.epoch_metrics = runner.epoch_metrics_type({**done, runner.loop.loader_key: runner.loop.loader_metrics})
     done = point.batch
     if point.loader_restored:  # a stateful loader was put back where it was (LoaderStateCallback)
-        batches = iter(runner.loader)
+        batches = iter(runner.loop.loader)
         set_rng_state(point.rng)
     elif point.indices is not None:  # resumed on another world (or resumed so before): its share of the rest
-        runner.loader_sample_step = 0  # samples of this rank's share, from which a later resume goes on
-        batches, done = resume_shard(runner.loader, point.indices, source)
+        runner.loop.loader_sample_step = 0  # samples of this rank's share, from which a later resume goes on
+        batches, done = resume_shard(runner.loop.loader, point.indices, skips)
         if point.rng is not None:
             set_rng_state(point.rng)
     elif point.by_samples:  # its batch size changed: on from the first sample not done
-        batches, done = resume_after_samples(runner.loader, point.loader_sample_step, point.loader_rng, point.rng,
-                                             source)
+        batches, done = resume_after_samples(runner.loop.loader, point.loader_sample_step, point.loader_rng, point.rng,
+                                             skips)
     else:
-        batches = resume_iterator(runner.loader, point.batch, point.loader_rng, point.rng, source)
+        batches = resume_iterator(runner.loop.loader, point.batch, point.loader_rng, point.rng, skips)
     return enumerate(batches, done + 1)
-
-
-def _filter_source(runner):
-    """A function giving the pass filter of the current pass (read when a sampler starts its pass: a persistent
-    iterator keeps the sampler, and the filter of a later pass), or None without one."""
-    if runner.loop.pass_filter is None:
-        return None
-    return lambda: runner.loop.pass_filter

@@ -4,7 +4,7 @@ import logging
 
 import torch
 
-from torchstage.files.format import CheckpointError, clean_state_dict
+from torchstage.files.checkpoint_format import CheckpointError, clean_state_dict
 from torchstage.launch import membership
 from torchstage.launch.resolve import restart_attempt
 from torchstage.one_or_many import named
@@ -68,7 +68,7 @@ def _report_world_change(runner, path: str, before: int, data_before: int, loop:
     to scale."""
     engine = runner.engine
     now, data_now = engine.world_size, engine.dp_size
-    sizes = [getattr(loader, "batch_size", None) for name, loader in runner.loaders.items()
+    sizes = [getattr(loader, "batch_size", None) for name, loader in runner.loop.loaders.items()
              if str(name).startswith("train")]
     per_process = next((size for size in sizes if size), None)
     if loop.get("loader_batch") and not loop.get("epoch_done"):  # what the interrupted pass batched
@@ -111,15 +111,15 @@ def report_epochs(runner, checkpoint: dict, path: str) -> None:
     before = recorded.get(loop["stage"])
     if not runner.engine.is_main:
         return
-    if before is not None and before != runner.num_epochs:
+    if before is not None and before != runner.loop.num_epochs:
         logger.warning("resume from %s: num_epochs of stage %r is %d now but was %d; training to epoch %d",
-                       path, loop["stage"], runner.num_epochs, before, runner.num_epochs)
-    last_stage = runner.stage_index == len(runner.spec.stage_specs) - 1
-    reached = loop["epoch"] >= runner.num_epochs if loop["epoch_done"] else loop["epoch"] > runner.num_epochs
+                       path, loop["stage"], runner.loop.num_epochs, before, runner.loop.num_epochs)
+    last_stage = runner.loop.stage_index == len(runner.spec.stage_specs) - 1
+    reached = loop["epoch"] >= runner.loop.num_epochs if loop["epoch_done"] else loop["epoch"] > runner.loop.num_epochs
     if last_stage and reached:
         logger.warning("resume from %s: stage %r already trained %d epoch(s) and num_epochs=%d is reached; "
                        "nothing to train (raise num_epochs to train more)", path, loop["stage"], loop["epoch"],
-                       runner.num_epochs)
+                       runner.loop.num_epochs)
 
 
 def _check_shapes(path, name, model, state) -> None:

@@ -1,10 +1,8 @@
 """The Runner: experiment -> stages -> epochs -> loaders -> batches, each level run by one helper."""
 import logging
-from collections.abc import Mapping
-from typing import Any, Optional
 
 from torchstage.callbacks.base import (EVENTS, CallbackScope, CancelBatch, CancelEpoch, CancelLoader, CancelRun,
-                                       CancelStage, RollBack)
+                                       CancelStage)
 from torchstage.data.prefetch import prefetch_to_device
 from torchstage.files.lock import LogdirLock
 from torchstage.files.writer import FileWriter
@@ -16,9 +14,13 @@ from torchstage.runner.defaults import default_callbacks
 from torchstage.runner.failure_record import record_run_failure
 from torchstage.runner.loop_state import EpochMetrics, LoopState, expose_loop_state
 from torchstage.runner.resume import loader_batches, remaining_loaders
+from torchstage.runner import saving
+from torchstage.runner.shared import Shared, share
 from torchstage.runner.snapshot import Snapshot, restore_snapshot, take_snapshot
 from torchstage.runner.setup import train_in_world
-from torchstage.runner.spec import TrainSpec, make_spec, passes_arguments_as_given
+from torchstage.runner.errors import shorten_user_error
+from torchstage.runner.spec import TrainSpec, make_spec
+from torchstage.runner.train_arguments import takes_arguments_of, train_signature
 from torchstage.runner.state import load_runner_state_dict, runner_state_dict
 from torchstage.stop_request import RunStopped
 from torchstage.distributed.agreement import AgreementChannel
@@ -36,7 +38,8 @@ class Runner:
     Subclass and override :meth:`handle_batch` for custom training steps (GANs, multi-model runs);
     :class:`~torchstage.SupervisedRunner` is the ready-made one for ``model(input) -> output`` tasks.
     The loop's position and counters live in ``runner.loop`` (a :class:`~torchstage.runner.loop_state.LoopState`),
-    each field also readable and writable as an attribute (``runner.epoch``, ``runner.batch_step``...).
+    each field also readable and writable as an attribute (``runner.epoch``, ``runner.batch_step``...); the library
+    itself spells them ``runner.loop.<field>``.
     """
 
     #: Metric names this runner's handle_batch writes; ``None`` means unknown until the first loader.
@@ -65,6 +68,8 @@ class Runner:
         self.file_writer = None  #: the thread writing checkpoint files while a run goes on (a FileWriter)
         self.callbacks = {}
         self._handlers = {event: [] for event in EVENTS}
+        #: what the callbacks of the chain offer one another (:mod:`torchstage.runner.shared`)
+        self.shared = Shared()
 
     # ---- override points -----------------------------------------------------------------
     def handle_batch(self, batch) -> None:
@@ -98,7 +103,7 @@ class Runner:
     def predict_batch(self, batch) -> dict:
         """The model outputs for one batch, for :meth:`predict_loader`; runs ``handle_batch`` by default."""
         self.handle_batch(batch)
-        return self.batch
+        return self.loop.batch
 
     def predict_loader(self, loader, to_cpu: bool = False, *, model=None, resume=None):
         """Yield :meth:`predict_batch` for each batch of ``loader`` (eval mode, no grad; on CPU if ``to_cpu``);
@@ -141,36 +146,11 @@ class Runner:
         return {}
 
     # ---- entry point ---------------------------------------------------------------------
-    def _train(self, given: dict) -> "Runner":
-        """``train()`` with its keyword arguments as given: check every one, then run all stages."""
-        return train_in_world(self, make_spec(self, given))
-
-    @passes_arguments_as_given(_train)
-    def train(self, *,
-              # data and stages
-              model: Any = None, criterion: Any = None, optimizer: Any = None, scheduler: Any = None,
-              loaders: Optional[Mapping] = None, datasets: Optional[dict] = None, callbacks: Any = None,
-              num_epochs: int = 1, valid_loader: str = "valid", valid_metric: str = "loss",
-              minimize_valid_metric: bool = True, stages: Optional[Mapping] = None,
-              # optimization
-              scheduler_step: str = "epoch", accumulation_steps: int = 1, grad_clip_norm: Optional[float] = None,
-              grad_clip_value: Optional[float] = None, amp: Any = None, compile: Any = False,
-              channels_last: bool = False,
-              # checkpoints and resume
-              logdir: Optional[str] = None, resume: Optional[str] = None, overwrite: bool = False,
-              resume_lr: str = "refuse", checkpoint_period: Any = None, topk: int = 0, load_best_on_end: bool = False,
-              requeue: Optional[bool] = None,
-              # run control
-              seed: int = 42, deterministic: bool = False, verbose: bool = False, check: bool = False,
-              overfit: Any = False, timeit: bool = False, monitor: bool = False, valid_every: int = 1,
-              valid_period: Any = None, log_period: Any = None, loggers: Optional[Mapping] = None,
-              # processes and strategy
-              distributed: Optional[bool] = None, nprocs: Optional[int] = None, strategy: Any = "ddp",
-              engine: Any = None, prefetch: bool = False, hang_timeout: Optional[float] = 300,
-              max_restarts: Optional[int] = None, preflight: bool = False,
-              **more) -> "Runner":
-        """Check every argument (each error names it, before training), then run all stages. docs/api.md has a row
-        per argument; each part of :class:`~torchstage.runner.spec.TrainSpec` checks its own.
+    @takes_arguments_of(train_signature)
+    def train(self, **given) -> "Runner":
+        """Check every argument (each error names it, before training), then run all stages. The arguments are
+        declared once (:func:`~torchstage.runner.train_arguments.train_signature`, this signature); docs/api.md has a
+        row per argument; each part of them is checked by its own module (:mod:`torchstage.runner.spec`).
 
         Data and stages: ``model`` (a module or a dict of them), ``criterion``, ``optimizer``, ``scheduler``,
         ``loaders`` (name -> iterable; ``train*`` loaders train) or ``datasets`` (built in each process),
@@ -194,7 +174,18 @@ class Runner:
 
         ``**more``: other libraries' names for these (Catalyst's ``fp16=``, ``main_metric=``, ``ddp=``...), which
         the runner translates; any other name is refused, with the closest accepted one.
+
+        The arguments arrive as given (one passed at its default value counts as given: ``train(main_metric="loss",
+        valid_metric="loss")`` is refused as two names for one argument). A user error found before training reaches
+        the user under their own call, without torchstage's frames
+        (:func:`~torchstage.runner.errors.shorten_user_error`).
         """
+        try:
+            return train_in_world(self, make_spec(self, given))
+        except Exception as exc:
+            if shorten_user_error(exc, self):  # the user's error, under the user's call
+                raise exc
+            raise
 
     def translate_train_kwargs(self, kwargs: dict) -> dict:
         """``train()``'s keyword arguments as torchstage names them (here: as given); a subclass may accept other
@@ -226,9 +217,9 @@ class Runner:
             if self.logdir_lock is not None:
                 self.logdir_lock.release()
                 self.logdir_lock = None
-        if self.stop_request is not None:
-            record_stop(self.engine.rank, self.stop_request.reason, self.loop_position())  # not to be restarted
-            raise RunStopped(self.stop_request)  # a graceful stop: checkpoint written, exit code set
+        if self.loop.stop_request is not None:
+            record_stop(self.engine.rank, self.loop.stop_request.reason, self.loop_position())  # not to be restarted
+            raise RunStopped(self.loop.stop_request)  # a graceful stop: checkpoint written, exit code set
         return self
 
     def _close_file_writer(self) -> None:
@@ -253,31 +244,33 @@ class Runner:
             handler(self)
 
     def _run_stages(self) -> None:
-        for index in range(self.stage_index, len(self.spec.stage_specs)):
-            if index != self.stage_index:
+        for index in range(self.loop.stage_index, len(self.spec.stage_specs)):
+            if index != self.loop.stage_index:
                 self.enter_stage(index)
             self._run_event("stage", self._run_epochs, CancelStage)
 
     def _run_epochs(self) -> None:
-        for self.epoch in range(self.epoch + 1, self.num_epochs + 1):
+        for self.loop.epoch in range(self.loop.epoch + 1, self.loop.num_epochs + 1):
             self._run_event("epoch", self._run_loaders, CancelEpoch)
 
     def _run_loaders(self) -> None:
-        for self.loader_key, self.loader in remaining_loaders(self):
-            self.is_train_loader = self.loader_key.startswith("train")
+        for self.loop.loader_key, self.loop.loader in remaining_loaders(self):
+            self.loop.is_train_loader = self.loop.loader_key.startswith("train")
             self._run_loader()
 
     def _run_loader(self) -> None:
-        # A rollback put the run back to a snapshot of this pass: the loader starts again from there, as a run
-        # resumed there would (callbacks/training/rollback.py).
-        while True:
-            try:
-                return self._run_event("loader", self._run_batches, CancelLoader)
-            except RollBack:
-                self.loader = self.loaders[self.loader_key]
+        # A rollback ended the pass (RollBack, a CancelLoader): the keeper puts the run back to its snapshot of it
+        # and the loader starts again from there, as a run resumed there would (runner/rollback.py).
+        self._run_event("loader", self._run_batches, CancelLoader)
+        while self.rollback is not None and self.rollback.restore(self):
+            self.loop.loader = self.loop.loaders[self.loop.loader_key]
+            self._run_event("loader", self._run_batches, CancelLoader)
 
     def _run_batches(self) -> None:
-        engine, batches = self.engine, loader_batches(self)
+        # A rollback run's train pass leaves out the batches rolled back past: the loader's sampler asks for them
+        # as each of its passes starts (runner/rollback.py).
+        skips = self._pass_skips if self.loop.train_pass is not None else None
+        engine, batches = self.engine, loader_batches(self, skips)
         if engine.prefetch:
             batches = prefetch_to_device(batches, engine)
         to_device = engine.to_device if engine.moves_batches else None
@@ -302,19 +295,21 @@ class Runner:
     def enter_stage(self, index: int) -> None:
         """Make stage ``index`` current: its optimizer, loaders, callbacks and epoch count."""
         stage = self.spec.stage_specs[index]
-        self.stage_index, self.stage_key, self.epoch = index, stage.name, 0
-        self.num_epochs = stage.num_epochs
+        self.loop.stage_index, self.loop.stage_key, self.loop.epoch = index, stage.name, 0
+        self.loop.num_epochs = stage.num_epochs
         self.criterion, self.optimizer, self.scheduler = stage.criterion, stage.optimizer, stage.scheduler
         self.valid_loader, self.valid_metric = stage.valid_loader, stage.valid_metric
         self.minimize_valid_metric = stage.minimize_valid_metric
-        self.loaders = self.stage_loaders[index]
+        self.loop.loaders = self.stage_loaders[index]
         self.set_callbacks(self.stage_callbacks[index])
 
     def set_callbacks(self, callbacks: dict) -> None:
-        """Install an ordered name -> callback chain and index its handlers per event."""
+        """Install an ordered name -> callback chain: index its handlers per event, and take what its callbacks
+        offer one another (``runner.shared``)."""
         self.callbacks = callbacks
         active = [cb for cb in callbacks.values() if CallbackScope(cb.scope).runs_on(self.engine)]
         self._handlers = self.chain_handlers(active)
+        self.shared = share(active)
 
     def chain_handlers(self, active: list) -> dict:
         """Event -> the methods that handle it, in chain order: those of the ``active`` callbacks that override it
@@ -329,6 +324,20 @@ class Runner:
         """Restore a checkpoint: weights always; optimizers, loop position and RNG unless weights_only."""
         load_runner_state_dict(self, checkpoint, weights_only=weights_only)
 
+    def save_checkpoint(self, paths: list, before_last=None, last_good: str = "the last checkpoint") -> bool:
+        """Write the run's state to ``paths`` once the checks registered with the save let it (False: nothing
+        written); collective (see :mod:`torchstage.runner.saving`)."""
+        return saving.save_checkpoint(self, paths, before_last, last_good)
+
+    def save_last(self) -> list:
+        """Every checkpoint writer of the chain writes ``last.pth`` now (a graceful stop); collective; the paths."""
+        return saving.save_last(self)
+
+    def _pass_skips(self):
+        """The batches the train pass starting now leaves out (a rollback run's), or None."""
+        train_pass = self.loop.train_pass
+        return None if train_pass is None else train_pass.skips
+
     def take_snapshot(self, at_start: bool, leave_out=(), reuse: Snapshot = None) -> Snapshot:
         """This rank's run now, copied in memory, for a rollback (see :mod:`torchstage.runner.snapshot`)."""
         return take_snapshot(self, at_start, leave_out, reuse)
@@ -340,6 +349,11 @@ class Runner:
     def loop_position(self) -> dict:
         """Where the run stands: stage, completed epochs, batches done in this epoch, global counters."""
         return self.loop.position()
+
+    @property
+    def rollback(self):
+        """The run's rollback keeper (:mod:`torchstage.runner.rollback`) where the chain may roll back, else None."""
+        return self.shared.rollback
 
     @property
     def unwrapped_model(self):

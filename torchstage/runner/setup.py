@@ -34,6 +34,7 @@ from torchstage.runner.compile import compile_models
 from torchstage.runner.failure_record import record_on_abort
 from torchstage.runner.loop_state import LoopState
 from torchstage.runner.resume import checkpoint_to_resume, restore, resume_of_this_attempt
+from torchstage.runner.shared import share
 from torchstage.runner.spec_optimization import check_scheduler_steps
 from torchstage.runner.spec_stages import check_built_loaders
 from torchstage.distributed.engine import Engine
@@ -119,6 +120,7 @@ def prepare(runner, spec, world: World = None):
     runner.stage_callbacks = spec.stage_chains
     for stage, chain, loaders in zip(spec.stage_specs, runner.stage_callbacks, runner.stage_loaders):
         _check_valid_metric(runner, stage, chain, loaders)
+        _check_claims(stage, chain)
     runner.loop = LoopState()
     runner.enter_stage(0)
     if spec.logdir is not None:  # another run writing there is named first; run() takes the lock
@@ -129,7 +131,7 @@ def prepare(runner, spec, world: World = None):
         _log_resume(*found, runner.engine)
         restore(runner, found[1], path=found[0])
     if runner.engine.is_main and spec.verbose:
-        logger.info("callbacks of stage %r:\n%s", runner.stage_key, describe_chain(runner.callbacks))
+        logger.info("callbacks of stage %r:\n%s", runner.loop.stage_key, describe_chain(runner.callbacks))
     return found[1]["optimizers"] if found is not None else None
 
 
@@ -219,7 +221,7 @@ def setup_strategy(runner, resumed: dict = None):
         for stage in stages:
             if stage.optimizer is None:
                 stage.optimizer = supplied[0]
-        runner.optimizer = stages[runner.stage_index].optimizer
+        runner.optimizer = stages[runner.loop.stage_index].optimizer
         if resumed is not None and "optimizer" in resumed:
             strategy.load_optimizer_state_dict(supplied[0], named(runner.unwrapped_model, "model"),
                                                resumed["optimizer"])
@@ -247,6 +249,15 @@ def _check_valid_metric(runner, stage, chain, loaders) -> None:
                 hint = f"; did you mean {close[0]!r}?" if close else ""
                 raise ValueError(f"{prefix}callbacks[{key!r}] ({type(callback).__name__}) reads metric {metric!r}, "
                                  f"which no callback produces; the chain produces {sorted(produced)}{hint}")
+
+
+def _check_claims(stage, chain) -> None:
+    """What only one callback of a chain may do (:meth:`~torchstage.runner.shared.Shared.claim`) is claimed once."""
+    prefix = "" if stage.name == "main" else f"stages[{stage.name!r}]: "
+    for what, (fix, claimants) in share(chain.values()).claims.items():
+        if len(claimants) > 1:
+            names = [name for name, callback in chain.items() if any(callback is c for c in claimants)]
+            raise ValueError(f"{prefix}callbacks {names} would all {what}; {fix}")
 
 
 def _log_resume(path: str, checkpoint: dict, engine) -> None:

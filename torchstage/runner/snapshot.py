@@ -52,7 +52,7 @@ def take_snapshot(runner, at_start: bool, leave_out=(), reuse: Snapshot = None) 
     loop, strategy, old = runner.loop, runner.engine.strategy, reuse or Snapshot("", 0, "", 0, True)
     point = loop.resume_point if at_start else None  # a loader about to resume: it starts after the point's batches
     batch = (point.batch if point is not None else 0) if at_start else loop.batch_step
-    snapshot = Snapshot(runner.stage_key, runner.global_epoch_step, runner.loader_key, batch, at_start)
+    snapshot = Snapshot(runner.loop.stage_key, runner.loop.global_epoch_step, runner.loop.loader_key, batch, at_start)
     snapshot.models = {name: _copy(model.state_dict(), old.models.get(name))
                        for name, model in named(runner.unwrapped_model, "model").items()}
     snapshot.optimizers = {name: _copy(_optimizer_state(optimizer), old.optimizers.get(name))
@@ -86,7 +86,7 @@ def restore_snapshot(runner, snapshot: Snapshot) -> None:
     for name, value in snapshot.counters.items():
         setattr(loop, name, value)
     metrics = copy.deepcopy(snapshot.metrics)
-    runner.epoch_metrics, loop.periodic_metrics = metrics["epoch"], metrics["periodic"]
+    loop.epoch_metrics, loop.periodic_metrics = runner.epoch_metrics_type(metrics["epoch"]), metrics["periodic"]
     set_rng_state(snapshot.rng)
     if snapshot.at_start:
         loop.resume_point = copy.copy(snapshot.resume_point)

@@ -1,47 +1,56 @@
 """The arguments of ``Runner.train`` as a checked spec: every user error is raised here, before training.
 
-:class:`TrainSpec` is made of five parts, each a dataclass in its own module that checks its own arguments
-(``validate``): data and stages (:mod:`~torchstage.runner.spec_stages`), optimization
-(:mod:`~torchstage.runner.spec_optimization`), checkpoints and resume (:mod:`~torchstage.runner.spec_checkpoints`),
-run control (:mod:`~torchstage.runner.spec_run_control`), processes and strategy
-(:mod:`~torchstage.runner.spec_processes`). An argument that configures a callback is checked by that callback.
+:class:`TrainSpec` has a field per argument of the one declaration of them
+(:func:`~torchstage.runner.train_arguments.train_signature`). Each part of the arguments is checked by its own module,
+which reads only that part's: processes and strategy (:mod:`~torchstage.runner.spec_processes`), run control
+(:mod:`~torchstage.runner.spec_run_control`), checkpoints and resume (:mod:`~torchstage.runner.spec_checkpoints`),
+data and stages (:mod:`~torchstage.runner.spec_stages`), optimization (:mod:`~torchstage.runner.spec_optimization`);
+then the rules between parts (:mod:`~torchstage.runner.spec_rules`). An argument that configures a callback is
+checked by that callback.
 """
 import dataclasses
 import difflib
-import functools
-from dataclasses import dataclass, field
-from typing import Callable, Optional, ParamSpec, TypeVar
+from dataclasses import field
+from typing import Optional
 
 from torchstage.runner.defaults import stage_chains
-from torchstage.runner.errors import shorten_user_error
-from torchstage.runner.spec_checkpoints import CheckpointsAndResume
-from torchstage.runner.spec_optimization import Optimization
-from torchstage.runner.spec_processes import ProcessesAndStrategy
-from torchstage.runner.spec_run_control import RunControl
-from torchstage.runner.spec_stages import DataAndStages
+from torchstage.runner.spec_checkpoints import check_checkpoints
+from torchstage.runner.spec_optimization import check_optimization
+from torchstage.runner.spec_processes import check_processes
+from torchstage.runner.spec_rules import check_between_parts
+from torchstage.runner.spec_run_control import check_run_control
+from torchstage.runner.spec_stages import check_data
+from torchstage.runner.train_arguments import declared_arguments
 
-P = ParamSpec("P")
-R = TypeVar("R")
+#: The checks of the parts, each reading its own arguments only, in the order they run (the first error is raised):
+#: the strategy first, whose optimizer a stage may use.
+PART_CHECKS = (check_processes, check_run_control, check_checkpoints, check_data, check_optimization)
 
 
-# A dataclass takes the fields of its bases last base first: data and stages come first, as in train()'s signature.
-@dataclass
-class TrainSpec(ProcessesAndStrategy, RunControl, CheckpointsAndResume, Optimization, DataAndStages):
-    """Everything ``train(...)`` accepts, part by part. Stage-level keys given at the top are inherited by all
-    stages."""
-
-    #: Each stage's callback chain (:func:`~torchstage.runner.defaults.stage_chains`), built by make_spec.
-    stage_chains: list = field(default_factory=list, init=False, repr=False)
-    #: The YAML of a config run, saved to ``logdir/config.yml`` by the default chain.
-    config_text: Optional[str] = field(default=None, init=False, repr=False)
+class _Checks:
+    """What a :class:`TrainSpec` does besides holding the arguments."""
 
     def validate(self, runner) -> None:
-        """Each part checks its own arguments, each rule once; raises TypeError/ValueError naming the argument."""
-        ProcessesAndStrategy.validate(self, runner)  # first: a stage's optimizer may come from the strategy
-        RunControl.validate(self, runner)
-        CheckpointsAndResume.validate(self, runner)
-        DataAndStages.validate(self, runner)  # resolves the stages, which the optimization part checks
-        Optimization.validate(self, runner)
+        """Each part checks its own arguments, then the rules between parts run; raises TypeError/ValueError naming
+        the argument."""
+        for check in PART_CHECKS:
+            check(self, runner)
+        check_between_parts(self, runner)
+
+
+TrainSpec = dataclasses.make_dataclass(
+    "TrainSpec",
+    [(argument.name, argument.kind, field(default=argument.default)) for argument in declared_arguments()] + [
+        # each stage with what it inherits filled in (check_data), and its callback chain (make_spec)
+        ("stage_specs", list, field(default_factory=list, init=False, repr=False)),
+        ("stage_chains", list, field(default_factory=list, init=False, repr=False)),
+        # the YAML of a config run, saved to logdir/config.yml by the default chain
+        ("config_text", Optional[str], field(default=None, init=False, repr=False))],
+    bases=(_Checks,), kw_only=True)
+TrainSpec.__module__ = __name__
+TrainSpec.__doc__ = """Everything ``train(...)`` accepts (a field per argument of
+:func:`~torchstage.runner.train_arguments.train_signature`), checked; stage-level keys given at the top are inherited
+by all stages."""
 
 
 def train_arguments() -> list:
@@ -65,24 +74,3 @@ def make_spec(runner, kwargs: dict, config_text: str = None) -> TrainSpec:
     spec.config_text = config_text
     spec.stage_chains = stage_chains(runner, spec)
     return spec
-
-
-def passes_arguments_as_given(run: Callable) -> Callable[[Callable[P, R]], Callable[P, R]]:
-    """Decorates ``Runner.train``, whose parameters are written out (what ``help()``, IDEs and type checkers show; a
-    test keeps them equal to TrainSpec's): a call runs ``run(runner, given)`` with the keyword arguments exactly as
-    given. So make_spec fills in the defaults, and an argument passed at its default value still counts as given
-    (``train(main_metric="loss", valid_metric="loss")`` is refused as two names for one argument).
-
-    A user error found before training reaches the user here, under their own call, without torchstage's frames
-    (:func:`~torchstage.runner.errors.shorten_user_error`)."""
-    def decorate(train: Callable[P, R]) -> Callable[P, R]:
-        @functools.wraps(train)
-        def given(self, **kwargs):
-            try:
-                return run(self, kwargs)
-            except Exception as exc:
-                if shorten_user_error(exc, self):  # the user's error, under the user's call
-                    raise exc
-                raise
-        return given
-    return decorate

@@ -5,44 +5,25 @@ logdir without one, refused before training."""
 import difflib
 import glob
 import os
-from dataclasses import dataclass
-from typing import Any, Optional
 
 from torchstage.launch.slurm.requeue import check_requeue_arg
 from torchstage.runner.resume import resume_of_this_attempt
 
-#: ``check=True`` with a logdir writes to ``logdir/check``, so the real run on that logdir starts clean.
-CHECK_FOLDER = "check"
 #: What ``resume_lr`` accepts.
 RESUME_LR = ("refuse", "new", "checkpoint")
 
 
-@dataclass
-class CheckpointsAndResume:
-    """``logdir`` and what is written there and continued from it. ``checkpoint_period`` and ``topk`` configure the
+def check_checkpoints(spec, runner) -> None:
+    """The logdir, then the checkpoint this attempt resumes from; ``checkpoint_period`` and ``topk`` configure the
     default CheckpointCallback, which checks them (:mod:`torchstage.runner.defaults`)."""
-
-    logdir: Optional[str] = None
-    resume: Optional[str] = None
-    overwrite: bool = False
-    resume_lr: str = "refuse"
-    checkpoint_period: Any = None
-    topk: int = 0
-    load_best_on_end: bool = False
-    requeue: Optional[bool] = None
-
-    def validate(self, runner) -> None:
-        """The logdir (``logdir/check`` for a ``check=True`` run), then the checkpoint this attempt resumes from."""
-        check_logdir(self.logdir)
-        if self.check and self.logdir is not None:  # a smoke run writes to a scratch folder, never the real run's
-            self.logdir, self.overwrite = os.path.join(os.fspath(self.logdir), CHECK_FOLDER), True
-        _check_needs_logdir(self)
-        if self.resume_lr not in RESUME_LR:
-            raise ValueError(f"resume_lr must be 'refuse' (a learning rate that differs from the checkpoint's fails), "
-                             f"'new' (use the one given now) or 'checkpoint' (keep the saved one), got "
-                             f"{self.resume_lr!r}")
-        self.resume = resume_of_this_attempt(check_requeue_arg(self.requeue, self.resume))  # SLURM's, then a launcher's
-        check_resume(self.resume, self.logdir)
+    check_logdir(spec.logdir)
+    if spec.load_best_on_end and spec.logdir is None:
+        raise ValueError("load_best_on_end=True needs a logdir to write best.pth in; pass logdir=...")
+    if spec.resume_lr not in RESUME_LR:
+        raise ValueError(f"resume_lr must be 'refuse' (a learning rate that differs from the checkpoint's fails), "
+                         f"'new' (use the one given now) or 'checkpoint' (keep the saved one), got {spec.resume_lr!r}")
+    spec.resume = resume_of_this_attempt(check_requeue_arg(spec.requeue, spec.resume))  # SLURM's, then a launcher's
+    check_resume(spec.resume, spec.logdir)
 
 
 def check_logdir(logdir) -> None:
@@ -80,13 +61,3 @@ def check_resume(resume, logdir) -> None:
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     raise ValueError(f"resume={resume!r} is neither 'last' (continue the logdir's run) nor an existing checkpoint "
                      f"file{hint}; 'auto' continues the logdir's run when it is this job's, else starts one")
-
-
-def _check_needs_logdir(spec) -> None:
-    """Arguments that only configure a logdir's files are refused without one (they would do nothing)."""
-    if spec.logdir is not None:
-        return
-    if spec.load_best_on_end:
-        raise ValueError("load_best_on_end=True needs a logdir to write best.pth in; pass logdir=...")
-    if spec.log_period is not None:
-        raise ValueError(f"log_period={spec.log_period!r} writes TensorBoard scalars and needs a logdir")

@@ -4,8 +4,6 @@ criterion, optimizer and scheduler against the model and each other that would o
 optimizer on another model's parameters, a scheduler on another optimizer, a class instead of an instance, a
 plateau scheduler that cuts the lr in the wrong direction)."""
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Optional
 
 import torch
 from torch.optim.lr_scheduler import CyclicLR, OneCycleLR, ReduceLROnPlateau
@@ -16,27 +14,15 @@ from torchstage.strategies.precision import amp_dtype
 PER_BATCH_SCHEDULERS = (OneCycleLR, CyclicLR)
 
 
-@dataclass
-class Optimization:
-    """The step's arguments. ``scheduler_step`` and the accumulation and clipping arguments configure the default
-    SchedulerCallback and OptimizerCallback, which check their values (:mod:`torchstage.runner.defaults`)."""
-
-    scheduler_step: str = "epoch"
-    accumulation_steps: int = 1
-    grad_clip_norm: Optional[float] = None
-    grad_clip_value: Optional[float] = None
-    amp: Any = None
-    compile: Any = False
-    channels_last: bool = False
-
-    def validate(self, runner) -> None:
-        """``amp`` and ``compile``, then each resolved stage's criterion, optimizer and scheduler."""
-        amp_dtype(self.amp)
-        if not isinstance(self.compile, (bool, dict)):
-            raise TypeError(f"compile must be True/False or a dict of torch.compile arguments "
-                            f"(e.g. {{'mode': 'reduce-overhead'}}), got {self.compile!r}")
-        for stage in self.stage_specs:
-            check_components(stage, self.model, self.scheduler_step)
+def check_optimization(spec, runner) -> None:
+    """``amp`` and ``compile``. ``scheduler_step`` and the accumulation and clipping arguments configure the default
+    SchedulerCallback and OptimizerCallback, which check their values (:mod:`torchstage.runner.defaults`); each
+    stage's criterion, optimizer and scheduler are checked against the model (:func:`check_components`, a rule
+    between parts: :mod:`torchstage.runner.spec_rules`)."""
+    amp_dtype(spec.amp)
+    if not isinstance(spec.compile, (bool, dict)):
+        raise TypeError(f"compile must be True/False or a dict of torch.compile arguments "
+                        f"(e.g. {{'mode': 'reduce-overhead'}}), got {spec.compile!r}")
 
 
 def check_components(stage, model, scheduler_step: str) -> None:

@@ -2,7 +2,7 @@
 criterion, optimizer, scheduler, callbacks, epochs, the validation choice) and the ``stages`` that override them."""
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
@@ -35,31 +35,15 @@ STAGE_KEYS = tuple(f.name for f in dataclasses.fields(StageSpec) if f.name != "n
 EVALUATION_PREFIXES = ("val", "test", "eval", "infer", "predict")
 
 
-@dataclass
-class DataAndStages:
-    """``model`` and the stage-level arguments (given at the top, inherited by every stage), and ``stages``."""
-
-    model: Any = None
-    criterion: Any = None
-    optimizer: Any = None
-    scheduler: Any = None
-    loaders: Optional[Mapping] = None
-    datasets: Optional[dict] = None
-    callbacks: Any = None
-    num_epochs: int = 1
-    valid_loader: str = "valid"
-    valid_metric: str = "loss"
-    minimize_valid_metric: bool = True
-    stages: Optional[Mapping] = None
-    #: Each stage with what it inherits filled in, resolved by :meth:`validate`.
-    stage_specs: list = field(default_factory=list, init=False, repr=False)
-
-    def validate(self, runner) -> None:
-        """The model, then each stage resolved and checked against ``runner`` (what it ``requires``)."""
-        _check_model(self.model)
-        self.stage_specs = _resolve_stages(self)
-        for stage in self.stage_specs:
-            _check_stage(runner, stage, self.strategy)
+def check_data(spec, runner) -> None:
+    """The model, then each stage resolved (what it inherits filled in: ``spec.stage_specs``) and checked: epochs,
+    loaders or datasets and their names, callbacks. What a stage needs of the runner and the strategy, and its
+    criterion, optimizer and scheduler against the model, are rules between parts
+    (:mod:`torchstage.runner.spec_rules`)."""
+    _check_model(spec.model)
+    spec.stage_specs = _resolve_stages(spec)
+    for stage in spec.stage_specs:
+        _check_stage(stage)
 
 
 def check_built_loaders(stage: StageSpec, loaders) -> None:
@@ -90,7 +74,7 @@ def _prefix(stage: StageSpec) -> str:
     return "" if stage.name == "main" else f"stages[{stage.name!r}]: "
 
 
-def _resolve_stages(spec: DataAndStages) -> list:
+def _resolve_stages(spec) -> list:
     top = {key: getattr(spec, key) for key in STAGE_KEYS}
     if spec.stages is None:
         return [StageSpec(name="main", **top)]
@@ -113,7 +97,7 @@ def _resolve_stages(spec: DataAndStages) -> list:
     return stages
 
 
-def _check_stage(runner, stage: StageSpec, strategy) -> None:
+def _check_stage(stage: StageSpec) -> None:
     where = "num_epochs" if stage.name == "main" else f"stages[{stage.name!r}]['num_epochs']"
     if isinstance(stage.num_epochs, bool) or not isinstance(stage.num_epochs, int) or stage.num_epochs < 1:
         raise ValueError(f"{where} must be an integer >= 1, got {stage.num_epochs!r}")
@@ -129,13 +113,14 @@ def _check_stage(runner, stage: StageSpec, strategy) -> None:
         names = dataset_loader_names(stage.datasets, prefix)
     if names is not None:  # None: a get_datasets_fn, checked once it has run (still before training)
         check_loader_names(stage, names)
-    trains = names is None or any(str(name).startswith("train") for name in names)
-    if runner.requires and trains:  # a stage of evaluation loaders only needs no optimizer (as in Catalyst 22)
-        for name in runner.requires:
-            if getattr(stage, name) is None and not (name == "optimizer" and strategy.supplies_optimizer):
-                raise ValueError(f"{prefix}{type(runner).__name__} needs {name}=...; got {name}=None (a stage "
-                                 f"whose loaders are all evaluation loaders, not 'train*', needs none)")
     check_callbacks(stage.callbacks, prefix)
+
+
+def trains(stage: StageSpec) -> bool:
+    """Whether ``stage`` may train: a loader of it starts with ``train``, or its loaders are known only once a
+    ``get_datasets_fn`` ran."""
+    names = list(stage.loaders) if stage.loaders is not None else dataset_loader_names(stage.datasets, "")
+    return names is None or any(str(name).startswith("train") for name in names)
 
 
 def _check_loaders(loaders, prefix: str) -> list:

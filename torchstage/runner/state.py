@@ -4,7 +4,7 @@ import time
 
 import torch
 
-from torchstage.files.format import FORMAT, CheckpointError, clean_state_dict
+from torchstage.files.checkpoint_format import FORMAT, CheckpointError, clean_state_dict
 from torchstage.launch.resolve import job_identity, restart_attempt
 from torchstage.launch.script_seed import applied_seed
 from torchstage.one_or_many import named
@@ -31,7 +31,7 @@ def runner_state_dict(runner) -> dict:
         "callbacks": _callback_states(runner, [rank["callbacks"] for rank in per_rank]),
         "loop": runner.loop_position(),
         "rng": [rank["rng"] for rank in per_rank],
-        "metrics": {loader: dict(values) for loader, values in runner.epoch_metrics.items()},
+        "metrics": {loader: dict(values) for loader, values in runner.loop.epoch_metrics.items()},
         "meta": {"torchstage": __version__, "torch": str(torch.__version__), "world_size": runner.engine.world_size,
                  "data_parallel": runner.engine.dp_size, "tensor_parallel": runner.engine.tp_size,
                  "strategy": repr(strategy), "mesh": _mesh_of(strategy), "nodes": runner.engine.nodes or [],
@@ -150,8 +150,8 @@ def _callback_states(runner, per_rank: list) -> dict:
 def _loader_start(runner) -> dict:
     """The random state the current loader pass started from, so a mid-epoch resume replays its order; an
     end-of-epoch checkpoint needs none (the next epoch's passes draw their own)."""
-    state = runner.loader_start_rng
-    return {} if state is None or runner.epoch_done else {"loader_start": state}
+    state = runner.loop.loader_start_rng
+    return {} if state is None or runner.loop.epoch_done else {"loader_start": state}
 
 
 def _mesh_of(strategy) -> dict:

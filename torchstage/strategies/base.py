@@ -2,7 +2,7 @@
 
 A strategy owns putting a model on the device, wrapping and unwrapping it, precision, backward, skipping
 gradient sync on accumulation steps, clipping gradients, the optimizer step, and moving model and optimizer
-state into and out of a checkpoint (its :class:`~torchstage.files.checkpoint_io.CheckpointIO` writes the
+state into and out of a checkpoint (its :class:`~torchstage.files.checkpoint_write.CheckpointIO` writes the
 files). Its lifecycle, the same for every strategy:
 
 0. :meth:`Strategy.layout` ``(world)``: the device mesh layout it lays a world out in, declared before any process
@@ -30,7 +30,7 @@ import torch
 
 from torchstage.distributed.engine import Engine
 from torchstage.distributed.layout import MeshLayout
-from torchstage.files.checkpoint_io import FileCheckpointIO
+from torchstage.files.checkpoint_write import FileCheckpointIO
 from torchstage.strategies.precision import FULL, Precision
 
 #: The strategy classes that write optimizer state in a format of their own and read it back for any strategy

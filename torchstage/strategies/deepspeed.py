@@ -13,8 +13,8 @@ from dataclasses import replace
 
 import torch
 
-from torchstage.files.checkpoint_io import DeepSpeedCheckpointIO
-from torchstage.files.format import CheckpointError
+from torchstage.files.checkpoint_write import DeepSpeedCheckpointIO
+from torchstage.files.checkpoint_format import CheckpointError
 from torchstage.strategies.deepspeed_config import config_optimizer, deep_merge, engine_config, read_config
 from torchstage.strategies.deepspeed_ops import op_build, quiet_other_ranks
 from torchstage.strategies.deepspeed_state import load_into, safe_checkpoint_engine, set_fp32, whole_fp32

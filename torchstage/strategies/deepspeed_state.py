@@ -4,7 +4,7 @@ import os
 
 import torch
 
-from torchstage.files.format import CheckpointError
+from torchstage.files.checkpoint_format import CheckpointError
 
 
 def whole_fp32(deepspeed, param, stage: int) -> torch.Tensor:

@@ -11,7 +11,7 @@ import numbers
 import torch
 
 from torchstage.distributed.layout import MeshLayout, check_degree, complete
-from torchstage.files.checkpoint_io import ShardedCheckpointIO
+from torchstage.files.checkpoint_write import ShardedCheckpointIO
 from torchstage.strategies.base import Strategy
 from torchstage.strategies.mesh import build_mesh, by_mesh, data_mesh, total_norm
 

@@ -12,7 +12,7 @@ from torchstage import (Batch, CheckpointCallback, CheckpointError, Epoch, Super
                         load_model_weights)
 from torchstage.files.atomic import write_atomic
 from torchstage.files.checkpoint_file import serialize
-from torchstage.files.format import FORMAT
+from torchstage.files.checkpoint_format import FORMAT
 
 
 def make_net():

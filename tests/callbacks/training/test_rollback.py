@@ -13,8 +13,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from tests.resume_helpers import ROOT, child_env, differences
-from torchstage import (LossSpikeError, NonFiniteLossCallback, NonFiniteLossError, SingleDevice, SupervisedRunner,
-                        load_checkpoint)
+from torchstage import (Callback, LossSpikeError, NonFiniteLossCallback, NonFiniteLossError, SingleDevice,
+                        SupervisedRunner, load_checkpoint)
 
 SCRIPT = os.path.join(ROOT, "tests", "callbacks", "training", "scripts", "rollback_run.py")
 NAN_ID, SPIKE_ID = 21, 45  # the script's poisoned samples
@@ -230,3 +230,84 @@ def test_the_batch_logs_hold_the_run_as_it_trained(tmp_path):
     assert runner.callbacks["rollback"].rollbacks == 2  # once an epoch
     steps = [int(row.split(",")[0]) for row in (tmp_path / "logs" / "batch" / "train.csv").read_text().split()[1:]]
     assert steps == list(range(1, 31))  # 2 epochs of 15 batches trained
+
+
+class InfiniteGradient(torch.autograd.Function):
+    """The identity forward; the outputs of the marked samples get an infinite gradient: a finite loss whose backward
+    makes the step put NaN/inf into the weights."""
+
+    @staticmethod
+    def forward(ctx, output, marker):
+        ctx.save_for_backward(marker)
+        return output.view_as(output)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (marker,) = ctx.saved_tensors
+        return grad.masked_fill(marker.bool().unsqueeze(-1), float("inf")), None
+
+
+class MarkedLinear(nn.Module):
+    """A linear model of the features but the last, which marks the samples whose gradient is infinite."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 1)
+
+    def forward(self, x):
+        return InfiniteGradient.apply(self.linear(x[:, :-1]), x[:, -1])
+
+
+def _marked_run(marked, accumulation, leave_out=(), more=None, logdir=None, **nonfinite):
+    """Two epochs of 8 batches of 4 in order; ``marked``: the samples whose gradient is infinite; ``leave_out``: the
+    samples the loader leaves out (a reference run, mode="stop"); ``more``: other callbacks."""
+    torch.manual_seed(0)
+    x, y = torch.cat([torch.randn(32, 4), torch.zeros(32, 1)], dim=1), torch.randn(32, 1)
+    x[list(marked), -1] = 1.0
+    kept = [i for i in range(32) if i not in leave_out]
+    model = MarkedLinear()
+    runner = SupervisedRunner()
+    runner.train(model=model, criterion=nn.MSELoss(), optimizer=torch.optim.SGD(model.parameters(), lr=0.05),
+                 loaders={"train": DataLoader(TensorDataset(x[kept], y[kept]), batch_size=4)}, valid_loader="train",
+                 num_epochs=2, accumulation_steps=accumulation, logdir=logdir,
+                 callbacks={"nonfinite": NonFiniteLossCallback(**nonfinite), **(more or {})})
+    return runner, model
+
+
+@pytest.mark.parametrize("accumulation, check_every", [(1, 3), (2, 4)])
+def test_an_infinite_gradient_with_a_finite_loss_leaves_out_its_own_batch(accumulation, check_every):
+    """Sample 9 (batch 3) has a finite loss and an infinite gradient: the weights are NaN after its step (after the
+    step of its group under accumulation) and batch 4's loss is NaN. The check covers the weights and the gradients
+    held, so batch 3 is the one left out, once an epoch, and the run equals one whose loader never gave it."""
+    runner, model = _marked_run([9], accumulation, mode="rollback", check_every=check_every)
+    skipped = runner.callbacks["rollback"].skipped
+    assert [(e["epoch"], e["ordinal"], e["samples"][0].tolist()) for e in skipped] == \
+        [(1, 3, [8, 9, 10, 11]), (2, 3, [8, 9, 10, 11])]
+    assert "non-finite weights or gradients after the step" in skipped[0]["reason"]
+    _, reference = _marked_run([], accumulation, leave_out=range(8, 12), mode="stop")
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), reference.state_dict().values()))
+
+
+class TrainPasses(Callback):
+    """Counts the train loader's starts and ends."""
+
+    order = 200
+
+    def __init__(self):
+        self.starts, self.ends = 0, 0
+
+    def on_loader_start(self, runner):
+        self.starts += runner.is_train_loader
+
+    def on_loader_end(self, runner):
+        self.ends += runner.is_train_loader
+
+
+def test_a_pass_ended_by_a_rollback_gets_its_end_events_and_is_logged_once(tmp_path):
+    """Every callback gets on_loader_end for the pass a rollback ended, as after any cancel; the loggers write one
+    row per epoch, of the pass that went on."""
+    passes = TrainPasses()
+    runner, _ = _marked_run([9], 1, more={"passes": passes}, logdir=tmp_path, mode="rollback", check_every=3)
+    assert runner.callbacks["rollback"].rollbacks == 2 and (passes.starts, passes.ends) == (4, 4)
+    rows = (tmp_path / "logs" / "train.csv").read_text().split()
+    assert [row.split(",")[:3] for row in rows[1:]] == [["main", "1", "1"], ["main", "2", "2"]], rows

@@ -9,7 +9,7 @@ import pytest
 
 from tests.resume_helpers import ROOT
 from tests.launch.slurm.slurm_cluster import slurm_cluster  # noqa: F401 (session fixture)
-from torchstage.files.checkpoint import load_checkpoint
+from torchstage.files.checkpoint_read import load_checkpoint
 
 SCRIPT = os.path.join(ROOT, "tests", "strategies", "scripts", "mesh_run.py")
 pytestmark = pytest.mark.timeout(400)

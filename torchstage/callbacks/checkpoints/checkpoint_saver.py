@@ -1,7 +1,9 @@
 """Checkpoints: ``last.pth`` every period, ``best.pth`` and the top-k ``epoch-NNNN.pth`` by the valid metric.
 
-Files live in ``logdir/checkpoints/`` with ``metrics.json``; every write is atomic. ``last.pth`` may be
-written after a train batch (``Batch(n)``), which resumes mid-epoch exactly.
+Files live in ``logdir/checkpoints/`` with ``metrics.json``; every write is atomic and goes through the runner's
+save (:meth:`~torchstage.runner.runner.Runner.save_checkpoint`), which runs the checks registered with it first.
+``last.pth`` may be written after a train batch (``Batch(n)``), which resumes mid-epoch exactly; a graceful stop
+asks every checkpoint callback for one (each registers as a writer of the run).
 """
 import glob
 import json
@@ -10,10 +12,9 @@ import os
 
 from torchstage.arguments import ArgumentError
 from torchstage.callbacks.base import Callback, CallbackOrder
-from torchstage.callbacks.training.nonfinite import NonFiniteLossCallback, check_finite_state
 from torchstage.files.atomic import write_atomic
-from torchstage.files.checkpoint import load_checkpoint
-from torchstage.files.format import checkpoint_folder, checkpoint_path
+from torchstage.files.checkpoint_read import load_checkpoint
+from torchstage.files.checkpoint_format import checkpoint_folder, checkpoint_path
 from torchstage.files.writer import hand_over
 from torchstage.periods import Batch, Epoch, as_periods, batch_due, epoch_due
 
@@ -51,8 +52,13 @@ class CheckpointCallback(Callback):
         return self.folder_of(runner.spec.logdir)
 
     def folder_of(self, run_logdir) -> str:
-        """The checkpoint folder for a run writing ``run_logdir``: ``<logdir>/checkpoints``, of its own or the run's."""
-        return checkpoint_folder(self.logdir or run_logdir)
+        """The checkpoint folder for a run writing ``run_logdir``: ``<logdir>/checkpoints``, of its own or the run's
+        (None without either)."""
+        logdir = self.logdir or run_logdir
+        return None if logdir is None else checkpoint_folder(logdir)
+
+    def attach(self, shared) -> None:
+        shared.add_checkpoint_writer(self.save_last, self.folder_of)  # a stop asks for last.pth; a resume looks here
 
     def needs(self, stage) -> tuple:
         return ((self.loader_key, self.metric_key),) if self.metric_key is not None else ()
@@ -69,7 +75,7 @@ class CheckpointCallback(Callback):
                 os.remove(stale)
 
     def on_stage_start(self, runner):
-        if self.best is not None and self.best.get("stage") != runner.stage_key:
+        if self.best is not None and self.best.get("stage") != runner.loop.stage_key:
             self.best, self.kept = None, []
 
     def handles(self, event: str) -> bool:
@@ -82,8 +88,9 @@ class CheckpointCallback(Callback):
             self.save_last(runner)
 
     def on_epoch_end(self, runner):
-        entry = {"stage": runner.stage_key, "epoch": runner.epoch, "global_epoch": runner.global_epoch_step,
-                 "metrics": {k: dict(v) for k, v in runner.epoch_metrics.items()}}
+        loop = runner.loop
+        entry = {"stage": loop.stage_key, "epoch": loop.epoch, "global_epoch": loop.global_epoch_step,
+                 "metrics": {k: dict(v) for k, v in loop.epoch_metrics.items()}}
         value = self._valid_value(runner)
         if value is not None:
             entry["value"] = value
@@ -92,7 +99,7 @@ class CheckpointCallback(Callback):
             self.best = entry
         kept, dropped = self._update_topk(runner, entry)
         self.history.append(json.dumps(entry))
-        last_due = epoch_due(self.periods, runner) or runner.epoch == runner.num_epochs
+        last_due = epoch_due(self.periods, runner) or runner.loop.epoch == runner.loop.num_epochs
         folder = self.folder(runner)
         # last.pth goes last, after every file it accounts for (best, the epoch file, then metrics.json and the
         # removals): a kill at any moment leaves last.pth on the previous epoch, whose resume redoes this one and
@@ -103,11 +110,12 @@ class CheckpointCallback(Callback):
         summary = self._summary(runner, folder, entry, [os.path.join(folder, old["file"]) for old in dropped]) \
             if runner.engine.is_main else None
         if targets:  # independent files, the summary written before the last of them (collective)
-            self._check_finite(runner)
-            runner.engine.strategy.save_checkpoint(runner.state_dict(), targets, runner.file_writer, before_last=summary)
-        elif runner.engine.is_main:
-            hand_over(runner.file_writer, summary, large=False)
-        if last_due:
+            written = runner.save_checkpoint(targets, before_last=summary, last_good=self._last_good(runner))
+        else:
+            written = True
+            if runner.engine.is_main:
+                hand_over(runner.file_writer, summary, large=False)
+        if last_due and written:
             self._saved_at = self._position(runner)
 
     def _summary(self, runner, folder: str, entry: dict, dropped: list):
@@ -131,32 +139,25 @@ class CheckpointCallback(Callback):
         position = self._position(runner)
         if self._saved_at == position:
             return path
-        self._check_finite(runner)
-        runner.engine.strategy.save_checkpoint(runner.state_dict(), [path], runner.file_writer)
-        self._saved_at = position
+        if runner.save_checkpoint([path], last_good=self._last_good(runner)):
+            self._saved_at = position
         return path
 
     def on_experiment_end(self, runner):
         if runner.file_writer is not None:  # every checkpoint on disk before anything (a logger) reads one
             runner.file_writer.wait()
-        if not self.load_best_on_end or runner.stop_request is not None or self.best is None:
+        if not self.load_best_on_end or runner.loop.stop_request is not None or self.best is None:
             return
         runner.engine.barrier()  # the main rank has written best.pth
         runner.load_state_dict(load_checkpoint(checkpoint_path(self.folder(runner), "best")), weights_only=True)
 
-    def _check_finite(self, runner) -> None:
-        """No checkpoint holds weights trained on a non-finite loss, nor non-finite weights or optimizer state:
-        the loss watchers' flags, then the state itself (collective; one host read each, per checkpoint)."""
-        for callback in runner.callbacks.values():
-            if isinstance(callback, NonFiniteLossCallback):
-                callback.check(runner)
+    def _last_good(self, runner) -> str:
+        """The checkpoint a save that finds the state not finite leaves as the last finite one, named."""
         if self._saved_at is None:
-            last_good = f"the checkpoint this run started from, if any ({checkpoint_path(self.folder(runner), 'last')})"
-        else:
-            stage, epoch, batch, done = self._saved_at
-            last_good = (f"{checkpoint_path(self.folder(runner), 'last')} (stage {stage!r}, epoch {epoch}"
-                         f"{'' if done else ' mid-epoch'}, global batch {batch})")
-        check_finite_state(runner, last_good)
+            return f"the checkpoint this run started from, if any ({checkpoint_path(self.folder(runner), 'last')})"
+        stage, epoch, batch, done = self._saved_at
+        return (f"{checkpoint_path(self.folder(runner), 'last')} (stage {stage!r}, epoch {epoch}"
+                f"{'' if done else ' mid-epoch'}, global batch {batch})")
 
     def _update_topk(self, runner, entry):
         """Add ``entry`` to the kept top-k if it belongs there, and trim the list to ``topk`` (a run resumed with
@@ -174,11 +175,11 @@ class CheckpointCallback(Callback):
 
     @staticmethod
     def _position(runner) -> tuple:
-        return runner.stage_key, runner.epoch, runner.global_batch_step, runner.epoch_done
+        return runner.loop.stage_key, runner.loop.epoch, runner.loop.global_batch_step, runner.loop.epoch_done
 
     def _valid_value(self, runner):
         loader, metric, _ = self._judged_by(runner)
-        metrics = runner.epoch_metrics.get(loader)
+        metrics = runner.loop.epoch_metrics.get(loader)
         if metrics is None:
             return None  # validation did not run this epoch
         if metric not in metrics:
@@ -212,12 +213,3 @@ def metrics_json(summary: dict) -> bytes:
         else:
             lines.append(f"  {json.dumps(key)}: {json.dumps(value)}")
     return ("{\n" + ",\n".join(lines) + "\n}\n").encode()
-
-
-
-
-def checkpoint_folders(chain: dict, logdir) -> list:
-    """The folders the checkpoint callbacks of ``chain`` write to (``logdir``'s own folder if none names one)."""
-    folders = [cb.folder_of(logdir) for cb in chain.values()
-               if isinstance(cb, CheckpointCallback) and (cb.logdir or logdir) is not None]
-    return list(dict.fromkeys(folders))

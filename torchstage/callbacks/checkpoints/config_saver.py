@@ -15,5 +15,8 @@ class ConfigSaver(Callback):
     def __init__(self, text: str, filename: str = "config.yml"):
         self.text, self.filename = text, filename
 
+    def attach(self, shared) -> None:
+        shared.keep_config(self.text)  # the loggers log it with the hyperparameters
+
     def on_experiment_start(self, runner):
         write_atomic(os.path.join(runner.spec.logdir, self.filename), self.text.encode(), durable=False)

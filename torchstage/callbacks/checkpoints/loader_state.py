@@ -33,10 +33,11 @@ class LoaderStateCallback(Callback):
                              "pin_memory=True and workers overlap the copies)")
 
     def on_loader_start(self, runner):
-        self._key, self._loader = runner.loader_key, runner.loader if is_stateful_loader(runner.loader) else None
+        loop = runner.loop
+        self._key, self._loader = loop.loader_key, loop.loader if is_stateful_loader(loop.loader) else None
         resumed, self._resumed = self._resumed, None
-        point = runner.resume_point
-        if resumed and self._loader is not None and point is not None and point.loader == runner.loader_key:
+        point = runner.loop.resume_point
+        if resumed and self._loader is not None and point is not None and point.loader == runner.loop.loader_key:
             self._loader.load_state_dict(resumed["state"])
             point.loader_restored = True  # the loader continues by itself: no index skipping
 

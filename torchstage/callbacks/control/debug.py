@@ -6,10 +6,9 @@ import torch
 
 from torchstage.arguments import ArgumentError, check_int
 from torchstage.callbacks.base import Callback, CallbackOrder, CancelLoader, CancelStage
-from torchstage.callbacks.checkpoints.checkpoint_saver import checkpoint_folders
-from torchstage.files.checkpoint import load_checkpoint
+from torchstage.files.checkpoint_read import load_checkpoint
 from torchstage.files.checkpoint_file import serialize
-from torchstage.files.format import CheckpointError, checkpoint_path
+from torchstage.files.checkpoint_format import CheckpointError, checkpoint_path
 from torchstage.one_or_many import named
 
 logger = logging.getLogger("torchstage")
@@ -38,6 +37,10 @@ class LimitBatchesCallback(Callback):
                                            f"got {overfit!r}")
         return cls(1 if overfit is True else overfit, same_batches=True)
 
+    def attach(self, shared) -> None:
+        if not self.same_batches:
+            shared.add_batch_limit(self.num_batches)
+
     def on_experiment_start(self, runner):
         if self.same_batches and type(self) is LimitBatchesCallback and runner.engine.is_main \
                 and runner.spec is not None and runner.spec.overfit is not False:
@@ -45,12 +48,12 @@ class LimitBatchesCallback(Callback):
 
     def on_loader_start(self, runner):
         if not self.same_batches:
-            runner.loader = _Limited(runner.loader, self.num_batches)
+            runner.loop.loader = _Limited(runner.loop.loader, self.num_batches)
             return
-        key = (runner.stage_key, runner.loader_key)
+        key = (runner.loop.stage_key, runner.loop.loader_key)
         if key not in self._cache:
-            self._cache[key] = list(itertools.islice(runner.loader, self.num_batches))
-        runner.loader = self._cache[key]
+            self._cache[key] = list(itertools.islice(runner.loop.loader, self.num_batches))
+        runner.loop.loader = self._cache[key]
 
 
 class BatchOverfitCallback(LimitBatchesCallback):
@@ -73,10 +76,10 @@ class BatchOverfitCallback(LimitBatchesCallback):
         self.loader_batches = loader_batches
 
     def on_loader_start(self, runner):
-        n = self.loader_batches.get(runner.loader_key, 1)
-        length = len(runner.loader)
+        n = self.loader_batches.get(runner.loop.loader_key, 1)
+        length = len(runner.loop.loader)
         n = max(1, int(length * n)) if isinstance(n, float) else n
-        runner.loader = _Repeated(list(itertools.islice(runner.loader, n)), length)
+        runner.loop.loader = _Repeated(list(itertools.islice(runner.loop.loader, n)), length)
 
 
 class _Repeated:
@@ -148,27 +151,25 @@ class CheckRunCallback(Callback):
             logger.info("check run: at most %d epoch(s) per stage, a few batches per loader%s", self.num_epochs,
                         where)
             if runner.spec.check:
-                limits = [cb.num_batches for cb in runner.callbacks.values()
-                          if isinstance(cb, LimitBatchesCallback) and not cb.same_batches]
-                logger.info(CATALYST_CHECK, self.num_epochs, min(limits + [self.num_batch_steps]))
+                logger.info(CATALYST_CHECK, self.num_epochs, min(runner.shared.batch_limits + [self.num_batch_steps]))
 
     def on_stage_start(self, runner):
-        runner.num_epochs = min(runner.num_epochs, self.num_epochs)  # progress and logs show the real count
+        runner.loop.num_epochs = min(runner.loop.num_epochs, self.num_epochs)  # progress and logs show the real count
 
     def on_epoch_end(self, runner):
-        if runner.epoch >= self.num_epochs and runner.epoch < runner.num_epochs:
+        if runner.loop.epoch >= self.num_epochs and runner.loop.epoch < runner.loop.num_epochs:
             raise CancelStage()
 
     def on_experiment_end(self, runner):
         state = torch.load(io.BytesIO(serialize(runner.state_dict())), weights_only=True)
         _load_and_compare(runner, state, "the serialized runner state")
-        folders = checkpoint_folders(runner.callbacks, runner.spec.logdir)
+        folders = runner.shared.checkpoint_folders(runner.spec.logdir)
         if folders:
             runner.engine.barrier()  # the main rank has written last.pth
             path = checkpoint_path(folders[0], "last")
             _load_and_compare(runner, load_checkpoint(path), path)
         logger.info("check run passed: %d batch(es) trained, checkpoint reloaded into the model",
-                    runner.global_batch_step)
+                    runner.loop.global_batch_step)
 
 
 def _load_and_compare(runner, checkpoint: dict, what: str) -> None:

@@ -43,10 +43,10 @@ class EarlyStoppingCallback(Callback):
         return ((self.loader_key or stage.valid_loader, self.metric_key or stage.valid_metric),)
 
     def on_stage_start(self, runner):
-        if self.stopped and runner.resume_point is None:  # a resumed run that had stopped early: it is over
+        if self.stopped and runner.loop.resume_point is None:  # a resumed run that had stopped early: it is over
             logger.warning("early stopping: the run stopped early at epoch %s of stage %r (%s/%s did not improve "
                            "for %d check(s), best %s at epoch %s); nothing to train. Raise patience to train on, or "
-                           "start a new run", self.best_epoch if self.wait == 0 else runner.epoch, self.stage,
+                           "start a new run", self.best_epoch if self.wait == 0 else runner.loop.epoch, self.stage,
                            self.loader_key or runner.valid_loader, self.metric_key or runner.valid_metric,
                            self.wait, self.best, self.best_epoch)
             raise CancelRun()
@@ -58,18 +58,18 @@ class EarlyStoppingCallback(Callback):
                 raise ValueError(f"EarlyStoppingCallback(metric_key={self._metric!r}) needs minimize=True or "
                                  f"False: only the valid metric ({runner.valid_metric!r}) has a known direction")
             self._minimize = runner.minimize_valid_metric
-        if self.stage != runner.stage_key:
-            self.stage, self.best, self.best_epoch, self.wait = runner.stage_key, None, None, 0
+        if self.stage != runner.loop.stage_key:
+            self.stage, self.best, self.best_epoch, self.wait = runner.loop.stage_key, None, None, 0
 
     def on_loader_end(self, runner):
-        if runner.loader_key != self._loader:
+        if runner.loop.loader_key != self._loader:
             return
-        if self._metric not in runner.loader_metrics:
+        if self._metric not in runner.loop.loader_metrics:
             raise KeyError(f"EarlyStoppingCallback: metric {self._metric!r} was not produced on loader "
-                           f"{self._loader!r}; it produced {sorted(runner.loader_metrics)}")
-        value = runner.loader_metrics[self._metric]
+                           f"{self._loader!r}; it produced {sorted(runner.loop.loader_metrics)}")
+        value = runner.loop.loader_metrics[self._metric]
         if self._improved(value):
-            self.best, self.best_epoch, self.wait = value, runner.epoch, 0
+            self.best, self.best_epoch, self.wait = value, runner.loop.epoch, 0
         else:
             self.wait += 1
         self.stopped = self.wait >= self.patience  # known now, so this epoch's checkpoints say it
@@ -84,7 +84,7 @@ class EarlyStoppingCallback(Callback):
     def on_epoch_end(self, runner):
         if self.stopped:
             logger.info("early stopping at epoch %d: %s/%s has not improved for %d check(s); best %s at epoch %s",
-                        runner.epoch, self._loader, self._metric, self.wait, self.best, self.best_epoch)
+                        runner.loop.epoch, self._loader, self._metric, self.wait, self.best, self.best_epoch)
             raise CancelRun()
 
     def state_dict(self):

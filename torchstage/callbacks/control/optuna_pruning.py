@@ -40,10 +40,10 @@ class OptunaPruningCallback(Callback):
 
     def on_epoch_end(self, runner):
         loader, metric = self.loader or runner.valid_loader, self.metric or runner.valid_metric
-        metrics = runner.epoch_metrics.get(loader)
+        metrics = runner.loop.epoch_metrics.get(loader)
         if metrics is None:
             return  # validation did not run this epoch
-        value, step = metrics[metric], runner.global_epoch_step
+        value, step = metrics[metric], runner.loop.global_epoch_step
         minimize = runner.minimize_valid_metric if self.minimize is None else self.minimize
         delta = self.min_delta
         if delta:

@@ -6,7 +6,6 @@ from torchstage.arguments import ArgumentError
 from torchstage.callbacks.base import Callback
 from torchstage.callbacks.loggers.console import format_metrics
 from torchstage.callbacks.loggers.logger_base import PERIODIC, log_metrics
-from torchstage.callbacks.metrics.metric import MetricCallback
 from torchstage.one_or_many import each
 from torchstage.periods import Batch, as_periods, batch_due
 
@@ -16,7 +15,8 @@ logger = logging.getLogger("torchstage")
 class PeriodicValidationCallback(Callback):
     """Every ``period`` (``Batch(n)``) train batches, one pass over each non-train loader, without training.
 
-    The loss and copies of the run's metric callbacks are computed through ``runner.evaluate_loader``;
+    The loss and copies of the run's metric callbacks (``runner.shared.metrics``) are computed through
+    ``runner.evaluate_loader``;
     results go to ``runner.periodic_metrics[loader]``, the console, and every logger (scope PERIODIC, at the
     global batch step; TensorBoard's ``periodic/<metric>``). End-of-epoch validation is unchanged.
     """
@@ -31,20 +31,20 @@ class PeriodicValidationCallback(Callback):
                                           f"for every n epochs use valid_every=n")
 
     def on_stage_start(self, runner):
-        runner.periodic_metrics = {}
+        runner.loop.periodic_metrics = {}
 
     def on_batch_end(self, runner):
         if not batch_due(self.periods, runner):
             return
-        metrics = {k: copy.deepcopy(cb) for k, cb in runner.callbacks.items() if isinstance(cb, MetricCallback)}
+        metrics = [copy.deepcopy(callback) for callback in runner.shared.metrics]
         results = {name: runner.evaluate_loader(loader, callbacks=copy.deepcopy(metrics))
-                   for name, loader in runner.loaders.items() if not name.startswith("train")}
+                   for name, loader in runner.loop.loaders.items() if not name.startswith("train")}
         for model in each(runner.model):
             model.train(True)  # evaluation left it in eval mode; the train loader goes on
-        runner.periodic_metrics = results
+        runner.loop.periodic_metrics = results
         for loader, values in results.items():
-            log_metrics(runner, values, runner.global_batch_step, loader, PERIODIC)
+            log_metrics(runner, values, runner.loop.global_batch_step, loader, PERIODIC)
         if runner.engine.is_main:
             parts = " | ".join(f"{name}: {format_metrics(values)}" for name, values in results.items())
-            logger.info("[%s] epoch %d batch %d (global batch %d) | %s", runner.stage_key, runner.epoch,
-                        runner.batch_step, runner.global_batch_step, parts)
+            logger.info("[%s] epoch %d batch %d (global batch %d) | %s", runner.loop.stage_key, runner.loop.epoch,
+                        runner.loop.batch_step, runner.loop.global_batch_step, parts)

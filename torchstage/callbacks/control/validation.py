@@ -17,10 +17,10 @@ class ValidEveryCallback(Callback):
         self.every, self._all = check_int("every", every), None
 
     def on_epoch_start(self, runner):
-        if runner.epoch % self.every and runner.epoch != runner.num_epochs:
-            self._all = runner.loaders
-            runner.loaders = {k: v for k, v in runner.loaders.items() if k.startswith("train")}
+        if runner.loop.epoch % self.every and runner.loop.epoch != runner.loop.num_epochs:
+            self._all = runner.loop.loaders
+            runner.loop.loaders = {k: v for k, v in runner.loop.loaders.items() if k.startswith("train")}
 
     def on_epoch_end(self, runner):
         if self._all is not None:
-            runner.loaders, self._all = self._all, None
+            runner.loop.loaders, self._all = self._all, None

@@ -19,5 +19,6 @@ class ConsoleLogger(Callback):
     name = "console"
 
     def on_epoch_end(self, runner):
-        parts = [f"{loader}: {format_metrics(metrics)}" for loader, metrics in runner.epoch_metrics.items()]
-        logger.info("[%s] epoch %d/%d | %s", runner.stage_key, runner.epoch, runner.num_epochs, " | ".join(parts))
+        loop = runner.loop
+        parts = [f"{loader}: {format_metrics(metrics)}" for loader, metrics in loop.epoch_metrics.items()]
+        logger.info("[%s] epoch %d/%d | %s", loop.stage_key, loop.epoch, loop.num_epochs, " | ".join(parts))

@@ -40,10 +40,11 @@ class CSVLogger(LoggerCallback):
             self._epoch_row(runner, loader, metrics)
         else:
             self._append(runner, os.path.join(scope, f"{loader}.csv"),
-                         {"step": step, "stage": runner.stage_key, "epoch": runner.epoch, **metrics})
+                         {"step": step, "stage": runner.loop.stage_key, "epoch": runner.loop.epoch, **metrics})
 
     def _epoch_row(self, runner, loader, metrics):
-        row = {"stage": runner.stage_key, "epoch": runner.epoch, "global_epoch": runner.global_epoch_step, **metrics}
+        loop = runner.loop
+        row = {"stage": loop.stage_key, "epoch": loop.epoch, "global_epoch": loop.global_epoch_step, **metrics}
         path = os.path.join(self.folder(runner), f"{loader}.csv")
         columns, rows = self._epoch.get(loader, (None, None))
         if columns is not None and columns.keys() >= row.keys():  # same columns as the file this process wrote

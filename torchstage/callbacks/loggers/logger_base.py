@@ -5,7 +5,8 @@ A logger is a main-rank callback. The base class turns run events into five call
 (per epoch), train batch scalars (every ``log_period``) and mid-epoch validation, and
 :meth:`~LoggerCallback.log_artifact` for files (a checkpoint, a plot, a trace). Other callbacks (monitors,
 the profiler, periodic validation) report through :func:`log_metrics` and :func:`log_artifact`, which
-reach every logger of the run. A logger's :meth:`state_dict` (e.g. a tracking run id) is kept in
+reach every logger of the run (each registers with ``runner.shared``). A train pass a rollback ended is not logged
+at its end: its batches run again. A logger's :meth:`state_dict` (e.g. a tracking run id) is kept in
 checkpoints, so a resumed or requeued run continues the same tracking run.
 """
 import dataclasses
@@ -16,7 +17,6 @@ import yaml
 
 from torchstage.arguments import ArgumentError
 from torchstage.callbacks.base import Callback, CallbackOrder, CallbackScope
-from torchstage.callbacks.checkpoints.config_saver import ConfigSaver
 from torchstage.files.straggler_log import RANK_FIGURES
 from torchstage.launch.resolve import restart_attempt
 from torchstage.periods import Batch, as_periods, batch_due
@@ -69,6 +69,9 @@ class LoggerCallback(Callback):
         """The run ended: ``status`` is "FINISHED", "STOPPED" (a graceful stop, to be resumed) or "FAILED"."""
 
     # ---- events ----------------------------------------------------------------------------
+    def attach(self, shared) -> None:
+        shared.add_logger(self)  # what every callback logs reaches it
+
     def handles(self, event: str) -> bool:
         if event == "on_batch_end":  # no per-batch call without a batch period
             return self.periods is None or bool(self.periods)
@@ -80,17 +83,20 @@ class LoggerCallback(Callback):
         self.log_hparams(run_hparams(runner), runner)
         attempt = restart_attempt()
         if attempt:  # a restarted job: the count, at the global epoch it goes on from, under loader "run"
-            self.log_metrics({"restarts": attempt}, runner.global_epoch_step, RUN, EPOCH, runner)
+            self.log_metrics({"restarts": attempt}, runner.loop.global_epoch_step, RUN, EPOCH, runner)
 
     def on_batch_end(self, runner):
         if self.periods and batch_due(self.periods, runner):
-            self.log_metrics(batch_scalars(runner), runner.global_batch_step, runner.loader_key, BATCH, runner)
+            loop = runner.loop
+            self.log_metrics(batch_scalars(runner), loop.global_batch_step, loop.loader_key, BATCH, runner)
 
     def on_loader_end(self, runner):
-        self.log_metrics(dict(runner.loader_metrics), runner.global_epoch_step, runner.loader_key, EPOCH, runner)
+        loop = runner.loop
+        if not loop.rolling_back():  # a pass a rollback ended runs again, and is logged then
+            self.log_metrics(dict(loop.loader_metrics), loop.global_epoch_step, loop.loader_key, EPOCH, runner)
 
     def on_experiment_end(self, runner):
-        self.close(runner, "STOPPED" if runner.stop_request is not None else "FINISHED")
+        self.close(runner, "STOPPED" if runner.loop.stop_request is not None else "FINISHED")
 
     def on_exception(self, runner):
         self.close(runner, "FAILED")
@@ -98,13 +104,14 @@ class LoggerCallback(Callback):
 
 def loggers(runner) -> list:
     """The loggers of the current chain that run in this process (none on other ranks than the main one)."""
-    if not runner.engine.is_main:
-        return []
-    return [cb for cb in runner.callbacks.values() if isinstance(cb, LoggerCallback)]
+    return runner.shared.loggers if runner.engine.is_main else []
 
 
 def log_metrics(runner, metrics: dict, step: int, loader: str, scope: str) -> None:
-    """Send float ``metrics`` to every logger of the run (main rank; a no-op elsewhere)."""
+    """Send float ``metrics`` to every logger of the run (main rank; a no-op elsewhere, and at the end of a train
+    pass a rollback ended)."""
+    if runner.loop.rolling_back():
+        return
     for logger in loggers(runner):
         logger.log_metrics(metrics, step, loader, scope, runner)
 
@@ -118,14 +125,14 @@ def log_artifact(runner, path: str, kind: str = "file") -> None:
 def batch_scalars(runner) -> dict:
     """The current batch's scalar metrics as floats, read from the device once for all loggers."""
     cached = getattr(runner, "_logged_batch", None)
-    if cached is not None and cached[0] is runner.batch_metrics:
+    if cached is not None and cached[0] is runner.loop.batch_metrics:
         return cached[1]
-    values = {k: v for k, v in runner.batch_metrics.items()
+    values = {k: v for k, v in runner.loop.batch_metrics.items()
               if isinstance(v, (float, int)) or (isinstance(v, torch.Tensor) and v.numel() == 1)}
     floats = torch.stack([torch.as_tensor(v).detach().reshape(()).double().cpu() for v in values.values()]) \
         if values else torch.zeros(0)
     result = dict(zip(values, floats.tolist()))
-    runner._logged_batch = (runner.batch_metrics, result)
+    runner._logged_batch = (runner.loop.batch_metrics, result)
     return result
 
 
@@ -146,9 +153,8 @@ def run_hparams(runner) -> dict:
         hparams[field.name] = _plain(value)
     hparams.update(world_size=runner.engine.world_size, device=runner.engine.device.type,
                    threads_per_process=torch.get_num_threads())
-    for callback in runner.callbacks.values():
-        if isinstance(callback, ConfigSaver):
-            hparams.update(_flatten(yaml.safe_load(callback.text) or {}, "config."))
+    if runner.shared.config_text is not None:
+        hparams.update(_flatten(yaml.safe_load(runner.shared.config_text) or {}, "config."))
     return hparams
 
 

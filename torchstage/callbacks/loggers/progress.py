@@ -42,8 +42,8 @@ class ProgressBar(Callback):
 
     def on_loader_start(self, runner):
         self.on_loader_end(runner)  # a rollback starts the loader again: its bar ends first
-        self._total = len(runner.loader) if hasattr(runner.loader, "__len__") else None
-        self._desc = f"{runner.epoch}/{runner.num_epochs} * {runner.loader_key}"
+        self._total = len(runner.loop.loader) if hasattr(runner.loop.loader, "__len__") else None
+        self._desc = f"{runner.loop.epoch}/{runner.loop.num_epochs} * {runner.loop.loader_key}"
         self._done, self._quarter, self._start = 0, 0, time.monotonic()
         self._next, self._next_line = self._start + self.refresh, self._start + self.plain_period
         if not self.plain:
@@ -57,7 +57,7 @@ class ProgressBar(Callback):
             now = time.monotonic()
             if now >= self._next:
                 self._next = now + self.refresh
-                value = runner.batch_metrics.get(self.metric_key)
+                value = runner.loop.batch_metrics.get(self.metric_key)
                 if isinstance(value, torch.Tensor):
                     self.bar.set_postfix({self.metric_key: f"{value.item():.4g}"}, refresh=False)
             return
@@ -69,14 +69,15 @@ class ProgressBar(Callback):
 
     def _line(self, runner, now):
         of = f"/{self._total} ({100 * self._done // self._total}%)" if self._total else ""
-        value = runner.batch_metrics.get(self.metric_key)
+        value = runner.loop.batch_metrics.get(self.metric_key)
         loss = f", {self.metric_key}={value.item():.4g}" if isinstance(value, torch.Tensor) else ""
         rate = self._done / max(now - self._start, 1e-9)
-        logger.info("[%s] %s: %d%s batches, %.3g batch/s%s", runner.stage_key, self._desc, self._done, of, rate, loss)
+        logger.info("[%s] %s: %d%s batches, %.3g batch/s%s", runner.loop.stage_key, self._desc, self._done, of, rate,
+                    loss)
 
     def on_loader_end(self, runner):
         if self.bar is not None:
-            self.bar.set_postfix({k: f"{v:.4g}" for k, v in runner.loader_metrics.items()}, refresh=False)
+            self.bar.set_postfix({k: f"{v:.4g}" for k, v in runner.loop.loader_metrics.items()}, refresh=False)
             self.bar.close()
             self.bar = None
 

@@ -38,7 +38,7 @@ class MetricAggregationCallback(Callback):
         return (self.prefix,)
 
     def on_batch_end(self, runner):
-        values = runner.batch_metrics
+        values = runner.loop.batch_metrics
         if isinstance(self.metrics, dict):
             result = sum(values[name] * weight for name, weight in self.metrics.items())
         else:

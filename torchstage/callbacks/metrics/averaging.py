@@ -114,4 +114,4 @@ class MetricsAveragingCallback(Callback):
         else:
             sums, counts = sums.tolist(), [counts[k] for k in keys]
         for key, total, count in zip(keys, sums, counts):
-            runner.loader_metrics[key] = total / count
+            runner.loop.loader_metrics[key] = total / count

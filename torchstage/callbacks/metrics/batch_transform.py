@@ -70,9 +70,9 @@ class BatchTransformCallback(Callback):
         return event == self.event
 
     def _apply(self, runner) -> None:
-        batch = runner.batch
+        batch = runner.loop.batch
         if self.input_key is None:
-            runner.batch = self.transform(batch)
+            runner.loop.batch = self.transform(batch)
             return
         if not isinstance(batch, dict):
             raise TypeError(f"BatchTransformCallback(input_key={self.input_key}): runner.batch is a "

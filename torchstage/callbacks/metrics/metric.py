@@ -28,8 +28,11 @@ class MetricCallback(Callback):
     def produces(self):
         return self.metric.names
 
+    def attach(self, shared) -> None:
+        shared.add_metric(self)  # copied for a validation pass in the middle of an epoch
+
     def _active(self, runner) -> bool:
-        return self.loaders is None or runner.loader_key in self.loaders
+        return self.loaders is None or runner.loop.loader_key in self.loaders
 
     def on_loader_start(self, runner):
         self.metric.reset()
@@ -51,7 +54,7 @@ class MetricCallback(Callback):
     def on_batch_end(self, runner):
         if self._active(runner):
             with torch.no_grad():
-                self.metric.update(runner.batch[self.input_key], runner.batch[self.target_key])
+                self.metric.update(runner.loop.batch[self.input_key], runner.loop.batch[self.target_key])
 
     def on_loader_end(self, runner):
         self._in_loader = False
@@ -60,7 +63,7 @@ class MetricCallback(Callback):
         self.metric.sync(runner.engine)
         values = self.metric.compute()
         floats = torch.stack([v.reshape(()).double() for v in values.values()]).tolist()
-        runner.loader_metrics.update(zip(values, floats))
+        runner.loop.loader_metrics.update(zip(values, floats))
 
 
 class AccuracyCallback(MetricCallback):

@@ -54,7 +54,7 @@ class TorchMetricsCallback(Callback):
         return tuple(self.members)
 
     def _active(self, runner) -> bool:
-        return self.loaders is None or runner.loader_key in self.loaders
+        return self.loaders is None or runner.loop.loader_key in self.loaders
 
     def on_loader_start(self, runner):
         if not self._placed:
@@ -63,15 +63,15 @@ class TorchMetricsCallback(Callback):
             self._placed = True
         for metric in self.members.values():
             metric.reset()
-        self._loader_key = runner.loader_key
+        self._loader_key = runner.loop.loader_key
         resumed, self._resumed = self._resumed, None
-        if resumed and resumed.get("loader") == runner.loader_key:
+        if resumed and resumed.get("loader") == runner.loop.loader_key:
             self._load_states(resumed["states"], runner.engine.device)
 
     def on_batch_end(self, runner):
         if not self._active(runner):
             return
-        outputs, targets = runner.batch[self.input_key], runner.batch[self.target_key]
+        outputs, targets = runner.loop.batch[self.input_key], runner.loop.batch[self.target_key]
         with torch.no_grad():
             outputs = outputs.detach()
             for metric in self.members.values():
@@ -89,7 +89,7 @@ class TorchMetricsCallback(Callback):
             metric.reset()  # a checkpoint written after this loader holds no partial state
         if values:
             floats = torch.stack([v.reshape(()).double() for v in values.values()]).tolist()  # one host copy
-            runner.loader_metrics.update(zip(values, floats))
+            runner.loop.loader_metrics.update(zip(values, floats))
 
     def state_dict(self) -> dict:
         """Each member's states mid-loader (empty between loaders), on the CPU."""

@@ -45,7 +45,7 @@ class ThroughputMonitor(Callback):
     def on_batch_start(self, runner):
         now = time.perf_counter()
         self._wait += now - self._last
-        if self.count_flops and self._batches == 0 and runner.loader_key not in self.flops_per_sample:
+        if self.count_flops and self._batches == 0 and runner.loop.loader_key not in self.flops_per_sample:
             self._counting = True
             self._flops.start()
 
@@ -53,9 +53,9 @@ class ThroughputMonitor(Callback):
         if self._counting:
             self._counting = False
             flops = self._flops.stop()
-            self.flops_per_sample[runner.loader_key] = flops / runner.batch_size if flops else None
+            self.flops_per_sample[runner.loop.loader_key] = flops / runner.loop.batch_size if flops else None
         self._batches += 1
-        self._samples += runner.batch_size
+        self._samples += runner.loop.batch_size
         self._last = time.perf_counter()
 
     def on_exception(self, runner):
@@ -70,13 +70,13 @@ class ThroughputMonitor(Callback):
         peaks = engine.all_reduce_(torch.tensor([elapsed, self._peak_memory_mb(engine.device)], dtype=torch.float64,
                                                 device=engine.device), "max")
         (samples, wait_sum), (elapsed, memory) = summed.tolist(), peaks.tolist()
-        metrics = runner.loader_metrics
+        metrics = runner.loop.loader_metrics
         metrics["time_s"] = elapsed
         metrics["samples_per_s"] = samples / max(elapsed, 1e-12)
         metrics["batches_per_s"] = self._batches / max(elapsed, 1e-12)
         metrics["data_wait"] = wait_sum / engine.world_size
         metrics["peak_memory_mb"] = memory
-        flops = self.flops_per_sample.get(runner.loader_key)
+        flops = self.flops_per_sample.get(runner.loop.loader_key)
         if flops:
             flops *= engine.model_parallel_size  # each rank of a model-parallel group computes its part of a sample
             metrics["tflops_per_s"] = flops * metrics["samples_per_s"] / 1e12

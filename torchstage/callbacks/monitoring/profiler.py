@@ -54,9 +54,9 @@ class ProfilerCallback(Callback):
         self._cuda = runner.engine.device.type == "cuda"
 
     def on_batch_start(self, runner):
-        if self._done or self._profiler is not None or not runner.is_train_loader:
+        if self._done or self._profiler is not None or not runner.loop.is_train_loader:
             return
-        index = runner.global_batch_step - 1  # the loop callback counted this batch already
+        index = runner.loop.global_batch_step - 1  # the loop callback counted this batch already
         if self.begin <= index < self.end:
             activities = [torch.profiler.ProfilerActivity.CPU]
             if self._cuda:
@@ -69,11 +69,11 @@ class ProfilerCallback(Callback):
             self._profiler.start()
 
     def on_batch_end(self, runner):
-        if self._profiler is None or not runner.is_train_loader:
+        if self._profiler is None or not runner.loop.is_train_loader:
             return
         if self.sync_timings and self._cuda:
             torch.cuda.synchronize()
-        if runner.global_batch_step < self.end:
+        if runner.loop.global_batch_step < self.end:
             self._profiler.step()
         else:
             self._finish(runner)

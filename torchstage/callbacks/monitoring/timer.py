@@ -36,12 +36,12 @@ class TimerCallback(Callback):
         self._last = time.perf_counter()
         self._compute += self._last - self._start
         self._batches += 1
-        self._samples += runner.batch_size
+        self._samples += runner.loop.batch_size
 
     def on_loader_end(self, runner):
         if not self._batches:
             return
-        metrics = runner.loader_metrics
+        metrics = runner.loop.loader_metrics
         metrics["time_data"] = self._data / self._batches
         metrics["time_batch"] = self._compute / self._batches
         metrics["samples_per_s"] = self._samples / max(self._data + self._compute, 1e-12)

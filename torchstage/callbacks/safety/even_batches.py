@@ -35,24 +35,24 @@ class EvenBatchesCallback(Callback):
             self._group = dist.new_group(backend="gloo")
 
     def on_loader_start(self, runner):
-        if self._group is None or not runner.is_train_loader:
+        if self._group is None or not runner.loop.is_train_loader:
             return
         try:
-            size = len(runner.loader)
+            size = len(runner.loop.loader)
         except TypeError:
             size = -1
         counts = self._gather(size)
         if min(counts) >= 0 and min(counts) != max(counts):
-            raise UnevenBatchesError(f"loader {runner.loader_key!r} has a different number of batches on each rank "
-                                     f"({_per_rank(counts)}); {FIX}")
+            raise UnevenBatchesError(f"loader {runner.loop.loader_key!r} has a different number of batches on each "
+                                     f"rank ({_per_rank(counts)}); {FIX}")
         self._unknown = min(counts) < 0
 
     def on_loader_end(self, runner):
-        if self._group is None or not runner.is_train_loader or not self._unknown:
+        if self._group is None or not runner.loop.is_train_loader or not self._unknown:
             return
         counts = self._gather(runner.loop.batch_step or 0)
         if min(counts) != max(counts):
-            raise UnevenBatchesError(f"loader {runner.loader_key!r} ended after a different number of batches on "
+            raise UnevenBatchesError(f"loader {runner.loop.loader_key!r} ended after a different number of batches on "
                                      f"each rank ({_per_rank(counts)}); {FIX}")
 
     def on_experiment_end(self, runner):

@@ -29,8 +29,8 @@ class RequeueCallback(Callback):
 
     At experiment start the main rank asks ``scontrol`` whether the job can be requeued (a batch job
     without ``--no-requeue``); if not, the callback does nothing, or raises when ``required``
-    (``train(requeue=True)``). Signals in ``signals`` that the stop callback does not already catch
-    (SIGUSR1 by default) get a handler that only records a stop request.
+    (``train(requeue=True)``). Signals in ``signals`` that do not already stop the run (``runner.shared.stop_signals``:
+    the stop callback's; SIGUSR1 by default) get a handler that only records a stop request.
     """
 
     order = StopCallback.order + 1  # after the stop callback and every logger: requeueing ends the process
@@ -59,7 +59,7 @@ class RequeueCallback(Callback):
         self.job_id, self.enabled = job_id, True
         if os.environ.get("TORCHELASTIC_RESTART_COUNT") is not None:  # torchrun's worker: its SIGTERM restarts
             self.signals = tuple(s for s in self.signals if s != signal.SIGTERM)
-        caught = {s for cb in runner.callbacks.values() if isinstance(cb, StopCallback) for s in cb.signals}
+        caught = runner.shared.stop_signals
         self._handlers = SignalStop([s for s in self.signals if s not in caught])
         self._handlers.install()
         if runner.engine.is_main:
@@ -68,7 +68,7 @@ class RequeueCallback(Callback):
 
     def on_experiment_end(self, runner):
         self._release()
-        request = runner.stop_request
+        request = runner.loop.stop_request
         if not self.enabled or request is None or request.signum not in self.signals:
             return
         requeued = self._requeue(request) if runner.engine.is_main else None

@@ -6,7 +6,6 @@ from typing import Optional
 import torch
 
 from torchstage.callbacks.base import Callback, CancelRun
-from torchstage.callbacks.checkpoints.checkpoint_saver import CheckpointCallback
 from torchstage.distributed.agreement import Rider
 from torchstage.stop_request import DEFAULT_SIGNALS, SignalStop, StopRequest, clear_stop_request, stop_requested
 
@@ -44,6 +43,9 @@ class StopCallback(Callback):
         self.check_every, self.check_period = check_every, check_period
         self._handlers, self._vote, self._distributed = None, None, False
 
+    def attach(self, shared) -> None:
+        shared.add_stop_signals(self.signals)  # another callback (SLURM's requeue) need not catch them
+
     def on_experiment_start(self, runner):
         clear_stop_request()
         runner.stop_request = None
@@ -79,7 +81,7 @@ class StopCallback(Callback):
         if request is None:
             return
         runner.stop_request = request
-        paths = [cb.save_last(runner) for cb in runner.callbacks.values() if isinstance(cb, CheckpointCallback)]
+        paths = runner.save_last()  # every checkpoint writer of the run, at this batch
         if runner.file_writer is not None:
             runner.file_writer.wait()  # on disk before any rank exits (a launcher may then stop the main one)
         runner.engine.barrier()  # no rank exits while the main one is still writing
@@ -87,8 +89,8 @@ class StopCallback(Callback):
             where = f"checkpoint {paths[0]}; continue with train(..., resume='last')" if paths else \
                 "no checkpoint (no logdir)"
             logger.warning("graceful stop (%s) after stage %r epoch %d batch %d (global batch %d): %s; exit code %d",
-                           request.reason, runner.stage_key, runner.epoch, runner.train_batches_done,
-                           runner.global_batch_step, where, request.exit_code)
+                           request.reason, runner.loop.stage_key, runner.loop.epoch, runner.loop.train_batches_done,
+                           runner.loop.global_batch_step, where, request.exit_code)
         raise CancelRun()
 
 

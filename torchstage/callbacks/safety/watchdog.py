@@ -49,6 +49,9 @@ class HangWatchdog(Callback):
     def handles(self, event: str) -> bool:
         return self.timeout is not None and super().handles(event)
 
+    def attach(self, shared) -> None:
+        shared.keep_in_nested_passes(self)  # a validation pass in the middle of an epoch beats on
+
     # ---- events: each one is progress ----------------------------------------------------------
     def on_experiment_start(self, runner):
         if self.timeout is None or not runner.engine.is_distributed:

@@ -40,6 +40,9 @@ class BackwardCallback(Callback):
             raise ValueError("BackwardCallback(log_gradient=True) logs the norm that grad_clip_fn returns; "
                              "give grad_clip_fn=... too")
 
+    def attach(self, shared) -> None:
+        shared.add_backward(self.metric_key)  # its optimizer callback only steps
+
     def on_batch_end(self, runner):
         loop = runner.loop
         if not loop.is_train_loader or loop.batch_skipped:

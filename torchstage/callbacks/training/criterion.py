@@ -34,7 +34,7 @@ class CriterionCallback(Callback):
     def on_stage_start(self, runner):
         criterion = runner.criterion if self.criterion_key is None else runner.criterion[self.criterion_key]
         if criterion is None:
-            raise ValueError(f"{type(runner).__name__} has no criterion in stage {runner.stage_key!r}; pass "
+            raise ValueError(f"{type(runner).__name__} has no criterion in stage {runner.loop.stage_key!r}; pass "
                              f"criterion=... to train()")
         self._criterion, self._checked = criterion, False
 
@@ -73,7 +73,7 @@ class CriterionCallback(Callback):
         else:
             with runner.autocast():
                 loss = self._criterion(outputs, targets)
-        runner.batch_metrics[self.metric_key] = loss if self.multiplier == 1 else loss * self.multiplier
+        runner.loop.batch_metrics[self.metric_key] = loss if self.multiplier == 1 else loss * self.multiplier
 
 
 def _silence_torch_size_warning() -> None:

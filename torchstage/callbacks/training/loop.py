@@ -42,26 +42,26 @@ class LoopCallback(Callback):
             channel.settle()  # no collective left running when the world ends
 
     def on_epoch_start(self, runner):
-        runner.global_epoch_step += 1
-        runner.epoch_metrics = {}
-        runner.epoch_done, runner.train_batches_done = False, 0
+        runner.loop.global_epoch_step += 1
+        runner.loop.epoch_metrics = runner.epoch_metrics_type()
+        runner.loop.epoch_done, runner.loop.train_batches_done = False, 0
 
     def on_loader_start(self, runner):
-        training = runner.is_train_loader
+        training = runner.loop.is_train_loader
         for model in each(runner.model):
             model.train(training)
         self._grad_was = torch.is_grad_enabled()
         torch.set_grad_enabled(training)
-        sampler = getattr(runner.loader, "sampler", None)
+        sampler = getattr(runner.loop.loader, "sampler", None)
         if hasattr(sampler, "set_epoch"):
-            sampler.set_epoch(runner.global_epoch_step)
-        batch_sampler = getattr(runner.loader, "batch_sampler", None)
+            sampler.set_epoch(runner.loop.global_epoch_step)
+        batch_sampler = getattr(runner.loop.loader, "batch_sampler", None)
         if hasattr(getattr(batch_sampler, "sampler", None), "set_epoch") and batch_sampler.sampler is not sampler:
-            batch_sampler.sampler.set_epoch(runner.global_epoch_step)
-        runner.loader_metrics = runner.epoch_metrics[runner.loader_key] = {}
-        runner.loader_sample_step = 0
+            batch_sampler.sampler.set_epoch(runner.loop.global_epoch_step)
+        runner.loop.loader_metrics = runner.loop.epoch_metrics[runner.loop.loader_key] = {}
+        runner.loop.loader_sample_step = 0
         if training and self._channel is not None:
-            self._channel.loader_start(runner.global_batch_step)
+            self._channel.loader_start(runner.loop.global_batch_step)
 
     def on_batch_start(self, runner):
         loop = runner.loop  # per batch: the loop state directly, not through the runner's properties
@@ -96,4 +96,4 @@ class LoopCallback(Callback):
             channel.abandon()  # not waited for: a peer may be gone
 
     def on_epoch_end(self, runner):
-        runner.epoch_done = True
+        runner.loop.epoch_done = True

@@ -1,7 +1,6 @@
 """The schedule of backward and optimizer steps on train loaders: gradient accumulation, clipping; the strategy acts."""
 from torchstage.arguments import check_int, check_positive
 from torchstage.callbacks.base import Callback, CallbackOrder
-from torchstage.callbacks.training.backward import BackwardCallback
 from torchstage.callbacks.training.loss_checks import nonscalar_loss_error
 from torchstage.one_or_many import named
 from torchstage.strategies.base import StepPlan
@@ -23,9 +22,9 @@ class OptimizerCallback(Callback):
     a multi-optimizer AMP run should step in handle_batch.
 
     With a :class:`~torchstage.callbacks.training.backward.BackwardCallback` of the same ``metric_key`` in the
-    chain (Catalyst 22's split), that callback back-propagates and this one only steps and resets the gradients
-    every ``accumulation_steps`` train batches of the run, as Catalyst 22's did (the loss is not divided, a partial
-    group waits for the next loader, no ``no_sync``).
+    chain (Catalyst 22's split; it registers the loss with ``runner.shared``), that callback back-propagates and
+    this one only steps and resets the gradients every ``accumulation_steps`` train batches of the run, as Catalyst
+    22's did (the loss is not divided, a partial group waits for the next loader, no ``no_sync``).
     """
 
     order = CallbackOrder.Optimizer
@@ -58,19 +57,18 @@ class OptimizerCallback(Callback):
 
     def on_stage_start(self, runner):
         self._optimizer_now = self._optimizer(runner)
-        if self._optimizer_now is None and any(key.startswith("train") for key in runner.loaders):
-            raise ValueError(f"stage {runner.stage_key!r} has no optimizer; pass optimizer=... to train()")
+        if self._optimizer_now is None and any(key.startswith("train") for key in runner.loop.loaders):
+            raise ValueError(f"stage {runner.loop.stage_key!r} has no optimizer; pass optimizer=... to train()")
         self._strategy = strategy = runner.strategy
         self._backward = strategy.backward  # bound once: it runs every train batch
-        #: a BackwardCallback of this loss does the backward: this callback only steps (Catalyst 22's split)
-        self._step_only = any(isinstance(cb, BackwardCallback) and cb.metric_key == self.metric_key
-                              for cb in runner.callbacks.values())
+        #: a callback of the chain back-propagates this loss (a BackwardCallback): this one only steps (Catalyst 22's)
+        self._step_only = self.metric_key in runner.shared.backpropagated
 
     def on_loader_start(self, runner):
-        self._leave_no_sync()  # a rollback starts the loader again mid-batch (callbacks/training/rollback.py)
+        self._leave_no_sync()  # a pass whose on_loader_end an error cut short may have left one open
         self._pending, self._group, self._length = 0, self.accumulation_steps, None
-        if runner.is_train_loader and not self._step_only:
-            self._length = _length(runner.loader)
+        if runner.loop.is_train_loader and not self._step_only:
+            self._length = _length(runner.loop.loader)
             self._strategy.zero_grad(self._optimizer_now)
 
     def handles(self, event: str) -> bool:
@@ -79,11 +77,11 @@ class OptimizerCallback(Callback):
         return super().handles(event)
 
     def on_batch_start(self, runner):
-        if not runner.is_train_loader or self._step_only:
+        if not runner.loop.is_train_loader or self._step_only:
             return
         if self._pending == 0 and self._length is not None:  # a group's first batch: how many it will hold
-            left_out = runner.loop.pass_filter  # batches a rollback left out of this pass shorten it
-            length = self._length - (len(left_out) if left_out is not None else 0)
+            train_pass = runner.loop.train_pass  # batches a rollback left out of this pass shorten it
+            length = self._length - (len(train_pass.skips) if train_pass is not None else 0)
             self._group = min(self.accumulation_steps, length - runner.loop.batch_step + 1)
         if self._pending + 1 < self._group:
             # DDP decides at forward time whether the backward syncs, so the context spans the batch.
@@ -136,13 +134,13 @@ class OptimizerCallback(Callback):
 
     def on_loader_end(self, runner):
         self._leave_no_sync()
-        if not runner.is_train_loader:
+        if not runner.loop.is_train_loader:
             return
         if self._pending and not self._step_only:  # a loader of unknown length (or cut short) left a partial group
             # rescaled to the group's real size and, under DDP, averaged where no_sync skipped the all-reduce
             self._strategy.finish_partial_group(self._optimizer_now, self._group / self._pending)
             self._step()
-        runner.loader_metrics["lr"] = self._optimizer_now.param_groups[0]["lr"]
+        runner.loop.loader_metrics["lr"] = self._optimizer_now.param_groups[0]["lr"]
 
     def _step(self):
         self._strategy.clip_gradients(self._optimizer_now, self.grad_clip_norm, self.grad_clip_value)

@@ -76,7 +76,7 @@ class OutputLossesCallback(CriterionCallback):
     def on_batch_end(self, runner):
         if self._terms is None:
             return super().on_batch_end(runner)
-        batch, metrics, total = runner.batch, runner.batch_metrics, 0
+        batch, metrics, total = runner.loop.batch, runner.loop.batch_metrics, 0
         with runner.autocast():
             for name, term in self._terms.items():
                 if isinstance(term, Regularizer):

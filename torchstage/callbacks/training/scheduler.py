@@ -28,7 +28,7 @@ class SchedulerCallback(Callback):
         return super().handles(event)
 
     def on_batch_end(self, runner):
-        if self.mode == "batch" and runner.is_train_loader:
+        if self.mode == "batch" and runner.loop.is_train_loader:
             for scheduler in self._schedulers(runner):
                 scheduler.step()
 
@@ -37,7 +37,7 @@ class SchedulerCallback(Callback):
             return
         for scheduler in self._schedulers(runner):
             if isinstance(scheduler, ReduceLROnPlateau):
-                value = runner.epoch_metrics.get(runner.valid_loader, {}).get(runner.valid_metric)
+                value = runner.loop.epoch_metrics.get(runner.valid_loader, {}).get(runner.valid_metric)
                 if value is not None:
                     scheduler.step(value)
             else:

@@ -43,7 +43,7 @@ class SWACallback(WeightAveragingCallback):
         norms = [m for m in self.averaged.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
         if not self.update_bn or not norms or self._bn_at == self.num_averaged:
             return
-        loader = next((loader for key, loader in runner.loaders.items() if key.startswith("train")), None)
+        loader = next((loader for key, loader in runner.loop.loaders.items() if key.startswith("train")), None)
         if loader is None:
             return
         self._bn_at = self.num_averaged

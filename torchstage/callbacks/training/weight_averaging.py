@@ -50,12 +50,10 @@ class WeightAveragingCallback(Callback):
     def _tensors(module) -> list:
         return [*module.parameters(), *(b for b in module.buffers() if b.is_floating_point())]
 
-    def on_experiment_start(self, runner):
-        evaluating = [name for name, cb in runner.callbacks.items()
-                      if isinstance(cb, WeightAveragingCallback) and cb.evaluate]
-        if len(evaluating) > 1:
-            raise ValueError(f"callbacks {evaluating} would all put their averaged weights into the model for "
-                             f"validation; pass evaluate=False to all but one")
+    def attach(self, shared) -> None:
+        if self.evaluate:  # one callback at most swaps the model's weights for validation
+            shared.claim("put their averaged weights into the model for validation",
+                         "pass evaluate=False to all but one", self)
 
     def on_stage_start(self, runner):
         self._engine = runner.engine
@@ -76,7 +74,7 @@ class WeightAveragingCallback(Callback):
         self._stepped = True
 
     def on_batch_end(self, runner):
-        if not (runner.is_train_loader and self._stepped):
+        if not (runner.loop.is_train_loader and self._stepped):
             return
         self._stepped = False
         self.steps += 1
@@ -92,7 +90,7 @@ class WeightAveragingCallback(Callback):
 
     # ---- evaluation with the averaged weights ------------------------------------------------------
     def on_loader_start(self, runner):
-        if self.evaluate and not runner.is_train_loader and self.num_averaged:
+        if self.evaluate and not runner.loop.is_train_loader and self.num_averaged:
             self._swap_in(runner)
 
     def on_loader_end(self, runner):

@@ -8,7 +8,7 @@ allocations, FLOP counting, loader workers starting).
 import json
 import os
 
-from torchstage.files.checkpoint import load_checkpoint
+from torchstage.files.checkpoint_read import load_checkpoint
 from torchstage.files.reports import ranks
 from torchstage.files.reports.plot import read_logs
 

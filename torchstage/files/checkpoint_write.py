@@ -1,4 +1,5 @@
-"""How a checkpoint dict reaches its files: one object per file layout, which a strategy chooses when it connects.
+"""Writing checkpoints: how a checkpoint dict reaches its files, one object per file layout, which a strategy chooses
+when it connects, and the host copy a save is made from (:func:`host_copy`).
 
 Each owns the hand-over to the :class:`~torchstage.files.writer.FileWriter` and the write order (each of the paths
 in order, ``before_last()`` run before the last: the last path is the commit point). :class:`FileCheckpointIO`
@@ -7,10 +8,10 @@ rank (FSDP); :class:`DeepSpeedCheckpointIO` DeepSpeed's files of each engine plu
 """
 import functools
 
+import torch
 import torch.distributed as dist
 
 from torchstage.files.atomic import write_atomic_stream
-from torchstage.files.checkpoint import snapshot
 from torchstage.files.checkpoint_file import dump
 from torchstage.files.writer import hand_over
 
@@ -35,7 +36,7 @@ class FileCheckpointIO(CheckpointIO):
     another).
 
     With a writer the save does not block training: once the previous save has landed, the state is copied to host
-    memory here (the snapshot, the only time training waits; into the previous snapshot's memory, kept for it), and
+    memory here (the host copy, the only time training waits; into the previous copy's memory, kept for it), and
     the writer's thread serializes it into the files while training goes on.
     """
 
@@ -48,9 +49,9 @@ class FileCheckpointIO(CheckpointIO):
             return
         if writer is not None:
             writer.wait_for_room()  # no two saves overlap: at most one copy of the state besides the live one
-        # the previous snapshot has landed (or is still to be written, when several may be pending: no reuse)
+        # the previous host copy has landed (or is still to be written, when several may be pending: no reuse)
         reuse = writer is None or writer.max_pending == 1
-        state = snapshot(checkpoint, self._buffers if reuse else None)
+        state = host_copy(checkpoint, self._buffers if reuse else None)
         hand_over(writer, lambda: write_atomic_stream(paths, functools.partial(dump, state), before_last))
 
     def close(self):
@@ -87,5 +88,48 @@ class DeepSpeedCheckpointIO(CheckpointIO):
         from torchstage.files.deepspeed_files import save_deepspeed
         if writer is not None:
             writer.wait()
-        state = snapshot(checkpoint) if self.engine.is_main else None
+        state = host_copy(checkpoint) if self.engine.is_main else None
         save_deepspeed(state, self.engines, paths, self.engine, before_last)
+
+
+def host_copy(tree, buffers: dict = None):
+    """A copy of ``tree`` whose tensors are host-memory copies and whose containers are new: what the checkpoint
+    files will hold, whatever training changes in place afterwards. Plain values are kept as they are.
+
+    Tensors sharing a storage (tied weights) share its one copy, so the file holds it once, as ``torch.save``
+    of the live state would. ``buffers`` (a dict kept between calls) holds the previous host copy's copies:
+    a storage copied again is copied into the same memory, which costs no allocation and no page faults
+    (the caller makes sure the previous host copy is no longer read); it is then set to this one's.
+    """
+    copies = {}
+    result = _host_copy(tree, copies, {} if buffers is None else buffers)
+    if buffers is not None:
+        buffers.clear()
+        buffers.update(copies)
+    return result
+
+
+def _host_copy(tree, copies: dict, previous: dict):
+    if isinstance(tree, torch.Tensor):
+        return _copy_tensor(tree.detach(), copies, previous)
+    if isinstance(tree, dict):
+        return {key: _host_copy(value, copies, previous) for key, value in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_host_copy(value, copies, previous) for value in tree)
+    return tree
+
+
+def _copy_tensor(tensor: torch.Tensor, copies: dict, previous: dict) -> torch.Tensor:
+    """A host copy of ``tensor``, a view of the copy of its storage (made once per storage)."""
+    if tensor.layout != torch.strided or type(tensor) is not torch.Tensor:  # sparse, subclasses: a plain copy
+        return tensor.clone() if tensor.device.type == "cpu" else tensor.to("cpu")
+    storage = tensor.untyped_storage()
+    key = (tensor.device, storage.data_ptr(), storage.nbytes())
+    if key not in copies:
+        old = previous.get(key)
+        if old is not None:
+            copies[key] = old.copy_(storage)
+        else:
+            copies[key] = storage.clone() if tensor.device.type == "cpu" else storage.cpu()
+    return torch.empty(0, dtype=tensor.dtype).set_(copies[key], tensor.storage_offset(), tensor.size(),
+                                                   tensor.stride())

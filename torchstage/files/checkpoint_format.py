@@ -1,5 +1,6 @@
-"""What a checkpoint is: its format string, its file names in a checkpoint folder, and the error of every
-checkpoint that cannot be written or read."""
+"""What a checkpoint is: its format string, its file names in a checkpoint folder, the error of every checkpoint that
+cannot be written or read, and the model keys a checkpoint holds without wrappers' prefixes (the contract that
+:mod:`~torchstage.files.checkpoint_write` writes and :mod:`~torchstage.files.checkpoint_read` reads)."""
 import os
 
 FORMAT = "torchstage/1"
