@@ -8,6 +8,7 @@ from torchstage.files.format import CheckpointError, clean_state_dict
 from torchstage.launch import membership
 from torchstage.launch.resolve import restart_attempt
 from torchstage.one_or_many import named
+from torchstage.runner import global_batch
 from torchstage.runner.state import data_layout
 
 logger = logging.getLogger("torchstage")
@@ -20,9 +21,10 @@ def check_before_load(runner, checkpoint: dict, path: str) -> list:
     world = checkpoint.get("meta", {}).get("world_size", len(checkpoint["rng"]))
     if runner.engine.is_main:
         _report_nodes(runner, path, checkpoint.get("meta", {}).get("nodes"), world)
-    data = data_layout(checkpoint)[0]
-    if (world, data) != (runner.engine.world_size, runner.engine.dp_size) and runner.engine.is_main:
-        _report_world_change(runner, path, world, data, checkpoint["loop"])
+    if runner.engine.is_main:
+        before = checkpoint.get("meta", {}).get("global_batch") or {
+            "per_process": None, "data_parallel": data_layout(checkpoint)[0], "world_size": world}
+        global_batch.report_resume(path, before, global_batch.record(runner))
     for name, model in named(runner.unwrapped_model, "model").items():
         _check_shapes(path, name, model, checkpoint["models"].get(name))
     _check_optimizer_kinds(runner, checkpoint, path)
@@ -61,30 +63,6 @@ def _report_nodes(runner, path: str, before, world: int) -> None:
     logger.warning("resume from %s%s: the world that wrote it had %d node(s) and %d process(es), this one has %d and "
                    "%d: %s", path, f" (restart attempt {attempt} of this job)" if attempt else "", len(before), world,
                    len(now), runner.engine.world_size, "; ".join(said))
-
-
-def _report_world_change(runner, path: str, before: int, data_before: int, loop: dict) -> None:
-    """A resume on another number of processes (or data-parallel ranks): what changes, and what the user may want
-    to scale."""
-    engine = runner.engine
-    now, data_now = engine.world_size, engine.dp_size
-    sizes = [getattr(loader, "batch_size", None) for name, loader in runner.loaders.items()
-             if str(name).startswith("train")]
-    per_process = next((size for size in sizes if size), None)
-    if loop.get("loader_batch") and not loop.get("epoch_done"):  # what the interrupted pass batched
-        per_process_before = loop["loader_sample_step"] / loop["loader_batch"]
-        per_process_before = int(per_process_before) if per_process_before.is_integer() else per_process_before
-    else:
-        per_process_before = per_process
-    unit = "process" if (now, before) == (data_now, data_before) else "data-parallel rank"
-    batch = "" if per_process is None else (f"; the global batch size is {per_process * data_now} now ({per_process} "
-                                             f"per {unit}), {per_process_before * data_before} before")
-    data = "" if unit == "process" else f" ({data_before} -> {data_now} data-parallel)"
-    scale = (per_process * data_now) / (per_process_before * data_before) if per_process else data_now / data_before
-    logger.warning("resume from %s: written by %d process(es), resumed by %d%s%s: scale what depends on it, such as "
-                   "the learning rate (x%.3g by the linear rule, resume_lr='new' to pass it); each rank's random "
-                   "streams are derived anew (seed + data-parallel rank + 1000003 x global batch)", path, before, now,
-                   data, batch, scale)
 
 
 def apply_after_load(runner, given: dict) -> None:

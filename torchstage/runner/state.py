@@ -7,6 +7,7 @@ import torch
 from torchstage.files.format import FORMAT, CheckpointError, clean_state_dict
 from torchstage.launch.resolve import job_identity, restart_attempt
 from torchstage.one_or_many import named
+from torchstage.runner import global_batch
 from torchstage.rng import get_rng_state, set_rng_state, set_seed
 from torchstage.version import __version__
 
@@ -39,7 +40,8 @@ def runner_state_dict(runner) -> dict:
                  "stage_epochs": [s.num_epochs for s in spec.stage_specs],
                  "optimizers": {k: f"{type(o).__module__}.{type(o).__qualname__}"
                                 for k, o in named(runner.optimizer, "optimizer").items()},
-                 "hparams": {k: _plain(getattr(spec, k)) for k in HPARAMS}},
+                 "hparams": {k: _plain(getattr(spec, k)) for k in HPARAMS},
+                 "global_batch": global_batch.record(runner)},
     }
 
 
