@@ -6,7 +6,7 @@ import torch
 
 from torchstage.files.format import CheckpointError, clean_state_dict
 from torchstage.launch import membership
-from torchstage.launch.resolve import restart_attempt
+from torchstage.launch.resolve import restart_attempt, same_job
 from torchstage.one_or_many import named
 from torchstage.runner import global_batch
 from torchstage.runner.state import data_layout
@@ -20,7 +20,7 @@ def check_before_load(runner, checkpoint: dict, path: str) -> list:
     learning rates given now, to apply after loading if asked."""
     world = checkpoint.get("meta", {}).get("world_size", len(checkpoint["rng"]))
     if runner.engine.is_main:
-        _report_nodes(runner, path, checkpoint.get("meta", {}).get("nodes"), world)
+        _report_nodes(runner, path, checkpoint.get("meta", {}).get("nodes"), world, checkpoint.get("meta", {}))
     if runner.engine.is_main:
         before = checkpoint.get("meta", {}).get("global_batch") or {
             "per_process": None, "data_parallel": data_layout(checkpoint)[0], "world_size": world}
@@ -52,11 +52,13 @@ def check_before_load(runner, checkpoint: dict, path: str) -> list:
     return given if policy == "new" else {}
 
 
-def _report_nodes(runner, path: str, before, world: int) -> None:
+def _report_nodes(runner, path: str, before, world: int, checkpoint_job: dict) -> None:
     """The nodes lost or joined since the checkpoint was written (an elastic job that lost one, or that one came back
-    to), by host, agent and ranks, with this job's restart attempt; nothing when the same nodes go on."""
+    to), by host, agent and ranks, with this job's restart attempt; nothing when the same nodes go on. A checkpoint of
+    another job (a plain resume by a new command) is compared by host only: its agents are new anyway."""
     now = runner.engine.nodes
-    said = membership.changes(before, now) if before and now else []
+    job = checkpoint_job.get("job") or {}
+    said = membership.changes(before, now, by_agent=same_job(job) is True) if before and now else []
     if not said:
         return
     attempt = restart_attempt()
