@@ -4,8 +4,12 @@ Plain FSDP shards over every rank, so each layer's all-gather and reduce-scatter
 nodes. HSDP keeps them inside a node (over NVLink or shared memory) and only all-reduces the already
 reduce-scattered gradient shards across nodes, once per step.
 """
+import logging
+
 from torchstage.strategies.fsdp import FSDP
 from torchstage.strategies.mesh import complete
+
+logger = logging.getLogger("torchstage")
 
 
 class HSDP(FSDP):
@@ -19,7 +23,13 @@ class HSDP(FSDP):
     name = "hsdp"
 
     def make_layout(self, engine):
-        """``nodes x ranks per node`` unless given."""
+        """``nodes x ranks per node`` unless given; on one process, said to be dropped."""
+        if engine.world_size == 1:
+            logger.warning("%s on one process: HSDP is dropped. HSDP shards the model within each node and "
+                           "replicates it across nodes, and one process has no other rank to shard or replicate "
+                           "with: this run trains as on a single device (its checkpoints are still sharded "
+                           "directories). To use it, start several processes (train(..., distributed=True, "
+                           "nprocs=N), torchrun or srun)", self.mesh_label() if self.replicate or self.shard else f"strategy={self.name!r}")
         if engine.node_size is None and self.replicate is None and self.shard is None:
             raise ValueError(f"{self.mesh_label()}: the launcher of these {engine.world_size} processes does not say "
                              f"how many run on each node, which the default layout shards over; give the layout, "
