@@ -161,6 +161,9 @@ class Launcher:
         # a rank killed without a word is the cause: the others' records are their peers' echo of its death
         self.failure = None if code < 0 and proc.rank not in records else first_failure(records)
         self.failed_rank = proc.rank
+        if self.failure is not None and self.failure.get("outcome"):  # a command's result: said as it is
+            logger.warning("%s; exit code %d", self.failure["error"], exit_code)
+            return exit_code
         if self.failure is not None and self.failure.get("stopped"):
             place = where(self.failure)
             logger.warning("the run %s %s; exit code %d", self.failure["error"],
