@@ -33,3 +33,14 @@ def test_the_meter_sees_a_busy_neighbour_as_other_work():
         busy.kill()
         busy.wait()
     assert load.others >= 0.5 and load.own < 0.3, load  # the neighbour is not the job (this idle process)
+
+
+def test_the_jobs_processes_include_their_children():
+    from torchstage.launch.node_load import process_ticks
+    child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(1.0)
+        assert process_ticks([os.getpid()]) - process_ticks([]) >= 30  # the busy child's ticks count as the job's
+    finally:
+        child.kill()
+        child.wait()

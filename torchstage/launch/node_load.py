@@ -67,18 +67,23 @@ def node_ticks() -> Optional[tuple]:
 
 
 def process_ticks(pids) -> int:
-    """User and system clock ticks of ``pids`` and of their live children (data-loader workers), so far."""
-    pids, total = set(pids), 0
-    for name in os.listdir("/proc") if os.path.isdir("/proc") else ():
-        if not name.isdigit():
+    """User and system clock ticks of ``pids`` and of their live children (data-loader workers), so far: each
+    process's threads list the children they started (``/proc/<pid>/task/<tid>/children``), so only these are read."""
+    total, seen, todo = 0, set(), list(pids)
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
             continue
+        seen.add(pid)
         try:
-            with open(f"/proc/{name}/stat") as f:
+            with open(f"/proc/{pid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(name) in pids or int(fields[1]) in pids:  # fields[1]: the parent pid
             total += int(fields[11]) + int(fields[12])  # utime, stime
+            for task in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{task}/children") as f:
+                    todo.extend(int(child) for child in f.read().split())
+        except (OSError, IndexError, ValueError):
+            continue
     return total
 
 
@@ -113,3 +118,13 @@ def between(host: str, cpus: float, before: tuple, after: tuple, own_seconds: fl
     total = max(total, 1)
     busy = (total - idle - steal) / total * cpus
     return NodeLoad(host, cpus, busy, min(busy, own_seconds / wall), steal / total, ranks)
+
+
+def mean_load(loads) -> Optional[NodeLoad]:
+    """The average of consecutive :class:`NodeLoad` of one node (windows of about the same length); None for none."""
+    loads = [load for load in loads if load is not None]
+    if not loads:
+        return None
+    n = len(loads)
+    return NodeLoad(loads[0].host, loads[0].cpus, sum(x.busy for x in loads) / n, sum(x.own for x in loads) / n,
+                    sum(x.steal for x in loads) / n, loads[0].ranks)
