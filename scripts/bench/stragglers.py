@@ -136,8 +136,10 @@ def main() -> None:
                 slow[part].append(found)
                 print(f"{part} run {index + 1}/{args.slow}: named {found['named']}, others named {found['others']}, "
                       f"to name {found['to_name']}, to recover {found['to_recover']}", flush=True)
+    doubted = sum(1 for a in alarms if a and all("confidence low" in line for line in a if "recovered" not in line))
     print(f"\n{sum(1 for a in alarms if a)} false alarm(s) in {len(alarms)} runs of {args.epochs} epochs with no slow "
-          f"rank ({args.nprocs} processes; {time.time() - started:.0f} s in all)")
+          f"rank ({args.nprocs} processes; {time.time() - started:.0f} s in all); {doubted} of them said "
+          f"'confidence low' (the host shared with other work)")
     for part, found in slow.items():
         named = [f["to_name"] for f in found if f["to_name"] is not None]
         back = [f["to_recover"] for f in found if f["to_recover"] is not None]

@@ -73,15 +73,16 @@ def passes_arguments_as_given(run: Callable) -> Callable[[Callable[P, R]], Calla
     given. So make_spec fills in the defaults, and an argument passed at its default value still counts as given
     (``train(main_metric="loss", valid_metric="loss")`` is refused as two names for one argument).
 
-    A user error found before training reaches the user here, under their own call, without torchstage's frames
-    (:func:`~torchstage.runner.errors.shorten_user_error`)."""
+    Whatever ends the call reaches the user here, under their own call, with their own frames and without
+    torchstage's (:func:`~torchstage.runner.errors.shorten_user_error`): an argument error and a first-batch error
+    alike."""
     def decorate(train: Callable[P, R]) -> Callable[P, R]:
         @functools.wraps(train)
         def given(self, **kwargs):
             try:
                 return run(self, kwargs)
             except Exception as exc:
-                if shorten_user_error(exc, self):  # the user's error, under the user's call
+                if shorten_user_error(exc):  # under the user's call, with the user's frames
                     raise exc
                 raise
         return given
