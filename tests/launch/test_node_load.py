@@ -1,5 +1,6 @@
 """How busy a node is besides the job, from /proc: the numbers, and the doubt they cast on a verdict about a rank."""
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -25,13 +26,15 @@ def test_between_reads_busy_cores_and_the_jobs_share():
 def test_the_meter_sees_a_busy_neighbour_as_other_work():
     assert node_ticks() is not None
     meter = LoadMeter("here", [os.getpid()])
-    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    # a neighbour, not a child of this process (a child is the job's own, as a data-loader worker is)
+    started = subprocess.run(["sh", "-c", f"{sys.executable} -c 'while True: pass' >/dev/null 2>&1 & echo $!"],
+                             capture_output=True, text=True, check=True)
+    neighbour = int(started.stdout.split()[0])
     try:
         time.sleep(1.5)
         load = meter.take()
     finally:
-        busy.kill()
-        busy.wait()
+        os.kill(neighbour, signal.SIGKILL)
     assert load.others >= 0.5 and load.own < 0.3, load  # the neighbour is not the job (this idle process)
 
 

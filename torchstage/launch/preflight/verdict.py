@@ -12,7 +12,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Optional
 
-from torchstage.launch.node_load import NodeLoad, between
+from torchstage.launch.node_load import between
 from torchstage.launch.startup_waits import ranges
 
 #: The measures compared across ranks: (key, column header, unit).
