@@ -134,10 +134,14 @@ def main() -> None:
             for index in range(args.slow):
                 found = slow_run(os.path.join(tmp, f"{part}{index}"), part, rank, args.nprocs)
                 slow[part].append(found)
+                doubted = any("confidence low" in line for line in found["lines"])
                 print(f"{part} run {index + 1}/{args.slow}: named {found['named']}, others named {found['others']}, "
-                      f"to name {found['to_name']}, to recover {found['to_recover']}", flush=True)
+                      f"to name {found['to_name']}, to recover {found['to_recover']}, said 'confidence low' "
+                      f"{doubted}", flush=True)
+    doubted = sum(1 for a in alarms if a and all("confidence low" in line for line in a if "recovered" not in line))
     print(f"\n{sum(1 for a in alarms if a)} false alarm(s) in {len(alarms)} runs of {args.epochs} epochs with no slow "
-          f"rank ({args.nprocs} processes; {time.time() - started:.0f} s in all)")
+          f"rank ({args.nprocs} processes; {time.time() - started:.0f} s in all); {doubted} of them said "
+          f"'confidence low' (the host shared with other work)")
     for part, found in slow.items():
         named = [f["to_name"] for f in found if f["to_name"] is not None]
         back = [f["to_recover"] for f in found if f["to_recover"] is not None]

@@ -51,3 +51,12 @@ def test_inspect_refuses_unsafe_files_with_exit_code_2(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "torchstage.cli", "checkpoint", "inspect", str(path)],
                           env=child_env(), cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "refused to load" in proc.stderr and proc.stdout == ""
+
+
+def test_inspect_of_a_file_that_is_not_a_checkpoint_says_so_with_exit_code_2(tmp_path):
+    path = tmp_path / "last.pth"
+    path.write_text("hello")
+    proc = subprocess.run([sys.executable, "-m", "torchstage.cli", "checkpoint", "inspect", str(path)],
+                          env=child_env(), cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr, proc.stderr
+    assert f"{str(path)!r} is not a checkpoint: a torchstage checkpoint is a zip archive" in proc.stderr

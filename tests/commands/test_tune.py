@@ -149,6 +149,7 @@ def test_tune_takes_allow_targets_and_refuses_a_gadget_before_any_trial(tmp_path
     assert ran.returncode == 2 and "criterion._target_: 'torchstage.launch.restarts.supervise' is refused under " \
                                    "--allow-targets" in ran.stderr, ran.stderr[-2000:]
     assert not marker.exists() and not (tmp_path / "study.db").exists()
-    outside = tune(tmp_path, "--allow-targets", "torch,torchstage,optuna")  # the probe callback lives in tests.
+    outside = tune(tmp_path, "--allow-targets", "torch,torchstage,optuna,"  # the probe callback lives in tests.
+                   "torchstage.data.synthetic.synthetic_regression")  # a function: listed by its full name
     assert outside.returncode == 2 and "'tests.commands.tune_probe.ParamsProbe' is not under the allowed" \
                                        in outside.stderr, outside.stderr[-2000:]

@@ -35,6 +35,21 @@ def _change_a_weight(path):
     open(path, "wb").write(bytes(data))
 
 
+def _text(path):
+    with open(path, "w") as f:  # printf hello > last.pth
+        f.write("hello")
+
+
+def _passwd_copy(path):
+    with open("/etc/passwd", "rb") as source, open(path, "wb") as f:
+        f.write(source.read())
+
+
+def _passwd_link(path):
+    os.remove(path)
+    os.symlink("/etc/passwd", path)
+
+
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory):
     """The uninterrupted 4-epoch run's last checkpoint."""
@@ -43,8 +58,9 @@ def straight(tmp_path_factory):
     return load_checkpoint(str(logdir / "checkpoints" / "last.pth"))
 
 
-@pytest.mark.parametrize("damage", [_truncate, _zero, _change_a_weight, os.remove],
-                         ids=["truncated", "zeroed", "bytes-changed-in-a-tensor", "deleted"])
+@pytest.mark.parametrize("damage", [_truncate, _zero, _change_a_weight, os.remove, _text, _passwd_copy, _passwd_link],
+                         ids=["truncated", "zeroed", "bytes-changed-in-a-tensor", "deleted", "text", "passwd-copy",
+                              "passwd-link"])
 def test_damaged_last_falls_back_to_the_newest_intact_checkpoint(tmp_path, caplog, straight, damage):
     _train(tmp_path, num_epochs=3)
     folder = tmp_path / "checkpoints"
@@ -127,6 +143,21 @@ def test_truncated_and_empty_files_say_so(tmp_path):
     open(path, "wb").close()
     with pytest.raises(CheckpointError, match=r"the file is empty \(0 bytes\)"):
         load_checkpoint(str(path))
+
+
+@pytest.mark.parametrize("damage, said", [
+    (_text, "it begins with b'hello'"), (_passwd_copy, "it begins with b'root:"),
+    (_passwd_link, "it is a link to '/etc/passwd', which begins with b'root:")])
+def test_a_file_that_is_not_a_checkpoint_is_a_checkpoint_error_naming_it(tmp_path, damage, said):
+    path = tmp_path / "last.pth"
+    path.write_bytes(b"")
+    damage(path)
+    with pytest.raises(CheckpointError) as error:
+        load_checkpoint(str(path))
+    message = str(error.value)
+    assert message.startswith(f"{str(path)!r} is not a checkpoint: a torchstage checkpoint is a zip archive "
+                              f"(torch.save's format), and this file is not one"), message
+    assert said in message
 
 
 def test_no_intact_checkpoint_fails_naming_every_candidate_and_why(tmp_path):

@@ -154,3 +154,42 @@ def test_a_node_lost_mid_epoch_goes_on_with_the_nodes_left_and_grows_back_when_i
     runs = client.search_runs([client.get_experiment_by_name("torchstage").experiment_id])
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
     assert sorted({m.step for m in client.get_metric_history(runs[0].info.run_id, "train/loss")}) == [1, 2, 3, 4]
+
+
+@pytest.mark.timeout(400)
+def test_a_node_joining_with_overwrite_continues_the_run_and_never_replaces_it(tmp_path):
+    """``overwrite=True`` and a node that joins a running elastic job (no failure: torchrun restarts the workers for
+    the new membership without counting a restart): the grown world continues the run from its last checkpoint,
+    every epoch trained once; it does not start over from epoch 1."""
+    logdir = tmp_path / "run"
+    env = child_env(TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, EPOCHS=8, OVERWRITE=1)  # epochs left when the node is in
+    args = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1:2", "--nproc-per-node=2",
+            "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-id=elastic-join",
+            "--max-restarts=2", "--rdzv-conf=last_call_timeout=3,keep_alive_interval=1,keep_alive_max_attempt=3",
+            "--monitor-interval=0.5", SCRIPT, str(logdir)]
+    logs = {name: open(tmp_path / f"{name}.log", "w+") for name in ("first", "second")}
+    first = subprocess.Popen(args, env=env, stdout=logs["first"], stderr=subprocess.STDOUT, start_new_session=True)
+    second = None
+    try:  # the world of 2 trains into epoch 2, past a checkpoint there: a second node joins
+        _wait_for(lambda: any(row["batch"] >= 16 for row in _rows(logdir, 0)), "epoch 2 with 2 processes", 200)
+        second = subprocess.Popen(args, env=env, stdout=logs["second"], stderr=subprocess.STDOUT,
+                                  start_new_session=True)
+        first.wait(timeout=300)
+        second.wait(timeout=120)
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+    out, second_out = (open(tmp_path / f"{name}.log").read() for name in ("first", "second"))
+    assert first.returncode == 0 and second.returncode == 0, out[-3000:] + second_out[-3000:]
+    phases = _phases(logdir)
+    assert [phase.split("-")[1].split("x")[0] for phase, _ in phases] == ["2", "4"], [p for p, _ in phases]
+    grown = min(row["batch"] for row in phases[1][1])
+    assert grown > 16, grown  # the world of 4 went on from the checkpoint in epoch 2, not from batch 1
+    trained = _trained(logdir)
+    assert sorted(trained) == list(range(1, 9))
+    for epoch, ids in trained.items():  # each sample once per epoch over both worlds
+        assert sorted(collections.Counter(ids).items()) == [(i, 1) for i in range(96)], epoch
+    rows = (logdir / "logs" / "train.csv").read_text().splitlines()
+    assert [row.split(",")[:3] for row in rows[1:]] == [["main", str(e), str(e)] for e in range(1, 9)], rows
+    assert "continuing its run" in out + second_out, (out + second_out)[-3000:]

@@ -36,3 +36,14 @@ def test_what_changed_names_the_node_lost_the_node_joined_and_moved_ranks():
         "node node-b (agent pid 200) with ranks 0-1 was ranks 2-3",
         "node node-a (agent pid 100) with ranks 2-3 was ranks 0-1"]
     assert changes([A, B], [A, B]) == []
+
+
+def test_another_job_on_the_same_hosts_is_no_change_of_nodes():
+    """A plain resume='last' by a new command on the same host has new agents: not "lost node vm ... joined node
+    vm"; another job's nodes are told apart by host only, and a host gone or added is still said."""
+    again = [{**A, "agent": 101}]
+    assert changes([A], again) != []  # within one job (an elastic restart) the agent tells the nodes apart
+    assert changes([A], again, by_agent=False) == []
+    assert changes([A, B], [{**A, "agent": 101}], by_agent=False) == ["lost node node-b with ranks 2-3 of 4"]
+    assert changes([A], [{**A, "agent": 7}, {**B, "agent": 8}], by_agent=False) == [
+        "joined node node-b with ranks 2-3 of 4"]

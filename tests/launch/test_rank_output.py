@@ -1,5 +1,5 @@
 """The ranks' output around a failure: the error a traceback ends with, and the gate that holds the peers' echoes."""
-from torchstage.launch.rank_output import OutputGate, comparable, consequences, last_error
+from torchstage.launch.rank_output import OutputGate, alike, comparable, consequences, last_error
 
 TRACE = ["Traceback (most recent call last):\n", '  File "x.py", line 3, in <module>\n', "    main()\n",
          "           ^^^^\n"]
@@ -45,3 +45,15 @@ def test_the_failing_ranks_own_lines_held_behind_another_ranks_traceback_are_pri
     gate.admit(0, TRACE[0], lambda: shown.append("handled"))
     gate.admit(1, "ValueError: the real failure\n", lambda: shown.append("real"))
     assert gate.take(cause=1) == {} and shown == ["handled", "real"]
+
+
+def test_an_error_every_rank_raised_alike_is_no_consequence():
+    """The same error on every rank (a mesh that does not divide the world) is one mistake met alike: those ranks are
+    named, not listed as consequences with the message again."""
+    same = [*TRACE, "ValueError: strategy=HSDP(replicate=3, shard=2): 6 ranks, but the world has 4\n"]
+    held = {1: same, 2: list(same), 3: [*TRACE, "RuntimeError: Connection closed by peer\n"]}
+    ranks, rest = alike(held, "ValueError: strategy=HSDP(replicate=3, shard=2): 6 ranks, but the world has 4")
+    assert ranks == [1, 2] and list(rest) == [3]
+    assert consequences(rest) == ("The other ranks failed after it (consequences; their tracebacks are left out): "
+                                  "rank 3: RuntimeError: Connection closed by peer")
+    assert alike(held, None) == ([], held)

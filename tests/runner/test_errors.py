@@ -104,11 +104,47 @@ class Failing(torch.nn.Module):
 
 
 def test_an_error_of_the_users_model_keeps_its_frames():
+    """The user's frames (and torch's, where the model runs) stay; torchstage's loop in between is hidden, as it is
+    for an argument error."""
     with pytest.raises(ValueError, match="the user's own model failed") as err:
         _train(model=Failing())
     frames = _frames(err.value)
     assert frames[-1] == __file__  # raised in Failing.forward
-    assert any(f.endswith("runner.py") for f in frames)
+    assert any(f.endswith(os.path.join("torch", "nn", "modules", "module.py")) for f in frames)
+    assert [f for f in frames if f.startswith(PACKAGE)] == [os.path.join(PACKAGE, "runner", "spec.py")], frames
+    assert any("TORCHSTAGE_FULL_TRACEBACK=1" in note for note in err.value.__notes__)
+
+
+FIRST_BATCH = textwrap.dedent("""\
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+    from torchstage import SupervisedRunner
+
+    x, y = torch.randn(16, 4), torch.randint(0, 3, (16, 1))
+    loader = DataLoader(TensorDataset(x, y), batch_size=8)
+    model = torch.nn.Linear(4, 3)
+    SupervisedRunner().train(model=model, criterion=torch.nn.CrossEntropyLoss(), loaders={"train": loader},
+                             optimizer=torch.optim.SGD(model.parameters(), lr=0.1), valid_loader="train")
+""")
+
+
+def test_a_first_batch_error_hides_torchstages_frames_as_an_argument_error_does(tmp_path):
+    """Before, a first-batch error printed ~30 lines of torchstage's loop; now it shows the user's call and the
+    message, as train()'s argument errors do, and the full trace on request."""
+    script = tmp_path / "first_batch.py"
+    script.write_text(FIRST_BATCH)
+    done = subprocess.run([sys.executable, str(script)], env=child_env(), cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 1, done.stderr
+    frames = _printed_frames(done.stderr)
+    assert frames[0].endswith("first_batch.py")
+    ours = [f for f in frames if os.path.abspath(f).startswith(PACKAGE)]
+    assert len(ours) <= 1, done.stderr  # train()'s own call, as for an argument error
+    assert "class-index targets need shape [8] (one class per sample)" in done.stderr
+    assert "TORCHSTAGE_FULL_TRACEBACK=1" in done.stderr
+    full = subprocess.run([sys.executable, str(script)], env=child_env(TORCHSTAGE_FULL_TRACEBACK="1"), cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert any(f.endswith("loss_checks.py") for f in _printed_frames(full.stderr)), full.stderr
 
 
 def test_an_error_of_the_users_dataset_function_keeps_its_frames():
@@ -118,4 +154,5 @@ def test_an_error_of_the_users_dataset_function_keeps_its_frames():
     with pytest.raises(ValueError, match="the user's own data failed") as err:
         _train(loaders=None, datasets={"batch_size": 4, "get_datasets_fn": make_datasets})
     frames = _frames(err.value)
-    assert frames[-1] == __file__ and any(f.endswith("datasets.py") for f in frames)
+    assert frames[-1] == __file__  # raised in make_datasets; torchstage's frames between hidden, as for the model
+    assert [f for f in frames if f.startswith(PACKAGE)] == [os.path.join(PACKAGE, "runner", "spec.py")], frames

@@ -8,8 +8,10 @@ from datetime import timedelta
 
 from torchstage.arguments import ArgumentError
 from torchstage.launch.enter import run_in_world
-from torchstage.launch.failures import record_stop
+from torchstage.launch.failures import record_outcome
+from torchstage.launch.node_load import NodeLoad
 from torchstage.launch.preflight.check import REPEATS, SECONDS, THRESHOLD, run_preflight
+from torchstage.launch.preflight.verdict import found_text, host_loads
 
 EPILOG = """\
 examples:
@@ -76,11 +78,19 @@ def _check(world, args) -> int:
         if args.json:
             sys.stdout.write(json.dumps({"ranks": [{**asdict(r), "link": r.link} for r in result.ranks],
                                          "outliers": [asdict(o) for o in result.outliers],
+                                         "confidence": {host: _confidence(load) for host, load in
+                                                        host_loads(result.ranks).items()},
                                          "all_reduce_gbps": result.all_reduce, "exclude": result.exclude,
                                          "exit_code": result.exit_code}) + "\n")
         else:
             sys.stdout.write(result.text + "\n")
         sys.stdout.flush()
     if result.outliers:  # for a launcher of torchstage's (--nprocs): an outcome, not a failure to restart
-        record_stop(world.rank, f"the pre-flight check found slow ranks on {', '.join(result.exclude)}", {})
+        record_outcome(world.rank, f"torchstage preflight: the check found {found_text(result.outliers)}")
     return result.exit_code
+
+
+def _confidence(load: NodeLoad) -> dict:
+    """A host's load during the check and the confidence it gives, for --json."""
+    return {"confidence": "high" if load.doubt() is None else "low", "why": load.doubt(), "cpus": load.cpus,
+            "busy_cores": round(load.busy, 3), "job_cores": round(load.own, 3), "steal": round(load.steal, 4)}

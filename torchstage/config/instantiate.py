@@ -7,7 +7,7 @@ import types
 import typing
 from collections.abc import Mapping
 
-from torchstage.config.refused_targets import refusal
+from torchstage.config.admission import Refused, admit
 
 TARGET = "_target_"
 #: Comma-separated module prefixes a ``_target_`` must start with (``torchstage run --allow-targets``); unset: any.
@@ -39,7 +39,7 @@ def is_component(node) -> bool:
 
 def import_target(target, path: str, kwargs: Mapping = None):
     """The object named by a dotted import path such as ``torch.optim.lr_scheduler.MultiStepLR``; under an
-    allow-list, refused unless it and where it is defined are allowed, for a call with ``kwargs`` (None: unknown)."""
+    allow-list, only what it admits (:mod:`torchstage.config.admission`), for a call with ``kwargs`` (None: unknown)."""
     where = join(path, TARGET)
     if not isinstance(target, str) or not target or target.startswith(".") or ".." in target:
         raise ConfigError(where, f"expected an import path such as 'torch.nn.Linear', got {target!r}")
@@ -51,6 +51,11 @@ def import_target(target, path: str, kwargs: Mapping = None):
     if allowed and private:
         raise ConfigError(where, f"{target!r} names the private {private[0]!r}; with allowed module prefixes "
                                  f"{list(allowed)} a _target_ names public classes and functions only")
+    if allowed:
+        try:
+            return admit(target, allowed, kwargs)
+        except (Refused, LookupError) as exc:
+            raise ConfigError(where, str(exc)) from None
     parts = target.split(".")
     module, tried = None, []
     for cut in range(len(parts), 0, -1):  # the longest importable prefix, then attributes
@@ -77,41 +82,13 @@ def import_target(target, path: str, kwargs: Mapping = None):
             raise ConfigError(where, f"cannot import {target!r}: tried module {name!r}, which has no attribute "
                                      f"{attr!r}{hint}")
         obj, done = getattr(obj, attr), f"{done}.{attr}"
-        if allowed:
-            _check_step(obj, attr, done, target, where, allowed)
     if not callable(obj):
         raise ConfigError(where, f"{target!r} is a {type(obj).__name__}, not a class or function to call")
-    if allowed:
-        _check_defined_under(obj, target, where, allowed)
-        why = refusal(obj, kwargs)
-        if why is not None:
-            raise ConfigError(where, f"{target!r} is refused under --allow-targets even below an allowed prefix: "
-                                     f"{why}; nothing was called")
     return obj
 
 
 def _under(name: str, allowed) -> bool:
     return any(name == p.rstrip(".") or name.startswith(p.rstrip(".") + ".") for p in allowed)
-
-
-def _check_step(obj, attr: str, done: str, target: str, where: str, allowed) -> None:
-    """Under ``--allow-targets`` an attribute walk may not leave the allowed modules (``torch.os`` is ``os``) nor
-    take dunder attributes (``__globals__``, ``__init__``...)."""
-    if attr.startswith("__") and attr.endswith("__"):
-        raise ConfigError(where, f"{target!r} walks through the attribute {attr!r}; with allowed module prefixes "
-                                 f"{list(allowed)} a _target_ names a class or function, nothing inside it")
-    if inspect.ismodule(obj) and not _under(obj.__name__, allowed):
-        raise ConfigError(where, f"{target!r}: {done!r} is the module {obj.__name__!r}, which is not under the "
-                                 f"allowed module prefixes {list(allowed)}; nothing was called")
-
-
-def _check_defined_under(obj, target: str, where: str, allowed) -> None:
-    """Under ``--allow-targets`` the object must be defined in an allowed module, whatever name reached it."""
-    module = getattr(obj, "__module__", None)
-    if not isinstance(module, str) or not _under(module, allowed):
-        origin = f"is defined in module {module!r}" if isinstance(module, str) else "has no defining module"
-        raise ConfigError(where, f"{target!r} {origin}, which is not under the allowed module prefixes "
-                                 f"{list(allowed)}; nothing was called")
 
 
 def check_arguments(fn, kwargs: Mapping, path: str, target: str, given=()) -> None:

@@ -1,6 +1,6 @@
-"""What ``--allow-targets`` refuses even under an allowed prefix: callables that read files as code, run code
-from strings, or start processes. A training config builds modules, losses, optimizers, schedulers, datasets,
-samplers, transforms, callbacks and loggers; none of these needs what is listed here.
+"""What ``--allow-targets`` never admits, whatever its prefixes and names: callables that read files as code, run
+code from strings, write files or start processes. A training config builds modules, losses, optimizers,
+schedulers, datasets, samplers, callbacks and loggers; none of these needs what is listed here.
 """
 
 #: Modules whose every callable runs code it reads or starts processes (checked against where the object is
@@ -25,6 +25,25 @@ REFUSED_MODULES = {
     "torchstage.commands": "runs torchstage commands",
     "torchstage.cli": "runs torchstage commands",
     "torchstage.__main__": "runs torchstage commands",
+    "torchstage.files": "writes files",
+    "torch.distributed.launch": "starts processes",
+    "torch.utils.model_dump": "runs its module code when imported",
+    "torch.utils.tensorboard": "writes files",
+    "torch.onnx": "writes files",
+    "os": "writes files and starts processes",
+    "subprocess": "starts processes",
+    "shutil": "writes files",
+    "pathlib": "writes files",
+    "io": "writes files",
+    "tempfile": "writes files",
+    "builtins": "opens files and runs code",
+    "runpy": "runs code",
+    "importlib": "imports code",
+    "pickle": "runs code",
+    "multiprocessing": "starts processes",
+    "pty": "starts processes",
+    "webbrowser": "starts processes",
+    "ctypes": "loads native libraries",
 }
 
 #: Single callables that read a file as code: ``(defining module, name)`` -> why.
@@ -33,6 +52,14 @@ REFUSED_CALLABLES = {
     ("torch.export", "load"): "reads a program from a file",
     ("torch._ops", "load_library"): "loads a native library",
     ("torch._classes", "load_library"): "loads a native library",
+    ("torch.serialization", "save"): "writes files",
+    ("torch.jit._serialization", "save"): "writes files",
+    ("torch.export", "save"): "writes files",
+    ("numpy", "save"): "writes files",
+    ("numpy", "savez"): "writes files",
+    ("numpy", "savez_compressed"): "writes files",
+    ("numpy", "savetxt"): "writes files",
+    ("numpy", "memmap"): "writes files",
 }
 
 #: Loaders that are safe only with one argument's safe value: ``(defining module, name)`` -> (argument, the safe
@@ -43,6 +70,14 @@ ARGUMENT_GUARDED = {
     ("numpy", "load"): ("allow_pickle", False, False, "unpickles object arrays, which can run code"),
     ("numpy.lib.format", "read_array"): ("allow_pickle", False, False, "unpickles object arrays, which can run code"),
 }
+
+
+def refused_module(module: str):
+    """Why every callable of ``module`` is refused (it is one of REFUSED_MODULES or inside one); None if not."""
+    for refused, why in REFUSED_MODULES.items():
+        if module == refused or module.startswith(refused + "."):
+            return f"is in {refused!r}, which {why}"  # "it is in 'torch.distributed.launch', which starts processes"
+    return None
 
 
 def refusal(obj, kwargs=None):

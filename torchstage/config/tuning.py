@@ -51,7 +51,7 @@ def tune(config: Mapping, n_trials: int = None, storage: str = None, study_name:
     settings.update({k: v for k, v in (("n_trials", n_trials), ("storage", storage), ("study_name", study_name))
                      if v is not None})
     check_settings(settings, config)
-    check_targets(config)
+    check_targets(config, settings)
     return distributed_cmd_run(_run_study, config, settings, distributed=config.get("distributed") is not False,
                                nprocs=config.get("nprocs"))
 
@@ -99,9 +99,9 @@ def check_settings(settings: dict, config: Mapping) -> None:
             raise ConfigError(f"tune.{name}", f"expected {{_target_: optuna.{name}s...}}, got {settings[name]!r:.60}")
 
 
-def check_targets(config: Mapping) -> None:
-    """The config's keys and types, and every ``_target_`` imported (nothing built), before the study starts: a
-    mistake is a ConfigError with its YAML path, never a failed trial recorded in the study."""
+def check_targets(config: Mapping, settings: Mapping = None) -> None:
+    """The config's keys and types, and every ``_target_`` imported (nothing built; the tune section's sampler and
+    pruner too), before the study starts: a mistake is a ConfigError with its YAML path, never a failed trial."""
     check_config(with_defaults(config))
 
     def walk(node, path):
@@ -115,6 +115,8 @@ def check_targets(config: Mapping) -> None:
             for index, value in enumerate(node):
                 walk(value, join(path, index))
     walk(config, "")
+    for name in ("sampler", "pruner"):
+        walk((settings or {}).get(name), f"tune.{name}")
 
 
 def suggest(trial, params: Mapping) -> dict:

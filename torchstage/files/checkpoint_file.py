@@ -16,6 +16,7 @@ import torch
 from torch.utils.serialization import config as serialization_config
 
 from torchstage.files.checkpoint_format import FORMAT, CheckpointError
+from torchstage.files.file_kind import not_a_checkpoint
 
 
 def content_checksum(tree) -> int:
@@ -85,6 +86,10 @@ def load_file(path: str, map_location="cpu") -> dict:
     would need to run pickled code."""
     if not os.path.isfile(path):
         raise CheckpointError(f"checkpoint {path!r} does not exist")
+    why = not_a_checkpoint(path)
+    if why is not None:
+        raise CheckpointError(f"{path!r} is not a checkpoint: a torchstage checkpoint is a zip archive (torch.save's "
+                              f"format), and this file is not one ({why})")
     damage = damaged_record(path)
     if damage is not None:
         raise CheckpointError(f"checkpoint {path!r} is damaged: its content does not match the checksum written "
@@ -97,7 +102,7 @@ def load_file(path: str, map_location="cpu") -> dict:
             f"refused to load {path!r}: it holds objects that only unpickling code could rebuild, and "
             f"torchstage loads checkpoints with weights_only=True so that no code from a file ever runs "
             f"({unpickling_reason(e)})") from None
-    except (RuntimeError, EOFError, OSError, ValueError) as e:
+    except (RuntimeError, EOFError, OSError, ValueError, KeyError, IndexError) as e:
         size = os.path.getsize(path)
         detail = "the file is empty (0 bytes)" if size == 0 else f"the file ({size} bytes) is truncated or damaged"
         raise CheckpointError(f"could not read checkpoint {path!r}: {detail} ({e or type(e).__name__})") from None

@@ -35,6 +35,12 @@ def record_stop(rank: int, reason: str, position: dict) -> None:
     _record(rank, f"stopped gracefully ({reason})", position, stopped=True)
 
 
+def record_outcome(rank: int, text: str) -> None:
+    """Write ``rank``'s record of a command that ended with a result, not a failure (``torchstage preflight``
+    finding slow ranks): not restarted, and said as ``text`` alone (no run stopped, nothing before training)."""
+    _record(rank, text, {}, stopped=True, outcome=True)
+
+
 def _record(rank: int, error: str, position: dict, stopped: bool = False, **extra) -> None:
     folder = os.environ.get(FAILURE_DIR_ENV)
     if not folder:

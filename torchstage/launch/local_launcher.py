@@ -16,8 +16,9 @@ import threading
 import time
 
 from torchstage.launch.failures import FAILURE_DIR_ENV, explain, first_failure, read_failures, where
-from torchstage.launch.rank_output import TRACEBACK, OutputGate, consequences, last_error
+from torchstage.launch.rank_output import TRACEBACK, OutputGate, alike, consequences, last_error
 from torchstage.launch.resolve import JOB_ID_ENV, LAUNCHED_ENV, RESTART_ENV
+from torchstage.launch.startup_waits import ranges
 from torchstage.launch.world import World
 
 logger = logging.getLogger("torchstage")
@@ -160,6 +161,9 @@ class Launcher:
         # a rank killed without a word is the cause: the others' records are their peers' echo of its death
         self.failure = None if code < 0 and proc.rank not in records else first_failure(records)
         self.failed_rank = proc.rank
+        if self.failure is not None and self.failure.get("outcome"):  # a command's result: said as it is
+            logger.warning("%s; exit code %d", self.failure["error"], exit_code)
+            return exit_code
         if self.failure is not None and self.failure.get("stopped"):
             place = where(self.failure)
             logger.warning("the run %s %s; exit code %d", self.failure["error"],
@@ -168,7 +172,9 @@ class Launcher:
         # the cause: the first recorded error, else the killed rank, else the rank whose traceback came first
         self.origin = (self.failure["rank"] if self.failure is not None else proc.rank
                        if code < 0 or self.gate.origin is None else self.gate.origin)
-        echoes = consequences(self.gate.take(self.origin))
+        first_error = self.failure["error"].splitlines()[0] if self.failure is not None else self.error_line()
+        same, held = alike(self.gate.take(self.origin), first_error)  # one mistake every rank met: said once
+        echoes = consequences(held)
         first = ""
         if self.failure is None and code > 0 and self.error_line() is not None:  # no record: what its output says
             first = f" The first error, on rank {self.origin} (before its run recorded anything): {self.error_line()}."
@@ -177,6 +183,8 @@ class Launcher:
             by = f" (reported by rank {rank})" if origin is not None and origin != rank else ""
             first = (f" The first error, on rank {rank if not by else origin} at {where(self.failure)}: "
                      f"{self.failure['error'].splitlines()[0]}{by}.")
+        if same and first:
+            first += f" Rank{'s' * (len(same) > 1)} {ranges(same)} raised the same error."
         now = time.monotonic()
         left = [f"Rank {rank} had exited with code 0 {now - at:.1f} s before, while the others still ran."
                 for rank, at in sorted(self.finished.items(), key=lambda item: item[1])]

@@ -32,15 +32,26 @@ def agree_membership(gather) -> tuple:
 
 
 def describe(node: dict, world_size: int = None) -> str:
-    """``host-b (agent pid 4242) with ranks 2-3`` (``of 4`` with ``world_size``)."""
+    """``host-b (agent pid 4242) with ranks 2-3`` (``of 4`` with ``world_size``; no agent for a node by host)."""
     of = f" of {world_size}" if world_size else ""
-    return f"{node['host']} (agent pid {node['agent']}) with rank{'s' * (len(node['ranks']) > 1)} " \
-           f"{ranges(node['ranks'])}{of}"
+    agent = f" (agent pid {node['agent']})" if node.get("agent") is not None else ""
+    return f"{node['host']}{agent} with rank{'s' * (len(node['ranks']) > 1)} {ranges(node['ranks'])}{of}"
 
 
-def changes(before: list, now: list) -> list:
+def by_host(nodes: list) -> list:
+    """The nodes of ``nodes`` merged per host (no agent): how another job's world compares with this one's."""
+    hosts = {}
+    for node in nodes:
+        hosts.setdefault(node["host"], {"host": node["host"], "agent": None, "ranks": []})["ranks"].extend(node["ranks"])
+    return [{**node, "ranks": sorted(node["ranks"])} for node in hosts.values()]
+
+
+def changes(before: list, now: list, by_agent: bool = True) -> list:
     """What changed from the world ``before`` to ``now``: ``lost node ...`` and ``joined: node ...`` phrases, by host
-    and agent; empty when the same nodes hold the same ranks."""
+    and agent (``by_agent=False``: by host only, for a world of another job, whose agents are new anyway); empty when
+    the same nodes hold the same ranks."""
+    if not by_agent:
+        before, now = by_host(before), by_host(now)
     key = lambda node: (node["host"], node["agent"])  # noqa: E731
     old, new = {key(n): n for n in before}, {key(n): n for n in now}
     size_before = sum(len(n["ranks"]) for n in before)

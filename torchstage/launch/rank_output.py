@@ -4,7 +4,8 @@ When a rank fails, its peers fail in turn (gloo's "Connection closed by peer", a
 consequences and would bury the first one. :class:`OutputGate` lets the launcher print the rank whose traceback
 began first and hold the others' lines back; once the failure is known the held lines become a one-line note,
 and if no failure follows (a traceback that was logged and handled) they are printed after a few seconds.
-:func:`last_error` reads the error a traceback ends with (its type and message), to name a failure that left no
+:func:`alike` tells apart the ranks that raised the very same error (one mistake every rank met: said once, not
+listed as consequences). :func:`last_error` reads the error a traceback ends with (its type and message), to name a failure that left no
 failure record (an error in the script before ``train()``, in setup or during resume).
 """
 import re
@@ -88,6 +89,15 @@ class OutputGate:
         for _, _, emit in self.held:
             emit()
         self.held, self.origin = [], None
+
+
+def alike(held: dict, error: Optional[str]) -> tuple:
+    """``(ranks, rest)``: the ranks of ``held`` whose output ends with ``error`` (the first failure's error line: one
+    mistake every rank met alike, such as a mesh that does not divide the world), and the other ranks' held lines."""
+    if error is None:
+        return [], held
+    same = sorted(rank for rank, texts in held.items() if comparable(last_error(texts)) == comparable(error))
+    return same, {rank: texts for rank, texts in held.items() if rank not in same}
 
 
 def consequences(held: dict) -> Optional[str]:

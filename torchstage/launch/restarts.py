@@ -54,6 +54,8 @@ def supervise(command: list, world: World, max_restarts: int) -> int:
                 return 0
             failure, told = _failure(launcher, code), _told(launcher, code)
             if failure is not None and failure.get("stopped"):
+                if failure.get("outcome"):  # a command's result (torchstage preflight), nothing to restart
+                    return code
                 logger.warning("attempt %d of %d ended by a graceful stop: not restarted (a stop is asked for, not a "
                                "failure)", attempt + 1, max_restarts + 1)
                 return code

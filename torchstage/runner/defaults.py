@@ -28,11 +28,13 @@ from torchstage.callbacks.loggers.progress import ProgressBar
 from torchstage.callbacks.safety.requeue import RequeueCallback
 from torchstage.callbacks.training.scheduler import SchedulerCallback
 from torchstage.callbacks.safety.stop import StopCallback
+from torchstage.callbacks.safety.unstepped import UnsteppedOptimizerCheck
 from torchstage.callbacks.loggers.tensorboard import TensorBoardLogger
 from torchstage.callbacks.monitoring.timer import TimerCallback
 from torchstage.callbacks.control.validation import ValidEveryCallback
 from torchstage.callbacks.safety.watchdog import HangWatchdog
 from torchstage.launch.slurm.requeue import slurm_job_id
+from torchstage.one_or_many import named
 from torchstage.periods import Epoch
 from torchstage.runner.chain import merge_chain
 from torchstage.runner.rollback import RollbackCallback
@@ -55,7 +57,18 @@ def stage_chains(runner, spec) -> list:
                                         stage.callbacks if stage.callbacks is not spec.callbacks else None), keeper)
               for stage in spec.stage_specs]
     _check_optimizer_args(spec, defaults, chains)
-    return chains
+    return [with_step_check(chain, stage) for stage, chain in zip(spec.stage_specs, chains)]
+
+
+def with_step_check(chain: dict, stage) -> dict:
+    """``chain`` with ``step_check`` for the stage's optimizers that none of its callbacks declares to step (a custom
+    handle_batch must step them): one never stepped in the first train loader ends the run, naming the fix."""
+    plans = [plan for callback in chain.values() for plan in callback.step_plans(stage)]
+    if not stage.optimizer or any(plan.optimizer is None for plan in plans) or "step_check" in chain:
+        return chain
+    stepped = {id(plan.optimizer) for plan in plans}
+    names = [name for name, optimizer in named(stage.optimizer, "optimizer").items() if id(optimizer) not in stepped]
+    return merge_chain(chain, {"step_check": UnsteppedOptimizerCheck(names)}) if names else chain
 
 
 def with_rollback(chain: dict, keeper: RollbackCallback) -> dict:

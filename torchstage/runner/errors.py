@@ -2,6 +2,7 @@
 user error reaches the user: its message under the user's own call, without torchstage's frames."""
 import logging
 import os
+import types
 
 from torchstage.files.checkpoint_format import CheckpointError
 
@@ -43,14 +44,36 @@ def is_user_error(exc: BaseException) -> bool:
     return tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(_PACKAGE)
 
 
-def shorten_user_error(exc: BaseException, runner) -> bool:
-    """Drop torchstage's frames from ``exc`` (noting how to see them) if ``train()`` should show it under the
-    user's call alone: a user error found before training, not what ended ``runner.run()`` (whose frames may be
-    the user's own code), and no full traceback asked for (``TORCHSTAGE_FULL_TRACEBACK=1``, or the ``torchstage``
-    logger at DEBUG). Returns whether it did."""
-    if exc is runner.exception or not is_user_error(exc) or os.environ.get(FULL_TRACEBACK_VAR, "") not in ("", "0") \
-            or logging.getLogger("torchstage").isEnabledFor(logging.DEBUG):
+def shorten_user_error(exc: BaseException, runner=None) -> bool:
+    """Drop torchstage's own frames from ``exc`` (and from the errors it was raised from), noting how to see them, so
+    that whatever ends ``train()`` shows the user's call and the user's own frames (their model, dataset, handle_batch,
+    and torch's under them): an argument error found before training and an error at the first batch alike. Not when
+    a full traceback is asked for (``TORCHSTAGE_FULL_TRACEBACK=1``, or the ``torchstage`` logger at DEBUG). Returns
+    whether it did."""
+    if os.environ.get(FULL_TRACEBACK_VAR, "") not in ("", "0") or logging.getLogger("torchstage").isEnabledFor(
+            logging.DEBUG):
         return False
-    exc.with_traceback(None)
-    exc.add_note(f"(torchstage's own frames are hidden; {FULL_TRACEBACK_VAR}=1 shows them)")
+    seen = set()
+    while exc is not None and id(exc) not in seen and len(seen) < 8:
+        seen.add(id(exc))
+        exc.with_traceback(_without_own_frames(exc.__traceback__))
+        if NOTE not in getattr(exc, "__notes__", ()) and not seen - {id(exc)}:
+            exc.add_note(NOTE)
+        exc = exc.__cause__ or exc.__context__
     return True
+
+
+NOTE = f"(torchstage's own frames are hidden; {FULL_TRACEBACK_VAR}=1 shows them)"
+
+
+def _without_own_frames(tb):
+    """The traceback ``tb`` without the frames of torchstage's files."""
+    kept = []
+    while tb is not None:
+        if not os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(_PACKAGE):
+            kept.append(tb)
+        tb = tb.tb_next
+    chain = None
+    for frame in reversed(kept):
+        chain = types.TracebackType(chain, frame.tb_frame, frame.tb_lasti, frame.tb_lineno)
+    return chain

@@ -17,6 +17,7 @@ from torchstage.runner.loop_state import dataset_size
 from torchstage.runner.resume_checks import apply_after_load, check_before_load, report_epochs
 from torchstage.runner.state import data_layout, same_data_layout
 from torchstage.launch.resolve import LAUNCHER_COUNTERS, job_identity, restart_attempt, same_job
+from torchstage.runner.elastic_join import joined_world
 from torchstage.runner.errors import LogdirHoldsRun
 from torchstage.runner.loop_state import ResumePoint
 from torchstage.runner.shared import share
@@ -42,6 +43,14 @@ def checkpoint_to_resume(spec, engine, chains):
     # must not find the last.pth that this very run has just written.
     found = next((f for f in folders if checkpoint_files(f)), None) if engine.is_main else None
     found = engine.broadcast_object(found)
+    if spec.resume is None and found is not None and job_identity().get("torchelastic_run"):
+        joined = engine.broadcast_object(_joined(found, engine.nodes) if engine.is_main else None)
+        if joined is not None:  # torchrun re-formed this job's world: its run goes on, whatever overwrite says
+            if engine.is_main:
+                logger.warning("the logdir's run is this job's own (%s): continuing its run from its last checkpoint%s",
+                               joined, ", not replacing it (overwrite=True replaces another launch's run)"
+                               if spec.overwrite else "")
+            spec.resume = "last"
     if spec.resume is None:
         if found is not None and not spec.overwrite:
             raise LogdirHoldsRun(f"logdir {str(spec.logdir)!r} already holds a run ({checkpoint_files(found)[0]})", (
@@ -71,6 +80,15 @@ def checkpoint_to_resume(spec, engine, chains):
         logger.warning("resume='last': %s; resuming from %s, the newest intact checkpoint",
                        "; ".join(f"{p} was passed over ({why})" for p, why in skipped), path)
     return path, checkpoint if checkpoint is not None else load_checkpoint(path)
+
+
+def _joined(folder: str, nodes: list):
+    """:func:`~torchstage.runner.elastic_join.joined_world` of the newest intact checkpoint in ``folder`` (None when
+    none loads)."""
+    try:
+        return joined_world(load_newest_intact(folder)[1], nodes)
+    except CheckpointError:
+        return None
 
 
 def resume_of_this_attempt(resume, agreed: int = 0):

@@ -6,8 +6,9 @@ import torch
 
 from torchstage.files.checkpoint_format import CheckpointError, clean_state_dict
 from torchstage.launch import membership
-from torchstage.launch.resolve import restart_attempt
+from torchstage.launch.resolve import restart_attempt, same_job
 from torchstage.one_or_many import named
+from torchstage.runner import global_batch
 from torchstage.runner.state import data_layout
 
 logger = logging.getLogger("torchstage")
@@ -19,10 +20,11 @@ def check_before_load(runner, checkpoint: dict, path: str) -> list:
     learning rates given now, to apply after loading if asked."""
     world = checkpoint.get("meta", {}).get("world_size", len(checkpoint["rng"]))
     if runner.engine.is_main:
-        _report_nodes(runner, path, checkpoint.get("meta", {}).get("nodes"), world)
-    data = data_layout(checkpoint)[0]
-    if (world, data) != (runner.engine.world_size, runner.engine.dp_size) and runner.engine.is_main:
-        _report_world_change(runner, path, world, data, checkpoint["loop"])
+        _report_nodes(runner, path, checkpoint.get("meta", {}).get("nodes"), world, checkpoint.get("meta", {}))
+    if runner.engine.is_main:
+        before = checkpoint.get("meta", {}).get("global_batch") or {
+            "per_process": None, "data_parallel": data_layout(checkpoint)[0], "world_size": world}
+        global_batch.report_resume(path, before, global_batch.record(runner))
     for name, model in named(runner.unwrapped_model, "model").items():
         _check_shapes(path, name, model, checkpoint["models"].get(name))
     _check_optimizer_kinds(runner, checkpoint, path)
@@ -50,41 +52,19 @@ def check_before_load(runner, checkpoint: dict, path: str) -> list:
     return given if policy == "new" else {}
 
 
-def _report_nodes(runner, path: str, before, world: int) -> None:
+def _report_nodes(runner, path: str, before, world: int, checkpoint_job: dict) -> None:
     """The nodes lost or joined since the checkpoint was written (an elastic job that lost one, or that one came back
-    to), by host, agent and ranks, with this job's restart attempt; nothing when the same nodes go on."""
+    to), by host, agent and ranks, with this job's restart attempt; nothing when the same nodes go on. A checkpoint of
+    another job (a plain resume by a new command) is compared by host only: its agents are new anyway."""
     now = runner.engine.nodes
-    said = membership.changes(before, now) if before and now else []
+    job = checkpoint_job.get("job") or {}
+    said = membership.changes(before, now, by_agent=same_job(job) is True) if before and now else []
     if not said:
         return
     attempt = restart_attempt()
     logger.warning("resume from %s%s: the world that wrote it had %d node(s) and %d process(es), this one has %d and "
                    "%d: %s", path, f" (restart attempt {attempt} of this job)" if attempt else "", len(before), world,
                    len(now), runner.engine.world_size, "; ".join(said))
-
-
-def _report_world_change(runner, path: str, before: int, data_before: int, loop: dict) -> None:
-    """A resume on another number of processes (or data-parallel ranks): what changes, and what the user may want
-    to scale."""
-    engine = runner.engine
-    now, data_now = engine.world_size, engine.dp_size
-    sizes = [getattr(loader, "batch_size", None) for name, loader in runner.loop.loaders.items()
-             if str(name).startswith("train")]
-    per_process = next((size for size in sizes if size), None)
-    if loop.get("loader_batch") and not loop.get("epoch_done"):  # what the interrupted pass batched
-        per_process_before = loop["loader_sample_step"] / loop["loader_batch"]
-        per_process_before = int(per_process_before) if per_process_before.is_integer() else per_process_before
-    else:
-        per_process_before = per_process
-    unit = "process" if (now, before) == (data_now, data_before) else "data-parallel rank"
-    batch = "" if per_process is None else (f"; the global batch size is {per_process * data_now} now ({per_process} "
-                                             f"per {unit}), {per_process_before * data_before} before")
-    data = "" if unit == "process" else f" ({data_before} -> {data_now} data-parallel)"
-    scale = (per_process * data_now) / (per_process_before * data_before) if per_process else data_now / data_before
-    logger.warning("resume from %s: written by %d process(es), resumed by %d%s%s: scale what depends on it, such as "
-                   "the learning rate (x%.3g by the linear rule, resume_lr='new' to pass it); each rank's random "
-                   "streams are derived anew (seed + data-parallel rank + 1000003 x global batch)", path, before, now,
-                   data, batch, scale)
 
 
 def apply_after_load(runner, given: dict) -> None:

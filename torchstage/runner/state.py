@@ -8,6 +8,7 @@ from torchstage.files.checkpoint_format import FORMAT, CheckpointError, clean_st
 from torchstage.launch.resolve import job_identity, restart_attempt
 from torchstage.launch.script_seed import applied_seed
 from torchstage.one_or_many import named
+from torchstage.runner import global_batch
 from torchstage.rng import get_rng_state, set_rng_state, set_seed
 from torchstage.version import __version__
 
@@ -40,7 +41,8 @@ def runner_state_dict(runner) -> dict:
                  "stage_epochs": [s.num_epochs for s in spec.stage_specs],
                  "optimizers": {k: f"{type(o).__module__}.{type(o).__qualname__}"
                                 for k, o in named(runner.optimizer, "optimizer").items()},
-                 "hparams": {k: _plain(getattr(spec, k)) for k in HPARAMS}},
+                 "hparams": {k: _plain(getattr(spec, k)) for k in HPARAMS},
+                 "global_batch": global_batch.record(runner)},
     }
 
 

@@ -4,8 +4,12 @@ Plain FSDP shards over every rank, so each layer's all-gather and reduce-scatter
 nodes. HSDP keeps them inside a node (over NVLink or shared memory) and only all-reduces the already
 reduce-scattered gradient shards across nodes, once per step.
 """
+import logging
+
 from torchstage.distributed.layout import complete, node_size
 from torchstage.strategies.fsdp import FSDP
+
+logger = logging.getLogger("torchstage")
 
 
 class HSDP(FSDP):
@@ -19,7 +23,14 @@ class HSDP(FSDP):
     name = "hsdp"
 
     def layout(self, world):
-        """``nodes x ranks per node`` unless given."""
+        """``nodes x ranks per node`` unless given; on one process, said to be dropped."""
+        if world.world_size == 1:
+            logger.warning("%s on one process: HSDP is dropped. HSDP shards the model within each node and "
+                           "replicates it across nodes, and one process has no other rank to shard or replicate "
+                           "with: this run trains as on a single device (its checkpoints are still sharded "
+                           "directories). To use it, start several processes (train(..., distributed=True, "
+                           "nprocs=N), torchrun or srun)",
+                           self.mesh_label() if self.replicate or self.shard else f"strategy={self.name!r}")
         per_node = node_size(world)
         if per_node is None and self.replicate is None and self.shard is None:
             raise ValueError(f"{self.mesh_label()}: the launcher of these {world.world_size} processes does not say "

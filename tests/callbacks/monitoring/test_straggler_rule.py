@@ -114,3 +114,20 @@ def test_ended_reports_a_rank_still_slow_with_its_last_figures():
     window(rule, [0.010, 0.010, 0.018, 0.010])
     found = rule.ended(2, "compute")
     assert (found.kind, found.value) == ("ended", pytest.approx(0.018)) and rule.named() == []
+
+
+def test_a_node_whose_every_rank_is_slow_is_said_of_the_node_and_a_shared_host_lowers_confidence():
+    from torchstage.callbacks.monitoring.straggler_rule import Finding, note
+    from torchstage.launch.node_load import NodeLoad
+    places = [("a", 0), ("a", 1), ("b", 0), ("b", 1)]
+    slow = Finding("slow", 2, "compute", 0.15, 0.10, 0.3)
+    assert note(slow, places, [(2, "compute")]) == ""  # one rank of b: the rank
+    assert note(slow, places, [(2, "compute"), (3, "compute")]) == (
+        "; every rank of host b (2, 3) is slow in compute: the node, not this rank")
+    alone = Finding("slow", 1, "compute", 0.15, 0.10, 0.3)
+    assert note(alone, [("a", 0), ("a", 1)], [(0, "compute"), (1, "compute")]) == ""  # one host: nothing to compare
+    shared = NodeLoad("b", 2, busy=2.0, own=0.8, steal=0.0, ranks=2)
+    assert note(slow, places, [(2, "compute")], shared) == (
+        "; confidence low: host b is shared: other work used 1.2 of its 2 CPUs (this job 0.8), so the cores were full "
+        "(the slowness may be its neighbours' on its cores, not this rank's)")
+    assert note(slow, places, [(2, "compute")], NodeLoad("b", 8, 2.0, 2.0, 0.0, 2)) == ""  # the node ran the job alone

@@ -97,3 +97,47 @@ def test_a_loss_that_is_not_a_scalar_names_the_criterion():
     assert message == ("the loss 'loss' of criterion MSELoss(reduction='none') has shape [8, 1], but the loss must be "
                        "a scalar to backpropagate: build the criterion with reduction='mean' or 'sum' (or reduce the "
                        "loss to one value in a callback before the backward)")
+
+
+class TinyLM(torch.nn.Module):
+    """Token ids [B, T] -> scores [B, T, V], as a language model gives; ``transpose`` follows the advice."""
+
+    def __init__(self, vocab=11, transpose=False):
+        super().__init__()
+        self.embed, self.head, self.transpose = torch.nn.Embedding(vocab, 8), torch.nn.Linear(8, vocab), transpose
+
+    def forward(self, tokens):
+        logits = self.head(self.embed(tokens))
+        return logits.transpose(1, 2) if self.transpose else logits
+
+
+def _tokens():
+    g = torch.Generator().manual_seed(0)
+    return torch.randint(0, 11, (32, 5), generator=g), torch.randint(0, 11, (32, 5), generator=g)
+
+
+def test_language_model_scores_on_the_last_dimension_get_a_fix_that_works():
+    """[B, T, V] logits and [B, T] targets: CrossEntropyLoss reads classes on dimension 1, and targets.view(-1)
+    fails again; the message says to flatten both or transpose, and each fix trains."""
+    x, y = _tokens()
+    torch.manual_seed(0)
+    message = run(TinyLM(), torch.nn.CrossEntropyLoss(), x, y)
+    assert message.startswith("CrossEntropyLoss compares model output 'logits' of shape [8, 5, 11] (float32) with "
+                              "target 'targets' of shape [8, 5] (int64): CrossEntropyLoss reads the classes on "
+                              "dimension 1, and these scores hold them on the last one (11 classes for each of [8, 5] "
+                              "targets, as a sequence model gives); "), message
+    assert "logits.transpose(1, 2)" in message and "logits.reshape(-1, 11)" in message \
+        and "targets.reshape(-1)" in message and "targets.view(-1)" not in message
+    loader = DataLoader(TensorDataset(x, y), batch_size=8)
+    model = TinyLM(transpose=True)  # the first fix: scores [B, V, T]
+    SupervisedRunner().train(model=model, criterion=torch.nn.CrossEntropyLoss(), loaders={"train": loader, "valid": loader},
+                             optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+
+    class Flat(TinyLM):  # the second: both flattened
+        def forward(self, tokens):
+            return super().forward(tokens).reshape(-1, 11)
+    flat = DataLoader(TensorDataset(x, y), batch_size=8, collate_fn=lambda rows: (
+        torch.stack([r[0] for r in rows]), torch.stack([r[1] for r in rows]).reshape(-1)))
+    model = Flat()
+    SupervisedRunner().train(model=model, criterion=torch.nn.CrossEntropyLoss(), loaders={"train": flat, "valid": flat},
+                             optimizer=torch.optim.SGD(model.parameters(), lr=0.1))

@@ -55,8 +55,20 @@ def test_a_rank_sharing_its_core_with_a_busy_process_is_named_and_exits_1(busy_c
     assert out.splitlines()[0].startswith("node ") and out.count("node ") == 1  # one host, one table
     assert "rank 2 on " in out and "rank 0 on " not in out and "rank 1 on " not in out, out
     assert "outliers (20% or more below the median of the other ranks, marked *):" in out
-    assert "--exclude" not in out  # not a SLURM job: the slow host is named instead
-    assert "slow host: " in out
+    assert "--exclude" not in out and "slow host" not in out  # the only host is not slower than itself
+    assert "every rank runs on " in out
+
+
+def test_the_command_under_its_own_launcher_ends_with_its_result_not_a_stopped_run(busy_core_0):
+    """``torchstage preflight --nprocs`` trains nothing: its last line is the check's result, not "the run stopped
+    gracefully ... before training" nor "not restarted"; the only host is not named slow."""
+    result = run([sys.executable, str(SCRIPTS / "slowed_preflight.py"), "--nprocs", "3"], PIN=0, NICE_RANK2=10)
+    out = result.stdout + result.stderr
+    assert result.returncode == 1, out[-3000:]
+    assert out.rstrip().splitlines()[-1] == "torchstage preflight: the check found slow rank 2 on " \
+        f"{out.split('node ', 1)[1].split(' ', 1)[0]}; exit code 1", out[-3000:]
+    assert "stopped gracefully" not in out and "before training" not in out and "restart" not in out
+    assert "slow host" not in out
 
 
 def test_alike_ranks_under_mpirun_agree():
@@ -106,7 +118,7 @@ def test_train_with_preflight_stops_every_rank_before_training_when_one_is_slow(
     output = result.stdout + result.stderr
     assert result.returncode == 1, output[-3000:]
     assert "pre-flight check:" in output and "rank 1 on " in output and "rank 0 on " not in output, output[-3000:]
-    assert "the run stopped gracefully (the pre-flight check found slow ranks on " in output
+    assert "the run stopped gracefully (the pre-flight check found slow rank 1 on " in output
     assert "before training; exit code 1" in output
     assert "Traceback" not in output  # an outcome, not a crash
     assert not list(tmp_path.glob("trained-rank*")) and not (tmp_path / "checkpoints").exists()

@@ -26,7 +26,9 @@ def test_a_slow_node_is_named_by_rank_and_host_and_excluded():
     assert excluded(found) == ["node2"]
     text = report(ranks, found, 1.5, 0.2, slurm=True)
     assert text.splitlines()[0] == "node node1 (2 ranks)" and "node node2 (2 ranks)" in text
-    assert "rank 2 on node2: matmul 12.00 GFLOP/s against 30.00 for the others (-60%)" in text
+    # every rank of node2 is slow: the node's doing, named as the host, not rank by rank
+    assert "host node2, all its 2 ranks (2-3): matmul 12.12 GFLOP/s against 30.00 for the others (-60%): the node, " \
+           "not one rank" in text and "rank 2 on node2" not in text
     assert text.endswith("resubmit without them: --exclude=node2")
     assert "all-reduce over the 4 ranks: 1.50 GB/s bus bandwidth" in text
     assert Preflight(ranks, found, 1.5, text, ["node2"]).exit_code == 1
@@ -77,3 +79,38 @@ def test_one_process_and_crowded_cores_are_said():
                                                         "torchrun or mpirun, or with --nprocs N)")
     crowded = [figures(r, "vm", 30.0, crowding=2.0) for r in range(4)]
     assert "note: vm runs 2.0 processes per CPU: they take turns on the cores" in report(crowded, [], None, 0.2, False)
+
+
+def test_one_slow_rank_of_a_node_is_named_as_the_rank():
+    ranks = two_nodes()
+    ranks[3] = figures(3, "node2", 12.0)
+    text = report(ranks, outliers(ranks), None, 0.2, slurm=False)
+    assert "rank 3 on node2: matmul 12.00 GFLOP/s against 30.00 for the others (-60%)" in text and "host node2" not in text
+
+
+def test_the_only_host_is_never_named_slow_nor_excluded():
+    """Two ranks on one host, one slower: the host is not slower than itself; nothing to exclude, even under SLURM."""
+    ranks = [figures(0, "vm", 30.0), figures(1, "vm", 12.0)]
+    found = outliers(ranks)
+    assert [o.rank for o in found] == [1] and excluded(found, ranks) == []
+    for slurm in (False, True):
+        text = report(ranks, found, None, 0.2, slurm=slurm)
+        assert "slow host" not in text and "--exclude" not in text
+        assert text.endswith("every rank runs on vm: the outliers are ranks of it, not a slower host (look at what "
+                             "shares their cores, and at their binding)"), text
+
+
+def _ticks(busy, idle, steal=0):
+    return ((0, 0, 0), (busy + idle + steal, idle, steal))
+
+
+def test_a_host_full_of_other_work_gets_a_low_confidence_verdict():
+    """2 CPUs for 1 s (200 ticks): 190 busy, 0.6 s of it the job's two ranks: 1.3 cores of other work filled them."""
+    ranks = [figures(0, "vm", 30.0, cpu_seconds=0.3, wall=1.0, cpus=2.0, node_ticks=_ticks(190, 10)),
+             figures(1, "vm", 12.0, cpu_seconds=0.3, wall=1.0, cpus=2.0, node_ticks=_ticks(190, 10))]
+    text = report(ranks, outliers(ranks), None, 0.2, slurm=False)
+    assert "confidence low: host vm is shared: other work used 1.3 of its 2 CPUs (this job 0.6), so the cores were " \
+           "full: its ranks are measured as the kernel shares the cores, not as their hardware runs" in text, text
+    assert "rank 1 on vm: matmul 12.00 GFLOP/s against 30.00 for the others (-60%) (low confidence)" in text
+    quiet = [figures(r, "vm", 30.0, cpu_seconds=0.9, wall=1.0, cpus=2.0, node_ticks=_ticks(190, 10)) for r in range(2)]
+    assert "confidence" not in report(quiet, [], None, 0.2, slurm=False)  # the job alone filled its cores

@@ -6,7 +6,7 @@ Each rank appends, per train batch, its global epoch and batch and the batch's s
 LOGDIR/seen-ATTEMPT-RANK-WORLD.jsonl, ATTEMPT its agent's restart count; and the same with the world's round
 (``phase``: the job's restart count, the world size and the master port torchrun's agents chose for it) to LOGDIR/rows-PHASE-RANK.jsonl.
 The script names no resume: a restarted attempt continues by itself. Environment: EPOCHS (3), MLFLOW=1 (an
-MLflowLogger too).
+MLflowLogger too), OVERWRITE=1 (``overwrite=True``: a new launch replaces the logdir's run).
 """
 import json
 import os
@@ -49,7 +49,7 @@ def main(logdir):
     SupervisedRunner().train(model=model, criterion=nn.MSELoss(), optimizer=torch.optim.SGD(model.parameters(), 0.01),
                              loaders=loaders, logdir=logdir, seed=5, num_epochs=int(os.environ.get("EPOCHS", 3)),
                              callbacks=[Seen(), MLflowLogger()] if os.environ.get("MLFLOW") else [Seen()],
-                             checkpoint_period=(Batch(2), 1))
+                             checkpoint_period=(Batch(2), 1), overwrite=bool(os.environ.get("OVERWRITE")))
 
 
 if __name__ == "__main__":

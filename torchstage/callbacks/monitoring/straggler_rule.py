@@ -10,6 +10,7 @@ after ``patience`` slow windows in a row; it has recovered after ``patience`` wi
 threshold (or half the share): the gap between the two keeps a rank near the line from being named again and
 again. While named, a share that grows by half (and by ``min_share``) for ``patience`` windows is reported as
 worse.
+:func:`whole_host` tells when every rank of a host is named in a part: the node's doing, said of the host.
 """
 import statistics
 from dataclasses import dataclass, field
@@ -160,3 +161,28 @@ class StragglerRule:
         episode = self._episodes[(rank, part)]
         episode.named = False
         return Finding("ended", rank, part, *episode.last, episode.worst)
+
+
+def whole_host(rank: int, part: str, named: list, places: list):
+    """The ranks of ``rank``'s host when every one of them is named slow in ``part`` (``named``: ``(rank, part)``
+    pairs), the host has several ranks and the job more than one host: what the whole node suffers, not a rank's;
+    else None. ``places``: ``(host, local rank)`` per rank."""
+    host = places[rank][0]
+    mine = [r for r, (h, _) in enumerate(places) if h == host]
+    if len(mine) < 2 or len({h for h, _ in places}) < 2:
+        return None
+    return mine if all((r, part) in named for r in mine) else None
+
+
+def note(finding: Finding, places: list, named: list, load=None) -> str:
+    """What a finding's line adds: the host, when every rank of it is slow (:func:`whole_host`); low confidence and
+    why, when ``load`` (a :class:`~torchstage.launch.node_load.NodeLoad` of the rank's host over the windows judged)
+    shows other work on full cores, oversubscription or steal. "" when neither."""
+    text = ""
+    mine = whole_host(finding.rank, finding.part, named, places) if finding.kind in ("slow", "worse") else None
+    if mine is not None:
+        text = f"; every rank of host {places[finding.rank][0]} ({', '.join(map(str, mine))}) is slow in " \
+               f"{finding.part}: the node, not this rank"
+    if load is not None and load.doubt() is not None and finding.kind != "recovered":
+        text += f"; confidence {load.confidence()} (the slowness may be its neighbours' on its cores, not this rank's)"
+    return text

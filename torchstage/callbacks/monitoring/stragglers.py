@@ -10,6 +10,7 @@ signal): no collective of its own per step. The main rank judges them
 all-reduce on the channel gathers each rank's times for the loggers.
 """
 import logging
+import os
 import statistics
 import time
 from numbers import Real
@@ -20,11 +21,12 @@ from torchstage.arguments import ArgumentError
 from torchstage.callbacks.base import Callback, CallbackScope
 from torchstage.callbacks.loggers.logger_base import RANKS, log_metrics
 from torchstage.callbacks.monitoring.step_clock import BackwardWait, StepClock
-from torchstage.callbacks.monitoring.straggler_rule import PARTS, StragglerRule
+from torchstage.callbacks.monitoring.straggler_rule import PARTS, StragglerRule, note
 from torchstage.distributed.agreement import Rider
 from torchstage.files.log_files import LogFiles
 from torchstage.files.straggler_log import EPISODES_FILE, RANKS_FILE, event_line, ranks_text
 from torchstage.launch.hosts import host_name
+from torchstage.launch.node_load import LoadMeter, mean_load
 from torchstage.launch.resolve import restart_attempt
 from torchstage.one_or_many import each
 
@@ -66,12 +68,17 @@ class StragglerDetector(Callback, Rider):
         self.threshold, self.window, self.patience, self.min_share = threshold, float(window), patience, min_share
         self._clock = self._wait = self._rule = self._files = None
         self._found, self._episodes, self._places, self._recent, self._first, self._loop = [], {}, [], [], None, None
+        self._meter, self._loads = None, []  # the main rank's node load, per window judged
 
     # ---- the run ---------------------------------------------------------------------------------
     def on_experiment_start(self, runner):
         engine = runner.engine
         self._rank, self._world, self._main = engine.rank, engine.world_size, engine.is_main
-        self._places = runner.channel.all_gather_object((host_name(), engine.local_rank))
+        gathered = runner.channel.all_gather_object((host_name(), engine.local_rank, os.getpid()))
+        self._places = [(host, local) for host, local, _ in gathered]
+        here = gathered[self._rank][0]  # the main rank measures how busy its node is besides the job
+        self._meter = LoadMeter(here, [pid for host, _, pid in gathered if host == here]) if self._main else None
+        self._loads = []
         self._wait = BackwardWait(each(runner.model))
         self._clock = StepClock(self._wait)
         self._found, self._episodes = [], {}
@@ -154,6 +161,8 @@ class StragglerDetector(Callback, Rider):
         found = self._rule.add(data, compute, waited, batches)
         if self._rule.last_window is window:
             return
+        if self._meter is not None:
+            self._loads = (self._loads + [self._meter.take()])[-RECENT:]
         for finding in found:
             self._found.append((finding, self._began(finding)))
         if logger.isEnabledFor(logging.DEBUG):
@@ -199,16 +208,25 @@ class StragglerDetector(Callback, Rider):
                 self._episodes[key] = began
             since = self._episodes.get(key, began)
             host, local_rank = self._places[finding.rank]
-            logger.warning("%s", describe(finding, host, local_rank, since, began, now, where))
+            note, load = self._note(finding)
+            logger.warning("%s%s", describe(finding, host, local_rank, since, began, now, where), note)
             if self._files is not None:
                 event = {"kind": finding.kind, "rank": finding.rank, "host": host, "local_rank": local_rank,
                          "part": finding.part, "value_ms": finding.value * 1e3, "median_ms": finding.median * 1e3,
                          "share": finding.share, "worst": finding.worst, "time": now, "began": began[0],
+                         "confidence": None if load is None else ("high" if load.doubt() is None else "low"),
                          "began_at": began[1], "since": since[0], "since_at": since[1], "attempt": restart_attempt(),
                          **where}
                 self._files.append(runner, f"{self._logdir}/{EPISODES_FILE}", event_line(event))
             if finding.kind in ("recovered", "ended"):
                 self._episodes.pop(key, None)
+
+    def _note(self, finding) -> tuple:
+        """What a finding's line adds (:func:`~.straggler_rule.note`) and the load of its host it read (None: a rank
+        of another host than the main rank's, whose load is not measured here)."""
+        mine = self._meter is not None and self._places[finding.rank][0] == self._meter.host
+        load = mean_load(self._loads[-max(1, finding.windows):]) if mine else None
+        return note(finding, self._places, self._rule.named(), load), load
 
     def _log_loader(self, runner) -> None:
         """Each rank's data, compute and wait time per batch of this train loader, to the loggers (one all-reduce)."""

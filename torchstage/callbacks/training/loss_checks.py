@@ -63,8 +63,16 @@ def _check_class_index(criterion, outputs, targets, what: str) -> None:
         return
     expected = [outputs.shape[0], *outputs.shape[2:]]
     if list(targets.shape) != expected:
-        raise ValueError(f"{what}: class-index targets need shape {expected} (one class per sample); e.g. "
-                         f"targets.view(-1) if they hold one class each")
+        if outputs.dim() >= 3 and list(targets.shape) == list(outputs.shape[:-1]):
+            classes = outputs.shape[-1]
+            raise ValueError(f"{what}: {type(criterion).__name__} reads the classes on dimension 1, and these scores "
+                             f"hold them on the last one ({classes} classes for each of {list(targets.shape)} "
+                             f"targets, as a sequence model gives); move the classes to dimension 1 "
+                             f"(logits.transpose(1, 2) in the model's forward), or flatten both "
+                             f"(logits.reshape(-1, {classes}) and targets.reshape(-1))")
+        one_each = targets.numel() == outputs.shape[0]
+        raise ValueError(f"{what}: class-index targets need shape {expected} (one class per sample)"
+                         f"{'; e.g. targets.view(-1) if they hold one class each' if one_each else ''}")
     ignore = getattr(criterion, "ignore_index", -100)
     counted = targets[targets != ignore]
     if counted.numel() == 0:

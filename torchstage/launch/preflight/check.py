@@ -10,6 +10,7 @@ import logging
 import os
 import socket
 import statistics
+import time
 from dataclasses import dataclass
 from typing import Optional
 
@@ -19,7 +20,8 @@ import torch.distributed as dist
 from torchstage.launch.failures import record_stop
 from torchstage.launch.hosts import host_name, in_slurm_job
 from torchstage.launch.preflight import probes
-from torchstage.launch.preflight.verdict import RankFigures, excluded, outliers, report
+from torchstage.launch.node_load import node_ticks
+from torchstage.launch.preflight.verdict import RankFigures, excluded, found_text, outliers, report
 from torchstage.launch.world import World
 from torchstage.logging_setup import ensure_console_handler
 
@@ -74,6 +76,7 @@ def run_preflight(world: World = None, repeats: int = REPEATS, seconds: float = 
     machine = [p for p in places if p[2] == place[2]]  # the ranks on this machine, and the CPUs they may use
     crowding = len(machine) / max(1, max(p[3] for p in machine))
     pairs = probes.rounds(nodes) if distributed else []
+    ticks, started, cpu = node_ticks(), time.monotonic(), time.process_time()  # how busy the node is besides
     with _threads(device):
         device_name = _device_name(device)
         memory = probes.HostMemory()
@@ -98,11 +101,13 @@ def run_preflight(world: World = None, repeats: int = REPEATS, seconds: float = 
     mine = RankFigures(rank, place[0], place[1], device_name, matmul, copies, link,
                        {peer: statistics.median(values) for peer, values in links.items()},
                        judge_link=device.type == "cuda" or len(nodes) > 1,
-                       crowding=crowding if device.type == "cpu" else 1.0)
+                       crowding=crowding if device.type == "cpu" else 1.0,
+                       cpu_seconds=time.process_time() - cpu, wall=time.monotonic() - started,
+                       cpus=float(os.cpu_count() or 1), node_ticks=(ticks, node_ticks()))
     ranks = _gather(mine, distributed)
     found = outliers(ranks, threshold)
     slurm = in_slurm_job()
-    return Preflight(ranks, found, bus, report(ranks, found, bus, threshold, slurm), excluded(found) if found else [])
+    return Preflight(ranks, found, bus, report(ranks, found, bus, threshold, slurm), excluded(found, ranks))
 
 
 def check_before_training(world: World) -> Preflight:
@@ -114,7 +119,7 @@ def check_before_training(world: World) -> Preflight:
     if world.rank == 0:
         (logger.warning if result.outliers else logger.info)("pre-flight check:\n%s", result.text)
     if result.outliers:
-        record_stop(world.rank, f"the pre-flight check found slow ranks on {', '.join(result.exclude)}", {})
+        record_stop(world.rank, f"the pre-flight check found {found_text(result.outliers)}", {})
         raise PreflightFailed(result)
     return result
 

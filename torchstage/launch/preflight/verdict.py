@@ -3,11 +3,17 @@ their nodes. Pure functions of the gathered figures (no clock, no collective), s
 
 A rank is an outlier in a measure when it is at least ``threshold`` (0.2: 20 %) below the median of the other
 ranks (see :func:`outliers`): the median of the others, not of all, so that with two ranks (or half the ranks
-slow) the slow ones are still compared with the fast ones.
+slow) the slow ones are still compared with the fast ones. A host whose every rank is an outlier in a measure is
+named as the host (what the whole node suffers is no rank's), and a host shared with other work (oversubscribed,
+its cores full of another job's work, time stolen) gets its verdict marked low-confidence (:mod:`~torchstage.launch.
+node_load`).
 """
 import statistics
 from dataclasses import dataclass, field
 from typing import Optional
+
+from torchstage.launch.node_load import between
+from torchstage.launch.startup_waits import ranges
 
 #: The measures compared across ranks: (key, column header, unit).
 MEASURES = (("matmul", "matmul GFLOP/s", "GFLOP/s"), ("memory", "memory GB/s", "GB/s"),
@@ -34,6 +40,12 @@ class RankFigures:
     judge_link: bool = True
     #: Ranks on its machine over the CPUs it may run on (more than 1: they take turns on the cores).
     crowding: float = 1.0
+    #: Its CPU seconds and the wall seconds of the probes, its node's CPUs and ``/proc/stat`` ticks before and after
+    #: them (:func:`~torchstage.launch.node_load.node_ticks`): how busy the node was besides the job.
+    cpu_seconds: float = 0.0
+    wall: float = 0.0
+    cpus: float = 0.0
+    node_ticks: tuple = ()
 
     def value(self, measure: str) -> Optional[float]:
         """The median of this rank's repeats of ``measure`` (None: it has none)."""
@@ -79,9 +91,47 @@ def outliers(ranks: list, threshold: float = 0.2) -> list:
     return sorted(found, key=lambda o: (o.rank, [m[0] for m in MEASURES].index(o.measure)))
 
 
-def excluded(found: list) -> list:
-    """The hosts of the outliers, each once, in the order found."""
+def host_loads(ranks: list) -> dict:
+    """Host -> :class:`~torchstage.launch.node_load.NodeLoad` during the probes (the ticks of its first rank, the
+    CPU seconds of all its ranks), for the hosts whose ranks sampled them."""
+    loads = {}
+    for host in dict.fromkeys(r.host for r in ranks):
+        mine = [r for r in ranks if r.host == host]
+        first = mine[0]
+        if len(first.node_ticks) != 2 or None in first.node_ticks or first.wall <= 0 or first.cpus <= 0:
+            continue
+        own = sum(r.cpu_seconds for r in mine)
+        loads[host] = between(host, first.cpus, *first.node_ticks, own, first.wall, len(mine))
+    return loads
+
+
+def whole_hosts(ranks: list, found: list) -> dict:
+    """``(host, measure)`` -> its outliers, where every rank of a host of several ranks is an outlier in a measure:
+    the node's doing, named as the host."""
+    per_host = {}
+    for r in ranks:
+        per_host.setdefault(r.host, []).append(r.rank)
+    whole = {}
+    for host, members in per_host.items():
+        for key, _, _ in MEASURES:
+            mine = [o for o in found if o.host == host and o.measure == key]
+            if len(members) > 1 and len(mine) == len(members):
+                whole[(host, key)] = mine
+    return whole
+
+
+def excluded(found: list, ranks: list = None) -> list:
+    """The hosts of the outliers, each once, in the order found (none when ``ranks`` all run on one host: excluding
+    it would leave nothing to run on)."""
+    if ranks is not None and len({r.host for r in ranks}) < 2:
+        return []
     return list(dict.fromkeys(o.host for o in found))
+
+
+def found_text(found: list) -> str:
+    """``slow ranks 2-3 on node2``: what a stop record says of the outliers."""
+    ranks = sorted({o.rank for o in found})
+    return f"slow rank{'s' * (len(ranks) > 1)} {ranges(ranks)} on {', '.join(dict.fromkeys(o.host for o in found))}"
 
 
 def node_links(ranks: list) -> dict:
@@ -119,6 +169,10 @@ def report(ranks: list, found: list, all_reduce: Optional[float], threshold: flo
         lines.append("note: " + ", ".join(f"{host} runs {value:.1f} processes per CPU" for host, value in crowded.items())
                      + ": they take turns on the cores, and the kernel's turns are not even; an outlier there may "
                        "be the scheduler's (give each rank its own cores for a verdict on the hardware)")
+    doubts = {host: load.confidence() for host, load in host_loads(ranks).items() if load.doubt() is not None}
+    for confidence in doubts.values():
+        lines.append(f"confidence {confidence}: its ranks are measured as the kernel shares the cores, not as their "
+                     f"hardware runs")
     if len(ranks) < 2:
         lines.append("one process: nothing to compare (start it under srun, torchrun or mpirun, or with --nprocs N)")
     elif not found:
@@ -126,14 +180,24 @@ def report(ranks: list, found: list, all_reduce: Optional[float], threshold: flo
     else:
         lines.append(f"outliers ({threshold:.0%} or more below the median of the other ranks, marked *):")
         units = {key: unit for key, _, unit in MEASURES}
+        whole = whole_hosts(ranks, found)
+        for (host, key), mine in whole.items():
+            value, median = statistics.median(o.value for o in mine), statistics.median(o.median for o in mine)
+            lines.append(f"  host {host}, all its {len(mine)} ranks ({ranges([o.rank for o in mine])}): {key} "
+                         f"{value:.2f} {units[key]} against {median:.2f} for the others ({value / median - 1:+.0%}): "
+                         f"the node, not one rank{' (low confidence)' if host in doubts else ''}")
         for o in found:
-            lines.append(f"  rank {o.rank} on {o.host}: {o.measure} {o.value:.2f} {units[o.measure]} against "
-                         f"{o.median:.2f} for the others ({-o.below:+.0%})")
+            if (o.host, o.measure) not in whole:
+                lines.append(f"  rank {o.rank} on {o.host}: {o.measure} {o.value:.2f} {units[o.measure]} against "
+                             f"{o.median:.2f} for the others ({-o.below:+.0%})"
+                             f"{' (low confidence)' if o.host in doubts else ''}")
         hosts = excluded(found)
-        if slurm:
-            lines.append(f"resubmit without them: --exclude={','.join(hosts)}")
+        if len(set(r.host for r in ranks)) > 1:
+            lines.append(f"resubmit without them: --exclude={','.join(hosts)}" if slurm else
+                         f"slow host{'s' * (len(hosts) > 1)}: {', '.join(hosts)}")
         else:
-            lines.append(f"slow host{'s' * (len(hosts) > 1)}: {', '.join(hosts)}")
+            lines.append(f"every rank runs on {hosts[0]}: the outliers are ranks of it, not a slower host (look at "
+                         f"what shares their cores, and at their binding)")
     return "\n".join(lines)
 
 
