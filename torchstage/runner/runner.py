@@ -13,6 +13,7 @@ from torchstage.one_or_many import map_named
 from torchstage.rng import set_seed
 from torchstage.runner import export, inference
 from torchstage.runner.defaults import default_callbacks
+from torchstage.runner.large_models import log_memory_plan
 from torchstage.runner.failure_record import record_run_failure
 from torchstage.runner.loop_state import EpochMetrics, LoopState, expose_loop_state
 from torchstage.runner.resume import loader_batches, remaining_loaders
@@ -138,8 +139,12 @@ class Runner:
 
     # ---- entry point ---------------------------------------------------------------------
     def _train(self, given: dict) -> "Runner":
-        """``train()`` with its keyword arguments as given: check every one, then run all stages."""
-        return train_in_world(self, make_spec(self, given))
+        """``train()`` with its keyword arguments as given: check every one, then run all stages (``dry_run``: log
+        the memory plan instead)."""
+        spec = make_spec(self, given)
+        if spec.dry_run:
+            return log_memory_plan(self, spec)
+        return train_in_world(self, spec)
 
     @passes_arguments_as_given(_train)
     def train(self, *,
@@ -164,6 +169,9 @@ class Runner:
               distributed: Optional[bool] = None, nprocs: Optional[int] = None, strategy: Any = "ddp",
               engine: Any = None, prefetch: bool = False, hang_timeout: Optional[float] = 300,
               max_restarts: Optional[int] = None, preflight: bool = False,
+              # large models
+              init_from: Any = None, init_weights: Any = None, activation_checkpointing: Any = None,
+              dry_run: bool = False,
               **more) -> "Runner":
         """Check every argument (each error names it, before training), then run all stages. docs/api.md has a row
         per argument; each part of :class:`~torchstage.runner.spec.TrainSpec` checks its own.
@@ -187,6 +195,10 @@ class Runner:
         Processes and strategy: ``distributed`` (None: join a launched world; True: also launch one),
         ``nprocs``, ``strategy`` ("ddp", "fsdp", "deepspeed" or a strategy object), ``engine``, ``prefetch``,
         ``hang_timeout``, ``max_restarts``, ``preflight`` (check every rank's speed before the first epoch).
+
+        Large models: ``init_from`` (initial weights: a .pth, a checkpoint, a Hugging Face folder), ``init_weights``
+        (``fn(module)`` for a model built on the meta device), ``activation_checkpointing`` (block classes),
+        ``dry_run`` (print each rank's memory plan and return without training).
 
         ``**more``: other libraries' names for these (Catalyst's ``fp16=``, ``main_metric=``, ``ddp=``...), which
         the runner translates; any other name is refused, with the closest accepted one.

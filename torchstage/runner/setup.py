@@ -25,6 +25,7 @@ from torchstage.rng import set_seed
 from torchstage.runner.chain import describe_chain
 from torchstage.runner.compile import compile_models
 from torchstage.runner.failure_record import record_on_abort
+from torchstage.runner.large_models import checkpoint_activations, set_initial_weights
 from torchstage.runner.loop_state import LoopState
 from torchstage.runner.resume import checkpoint_to_resume, restore, resume_of_this_attempt
 from torchstage.runner.spec_optimization import check_scheduler_steps
@@ -92,6 +93,7 @@ def prepare(runner, spec, world: World = None):
             stage.criterion.to(runner.engine.device)
     startup_watch.phase("placing the models")
     _place_models(runner)
+    checkpoint_activations(runner, spec)
     startup_watch.phase("compiling the models")
     compile_models(runner, spec.compile)
     startup_watch.phase("building the datasets")
@@ -114,6 +116,7 @@ def prepare(runner, spec, world: World = None):
     if found is not None:
         _log_resume(*found, runner.engine)
         restore(runner, found[1], path=found[0])
+    set_initial_weights(runner, spec, resumed=found is not None)
     if runner.engine.is_main and spec.verbose:
         logger.info("callbacks of stage %r:\n%s", runner.stage_key, describe_chain(runner.callbacks))
     return found[1]["optimizers"] if found is not None else None

@@ -4,7 +4,8 @@
 (``validate``): data and stages (:mod:`~torchstage.runner.spec_stages`), optimization
 (:mod:`~torchstage.runner.spec_optimization`), checkpoints and resume (:mod:`~torchstage.runner.spec_checkpoints`),
 run control (:mod:`~torchstage.runner.spec_run_control`), processes and strategy
-(:mod:`~torchstage.runner.spec_processes`). An argument that configures a callback is checked by that callback.
+(:mod:`~torchstage.runner.spec_processes`), large models: initial weights, activation checkpointing, the memory plan
+(:mod:`~torchstage.runner.spec_large_models`). An argument that configures a callback is checked by that callback.
 """
 import dataclasses
 import difflib
@@ -15,6 +16,7 @@ from typing import Callable, Optional, ParamSpec, TypeVar
 from torchstage.runner.defaults import stage_chains
 from torchstage.runner.errors import shorten_user_error
 from torchstage.runner.spec_checkpoints import CheckpointsAndResume
+from torchstage.runner.spec_large_models import LargeModels
 from torchstage.runner.spec_optimization import Optimization
 from torchstage.runner.spec_processes import ProcessesAndStrategy
 from torchstage.runner.spec_run_control import RunControl
@@ -26,7 +28,7 @@ R = TypeVar("R")
 
 # A dataclass takes the fields of its bases last base first: data and stages come first, as in train()'s signature.
 @dataclass
-class TrainSpec(ProcessesAndStrategy, RunControl, CheckpointsAndResume, Optimization, DataAndStages):
+class TrainSpec(LargeModels, ProcessesAndStrategy, RunControl, CheckpointsAndResume, Optimization, DataAndStages):
     """Everything ``train(...)`` accepts, part by part. Stage-level keys given at the top are inherited by all
     stages."""
 
@@ -42,6 +44,7 @@ class TrainSpec(ProcessesAndStrategy, RunControl, CheckpointsAndResume, Optimiza
         CheckpointsAndResume.validate(self, runner)
         DataAndStages.validate(self, runner)  # resolves the stages, which the optimization part checks
         Optimization.validate(self, runner)
+        LargeModels.validate(self, runner)  # last: the strategy resolved, the models checked
 
 
 def train_arguments() -> list:
