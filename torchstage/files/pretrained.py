@@ -59,11 +59,12 @@ def local_part(target) -> tuple:
 def _held(target, dim: int):
     """The indices along ``dim`` of the part this rank holds of DTensor ``target``: its placements applied to the
     indices 0..n-1 of that dimension alone (no communication: each rank slices its own)."""
-    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor import Replicate, distribute_tensor
     shape = [1] * target.dim()
     shape[dim] = target.shape[dim]
     probe = torch.arange(target.shape[dim]).view(shape)
-    placements = [Replicate() if isinstance(p, Shard) and p.dim != dim else p for p in target.placements]
+    # a shard of another dimension (Shard, and _StridedShard, which is no Shard subclass) holds all of this one
+    placements = [Replicate() if getattr(p, "dim", dim) != dim else p for p in target.placements]
     held = distribute_tensor(probe, target.device_mesh, placements, src_data_rank=None).to_local().reshape(-1).cpu()
     if held.numel() == 0:
         return slice(0, 0)

@@ -86,8 +86,9 @@ def check_entries(model: torch.nn.Module, keys, owner: str) -> None:
     have meant."""
     missing = [key for key in keys if not matching(model, key)]
     if missing:
-        raise ValueError(f"{owner}: " + "; ".join(_unmatched(model, key) for key in missing) + ". Each entry of a "
-                         f"tensor-parallel plan must name modules of the model (a '*' stands for one name part)")
+        raise ValueError(f"{owner}: the tensor-parallel plan has entries that name no module of the model: "
+                         + "; ".join(_unmatched(model, key) for key in missing)
+                         + ". Each entry must name modules as model.named_modules() does ('*' stands for one part)")
 
 
 def _unmatched(model, key: str, token: str = None) -> str:
@@ -96,8 +97,11 @@ def _unmatched(model, key: str, token: str = None) -> str:
     candidates = patterns + sorted({name.split(".", i)[-1] for name in names for i in range(name.count(".") + 1)})
     close = difflib.get_close_matches(key, list(dict.fromkeys(candidates)), n=3, cutoff=0.5)
     where = f" (no module part matches {token!r})" if token and token != key else ""
-    return (f"plan entry {key!r} matches no module of the model{where}"
-            + (f"; did you mean {' or '.join(map(repr, close))}?" if close else ""))
+    if close:
+        return f"{key!r} names no module{where}; did you mean {' or '.join(map(repr, close))}?"
+    leaves = [p for p in patterns if not any(q.startswith(p + ".") for q in patterns)]
+    return (f"{key!r} names no module{where}; the model's layers are named like "
+            f"{', '.join(leaves[:8])}{' ...' if len(leaves) > 8 else ''}")
 
 
 def apply_plan(model: torch.nn.Module, tensor_mesh, plan, owner: str) -> torch.nn.Module:
@@ -125,10 +129,10 @@ def run_parallelize(fn, model: torch.nn.Module, tensor_mesh, owner: str) -> torc
             warnings.warn_explicit(record.message, record.category, record.filename, record.lineno)
     if unresolved:
         entries = list(dict.fromkeys(unresolved))
-        raise ValueError(f"{owner}: parallelize(model, tensor_mesh) applied a plan whose "
-                         + "; ".join(_unmatched(model, key, token) for key, token in entries)
-                         + " (torch skips such an entry, and the layers it leaves whole then meet split ones); "
-                           "name the modules as model.named_modules() does")
+        raise ValueError(f"{owner}: the plan that parallelize(model, tensor_mesh) applied has entries that name no "
+                         f"module: " + "; ".join(_unmatched(model, key, token) for key, token in entries)
+                         + ". torch skips such an entry, and the layers it leaves whole then meet split ones; name "
+                           "the modules as model.named_modules() does (relative to the module the plan is applied to)")
     if not isinstance(result, torch.nn.Module):
         raise TypeError(f"{owner}: parallelize(model, tensor_mesh) must return the model (an nn.Module), got "
                         f"{type(result).__name__}")

@@ -3,8 +3,8 @@ meta-device tests.
 
 Usage: python meta_run.py LOGDIR; the world comes from train(distributed=True, nprocs=NPROC).
 Environment: STRATEGY (fsdp | hsdp | tp-dp | tp | ddp), NPROC (4), META (1: built under torch.device("meta")),
-INIT_FROM (train(init_from=...)), RESUME, EPOCHS (1), AC (1: activation_checkpointing=Block), INIT (hf: a custom
-init_weights), SEED (3). Rank 0 writes LOGDIR/initial.pt (the full weights as training starts) and LOGDIR/losses.json
+INIT_FROM (train(init_from=...)), RESUME, EPOCHS (1), AC (1: activation_checkpointing=Block), INIT (normal: a custom
+init_weights), SEED (3), PLAN (for tp: "miss" names no module at all, "typo" misspells one). Rank 0 writes LOGDIR/initial.pt (the full weights as training starts) and LOGDIR/losses.json
 (each train batch's loss).
 """
 import json
@@ -56,6 +56,10 @@ def plan(model, tensor_mesh):
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
     layout = {"q": ColwiseParallel(), "k": ColwiseParallel(), "v": ColwiseParallel(), "o": RowwiseParallel(),
               "up": ColwiseParallel(), "down": RowwiseParallel()}
+    if env.get("PLAN") == "miss":  # the names of another model: nothing matches
+        layout = {"attention.wq": ColwiseParallel(), "attention.wo": RowwiseParallel()}
+    elif env.get("PLAN") == "typo":
+        layout["out"] = layout.pop("o")
     for block in model.blocks:
         parallelize_module(block, tensor_mesh, layout)
     return model
