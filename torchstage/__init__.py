@@ -29,6 +29,7 @@ from torchstage.callbacks.safety.requeue import RequeueCallback
 from torchstage.callbacks.safety.stop import StopCallback
 from torchstage.callbacks.safety.watchdog import HangWatchdog
 from torchstage.callbacks.training.backward import BackwardCallback
+from torchstage.callbacks.training.causal_lm_loss import CausalLMLoss
 from torchstage.callbacks.training.loop import LoopCallback
 from torchstage.callbacks.training.loss_spike import LossSpike
 from torchstage.callbacks.training.nonfinite import (LossSpikeError, NonFiniteLossCallback, NonFiniteLossError,
@@ -115,7 +116,7 @@ def __getattr__(name):
 
 __all__ = [
     "AccuracyCallback", "AUCCallback", "FunctionalMetricCallback", "MetricCallback", "PrecisionRecallF1Callback",
-    "Callback", "CallbackOrder", "CallbackScope", "CancelBatch", "CancelEpoch", "CancelLoader", "CancelRun",
+    "Callback", "CallbackOrder", "CausalLMLoss", "CallbackScope", "CancelBatch", "CancelEpoch", "CancelLoader", "CancelRun",
     "CancelStage", "CheckpointCallback", "CheckpointError", "ConsoleLogger", "CriterionCallback", "CSVLogger",
     "CheckRunCallback", "EarlyStoppingCallback", "LimitBatchesCallback", "Loss", "OutputLossesCallback",
     "Regularizer", "TimerCallback", "ValidEveryCallback",

@@ -11,6 +11,7 @@ rank holds, read as a slice (safetensors' ``get_slice``, a memory-mapped ``.pth`
 """
 import json
 import os
+import warnings
 
 import torch
 
@@ -146,7 +147,9 @@ class ShardedCheckpointSource(WeightsSource):
 
         state = {"models": {self.model: dict(targets)}}
         try:
-            dcp.load(state, storage_reader=Reader(self.path), no_dist=True)
+            with warnings.catch_warnings():  # each rank reads its own shards: no_dist is meant
+                warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
+                dcp.load(state, storage_reader=Reader(self.path), no_dist=True)
         except Exception as e:  # DCP wraps what its reader raised
             raise CheckpointError(f"could not read the weights of init_from={self.path!r}: {str(e).strip()[-300:]}") \
                 from None
