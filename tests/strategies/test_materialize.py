@@ -1,7 +1,8 @@
 """Models built on the meta device, on 2 and 4 gloo processes: each rank materialises its shards with the same
 initial weights on any mesh (those of the model initialised module by module on one process), or exactly a
-checkpoint's (init_from); an optimizer built on the meta model trains as DDP does; a resumed meta run continues
-bitwise; a tensor-parallel plan that names no module is refused before training."""
+checkpoint's (init_from); an optimizer built on the meta model trains as DDP does; activation checkpointing under
+FSDP and TP gives the same losses; a resumed meta run continues bitwise; a tensor-parallel plan that names no module
+is refused before training."""
 import json
 import os
 import subprocess
@@ -61,23 +62,35 @@ def reference():
 
 @pytest.fixture(scope="module")
 def fsdp2(tmp_path_factory):
-    """FSDP over 2 processes from a meta build, 2 epochs."""
-    return ok(launch(tmp_path_factory.mktemp("fsdp2"), STRATEGY="fsdp", NPROC=2, EPOCHS=2))
+    """FSDP over 2 processes from a meta build, each block under activation checkpointing, 2 epochs (both kept)."""
+    return ok(launch(tmp_path_factory.mktemp("fsdp2"), STRATEGY="fsdp", NPROC=2, EPOCHS=2, AC=1, TOPK=2))
 
 
-def test_meta_init_gives_the_same_weights_on_any_mesh(fsdp2, reference, tmp_path):
-    """FSDP 2 and HSDP 2x2 with activation checkpointing: bitwise the one-process module-by-module weights."""
+@pytest.fixture(scope="module")
+def reference_file(reference, tmp_path_factory):
+    path = tmp_path_factory.mktemp("reference") / "reference.pth"
+    torch.save(reference, path)
+    return path
+
+
+def test_meta_init_gives_the_same_weights_on_any_mesh_and_checkpointed_activations_the_same_losses(
+        fsdp2, reference, reference_file, tmp_path):
+    """FSDP 2 and TP 2 x DP 2 (each with activation checkpointing): bitwise the one-process module-by-module weights.
+    A TP 2 x DP 2 run without activation checkpointing, from those weights read from a .pth (init_from): the same
+    weights, the same losses."""
     assert_equal(initial(fsdp2), reference)
-    hsdp = ok(launch(tmp_path, STRATEGY="hsdp", NPROC=4, AC=1))
-    assert "strategy FSDP, mesh replicate 2 x shard 2" in hsdp["out"]
-    assert_equal(initial(hsdp), reference)
-    assert all(v == v and v < 10 for v in losses(hsdp))
+    tp_ac = ok(launch(tmp_path / "ac", STRATEGY="tp-dp", NPROC=4, AC=1))
+    assert "mesh shard 2 x tensor 2" in tp_ac["out"]
+    assert_equal(initial(tp_ac), reference)
+    tp = ok(launch(tmp_path / "plain", STRATEGY="tp-dp", NPROC=4, META=0, INIT_FROM=reference_file))
+    assert_equal(initial(tp), reference)
+    assert len(losses(tp)) == 6 and losses(tp_ac) == pytest.approx(losses(tp), abs=1e-6)
 
 
-def test_an_optimizer_built_on_the_meta_model_trains_as_ddp_does(fsdp2, reference, tmp_path):
-    """DDP of a model built on the CPU, started from the reference weights (init_from): the same losses."""
-    torch.save(reference, tmp_path / "reference.pth")
-    ddp = ok(launch(tmp_path / "ddp", STRATEGY="ddp", NPROC=2, META=0, EPOCHS=2, INIT_FROM=tmp_path / "reference.pth"))
+def test_an_optimizer_built_on_the_meta_model_trains_as_ddp_does(fsdp2, reference, reference_file, tmp_path):
+    """DDP of a model built on the CPU without activation checkpointing, started from the reference weights
+    (init_from): the losses and weights of the FSDP run."""
+    ddp = ok(launch(tmp_path, STRATEGY="ddp", NPROC=2, META=0, EPOCHS=2, INIT_FROM=reference_file))
     assert_equal(initial(ddp), reference)
     assert len(losses(fsdp2)) == 12
     assert losses(fsdp2) == pytest.approx(losses(ddp), abs=1e-5)
@@ -86,18 +99,18 @@ def test_an_optimizer_built_on_the_meta_model_trains_as_ddp_does(fsdp2, referenc
 
 
 def test_init_from_a_sharded_checkpoint_of_another_mesh_gives_exactly_its_weights(fsdp2, tmp_path):
-    """A TP 2 x DP 2 run from the FSDP run's checkpoint directory: each rank read its shards; the weights are the
+    """An HSDP 2 x 2 run from the FSDP run's checkpoint directory: each rank read its shards; the weights are the
     checkpoint's, bitwise."""
-    source = fsdp2["logdir"] / "checkpoints" / "last.pth"
-    tp = ok(launch(tmp_path, STRATEGY="tp-dp", NPROC=4, INIT_FROM=source))
-    assert "mesh shard 2 x tensor 2" in tp["out"]
-    assert_equal(initial(tp), final(fsdp2)["models"]["model"])
+    hsdp = ok(launch(tmp_path, STRATEGY="hsdp", NPROC=4, INIT_FROM=fsdp2["logdir"] / "checkpoints" / "last.pth"))
+    assert "strategy FSDP, mesh replicate 2 x shard 2" in hsdp["out"]
+    assert_equal(initial(hsdp), final(fsdp2)["models"]["model"])
 
 
 def test_a_resumed_meta_run_continues_bitwise(fsdp2, tmp_path):
-    """One epoch, then resume='last' to two: the weights and optimizer state of the run never interrupted."""
-    ok(launch(tmp_path, STRATEGY="fsdp", NPROC=2, EPOCHS=1))
-    ok(launch(tmp_path, STRATEGY="fsdp", NPROC=2, EPOCHS=2, RESUME="last"))
+    """Resumed from the first epoch's checkpoint to two epochs: the weights and optimizer state of the run never
+    interrupted (the checkpoint's weights go into the shards of a model on the meta device)."""
+    ok(launch(tmp_path, STRATEGY="fsdp", NPROC=2, EPOCHS=2, AC=1,
+              RESUME=fsdp2["logdir"] / "checkpoints" / "epoch-0001.pth"))
     resumed, straight = final({"logdir": tmp_path}), final(fsdp2)
     assert_equal(resumed["models"]["model"], straight["models"]["model"])
     for key, state in straight["optimizers"]["optimizer"]["state"].items():

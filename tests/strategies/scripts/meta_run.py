@@ -3,7 +3,7 @@ meta-device tests.
 
 Usage: python meta_run.py LOGDIR; the world comes from train(distributed=True, nprocs=NPROC).
 Environment: STRATEGY (fsdp | hsdp | tp-dp | tp | ddp), NPROC (4), META (1: built under torch.device("meta")),
-INIT_FROM (train(init_from=...)), RESUME, EPOCHS (1), AC (1: activation_checkpointing=Block), INIT (normal: a custom
+INIT_FROM (train(init_from=...)), RESUME ("last" or a checkpoint), TOPK (epoch checkpoints kept), EPOCHS (1), AC (1: activation_checkpointing=Block), INIT (normal: a custom
 init_weights), SEED (3), PLAN (for tp: "miss" names no module at all, "typo" misspells one). Rank 0 writes LOGDIR/initial.pt (the full weights as training starts) and LOGDIR/losses.json
 (each train batch's loss).
 """
@@ -129,4 +129,5 @@ if __name__ == "__main__":
                              strategy=STRATEGIES[env.get("STRATEGY", "fsdp")](), init_from=env.get("INIT_FROM"),
                              init_weights=small_normal if env.get("INIT") == "normal" else None,
                              activation_checkpointing=Block if env.get("AC") == "1" else None,
-                             resume=env.get("RESUME"), overwrite=not env.get("RESUME"))
+                             resume=env.get("RESUME"), overwrite=env.get("RESUME") != "last",
+                             topk=int(env.get("TOPK", 0)))
