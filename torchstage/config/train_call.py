@@ -18,8 +18,9 @@ from torchstage.runner.spec import TrainSpec, make_spec
 from torchstage.runner.spec_stages import STAGE_KEYS
 
 
-def build_train_call(config: Mapping):
-    """Seed, then build the runner and every component: returns ``(runner, train_kwargs)``.
+def build_train_call(config: Mapping, model=None):
+    """Seed, then build the runner and every component: returns ``(runner, train_kwargs)``; ``model``: the model
+    already built from the config's (``torchstage plan`` builds it on the meta device).
 
     Python, numpy and torch are seeded with the config's ``seed`` (default: TrainSpec's) before the first
     component is built, so model initialisation is reproducible; ``train`` then seeds again as usual.
@@ -29,7 +30,9 @@ def build_train_call(config: Mapping):
     check_config(config)
     defaults = TrainSpec()
     set_seed(config.get("seed", defaults.seed), config.get("deterministic", defaults.deterministic))
-    kwargs = {"model": build_models(config["model"])} if "model" in config else {}
+    if model is None and "model" in config:
+        model = build_models(config["model"])
+    kwargs = {"model": model} if model is not None else {}
     runner = build_runner(config.get("runner"))
     for key, value in config.items():
         if key not in (*EXTRA_KEYS, *STAGE_KEYS, "stages", "model"):

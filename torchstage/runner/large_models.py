@@ -7,6 +7,7 @@ import os
 
 import torch
 
+from torchstage.logging_setup import ensure_console_handler
 from torchstage.one_or_many import map_named, named
 from torchstage.runner.spec_large_models import init_paths, open_source
 from torchstage.strategies.materialize import InitialWeights, is_meta, named_tensors
@@ -46,20 +47,30 @@ def set_initial_weights(runner, spec, resumed: bool) -> None:
 
 
 def log_memory_plan(runner, spec):
-    """``train(dry_run=True)``: log each rank's memory plan for the run's strategy and world, from the model as given
-    (its shapes; built on the meta device or not), and return the runner without training."""
+    """``train(dry_run=True)``: log each rank's memory plan (:func:`memory_plan`) and return the runner, which holds
+    it as ``runner.memory_plan``, without training."""
+    ensure_console_handler()
+    runner.memory_plan = memory_plan(runner, spec)
+    logger.info("%s", runner.memory_plan)
+    return runner
+
+
+def memory_plan(runner, spec, world_size: int = None, node_size: int = None, device: str = None):
+    """The :class:`~torchstage.strategies.memory_plan.MemoryPlan` of the run ``spec`` describes, from its model's
+    shapes, one batch of its first stage's train data and its optimizer, on ``world_size`` processes (default: those
+    it would start)."""
     from torchstage.strategies.memory_plan import plan_memory  # the estimator: a fake world of one process
-    model = named(spec.model, "model")
-    if len(model) != 1:
-        raise ValueError("dry_run=True plans one model; the run has " + ", ".join(sorted(model)))
+    models = named(spec.model, "model")
+    if len(models) != 1:
+        raise ValueError(f"the memory plan is made for one model; the run has {sorted(models)}")
     stage = spec.stage_specs[0]
     batch = _first_batch(stage)
-    plan = plan_memory(next(iter(model.values())), spec.strategy, world_size=_world_size(spec), optimizer=stage.optimizer,
-                       inputs=_inputs(runner, batch), amp=spec.amp, activation_checkpointing=spec.activation_checkpointing,
-                       node_size=_node_size(spec))
-    logger.warning("%s", plan)
-    runner.memory_plan = plan
-    return runner
+    inputs, targets = _inputs(runner, batch)
+    return plan_memory(next(iter(models.values())), spec.strategy, world_size=world_size or _world_size(spec),
+                       optimizer=next(iter(named(stage.optimizer, "optimizer").values()), None), inputs=inputs,
+                       criterion=stage.criterion if callable(stage.criterion) else None, targets=targets,
+                       amp=spec.amp, activation_checkpointing=spec.activation_checkpointing,
+                       node_size=node_size or _node_size(), device=device)
 
 
 def _world_size(spec) -> int:
@@ -73,28 +84,34 @@ def _world_size(spec) -> int:
     return max(1, torch.cuda.device_count()) if spec.distributed else 1
 
 
-def _node_size(spec):
+def _node_size():
     local = os.environ.get("LOCAL_WORLD_SIZE")
     return int(local) if local else None
 
 
 def _first_batch(stage):
-    """The first batch of the stage's first train loader (user loaders only), or None."""
-    loaders = stage.loaders or {}
-    for key, loader in loaders.items():
-        if str(key).startswith("train"):
-            return next(iter(loader), None)
-    return None
-
-
-def _inputs(runner, batch):
-    """What the runner would call its model with on ``batch``: the input of a ``(x, y)`` batch, or the input key(s)
-    of a dict batch (a SupervisedRunner's); None when unknown."""
-    if batch is None:
+    """The first batch of the stage's first train loader (or of its ``datasets``' train dataset, collated), or
+    None."""
+    if stage.loaders is not None:
+        return next((next(iter(loader), None) for key, loader in stage.loaders.items()
+                     if str(key).startswith("train")), None)
+    datasets = stage.datasets if isinstance(stage.datasets, dict) else {}
+    dataset = next((d for key, d in datasets.items() if str(key).startswith("train")), None)
+    if dataset is None or not hasattr(dataset, "__getitem__"):
         return None
-    key = getattr(runner, "input_key", None)
+    from torch.utils.data import default_collate
+    return default_collate([dataset[i] for i in range(min(int(datasets.get("batch_size", 1)), len(dataset)))])
+
+
+def _inputs(runner, batch) -> tuple:
+    """``(inputs, targets)``: what the runner would call its model with on ``batch`` and the targets its criterion
+    gets (a SupervisedRunner's keys, or an ``(x, y)`` batch); ``(None, None)`` when unknown."""
+    if batch is None:
+        return None, None
+    key, target = getattr(runner, "input_key", None), getattr(runner, "target_key", None)
     if isinstance(batch, dict) and key is not None:
-        return batch[key] if isinstance(key, str) else {k: batch[k] for k in key}
+        inputs = batch[key] if isinstance(key, str) else {k: batch[k] for k in key}
+        return inputs, batch.get(target)
     if isinstance(batch, (tuple, list)):
-        return batch[0]
-    return batch
+        return batch[0], batch[1] if len(batch) > 1 else None
+    return batch, None

@@ -48,7 +48,7 @@ class LargeModels:
                 finally:
                     source.close()
             if is_meta(model):
-                if self.strategy.meta_refusal is not None:
+                if self.strategy.meta_refusal is not None and not self.dry_run:  # a plan of any strategy is made
                     refuse_meta(model, f"{type(self.strategy).__name__}: {self.strategy.meta_refusal}")
                 check_initializable(model, self.init_weights, set(covered) | set(tied_names(model)), label)
 
