@@ -69,6 +69,7 @@ from torchstage.strategies.ddp import DDP
 from torchstage.strategies.deepspeed import DeepSpeed
 from torchstage.strategies.fsdp import FSDP
 from torchstage.strategies.hsdp import HSDP
+from torchstage.strategies.memory_plan import plan_memory
 from torchstage.strategies.model_parallel import ModelParallel
 from torchstage.strategies.single import SingleDevice
 from torchstage.version import __version__
@@ -116,7 +117,7 @@ def __getattr__(name):
 
 __all__ = [
     "AccuracyCallback", "AUCCallback", "FunctionalMetricCallback", "MetricCallback", "PrecisionRecallF1Callback",
-    "Callback", "CallbackOrder", "CausalLMLoss", "CallbackScope", "CancelBatch", "CancelEpoch", "CancelLoader", "CancelRun",
+    "Callback", "CallbackOrder", "CallbackScope", "CancelBatch", "CancelEpoch", "CancelLoader", "CancelRun",
     "CancelStage", "CheckpointCallback", "CheckpointError", "ConsoleLogger", "CriterionCallback", "CSVLogger",
     "CheckRunCallback", "EarlyStoppingCallback", "LimitBatchesCallback", "Loss", "OutputLossesCallback",
     "Regularizer", "TimerCallback", "ValidEveryCallback",
@@ -130,6 +131,6 @@ __all__ = [
     "LogdirLocked", "NonFiniteLossCallback", "NonFiniteLossError", "NonFiniteStateError", "LossSpike", "LossSpikeError",
     "RollbackCallback",
     "HangWatchdog", "EvenBatchesCallback", "UnevenBatchesError", "BatchTransformCallback", "BackwardCallback",
-    "HSDP", "ModelParallel",
+    "HSDP", "ModelParallel", "plan_memory", "CausalLMLoss",
     "StragglerDetector", "PreflightFailed",
 ]

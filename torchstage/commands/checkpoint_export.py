@@ -60,7 +60,8 @@ def _config_files(config) -> list:
         raise ValueError(f"--config {config!r} has no config.json: give the Hugging Face folder the model was built "
                          f"from (or its config.json)")
     folder = os.path.dirname(path)
-    return [path] + [os.path.join(folder, name) for name in CONFIG_FILES[1:] if os.path.isfile(os.path.join(folder, name))]
+    return [path] + [os.path.join(folder, name) for name in CONFIG_FILES[1:]
+                     if os.path.isfile(os.path.join(folder, name))]
 
 
 def _check_out(out: str) -> None:

@@ -1,9 +1,9 @@
-"""``torchstage checkpoint inspect PATH``, ``consolidate DIR OUT.pth`` and ``export``: read checkpoints safely, without a
-model.
+"""``torchstage checkpoint inspect PATH``, ``consolidate DIR OUT.pth`` and ``export``: read checkpoints safely,
+without a model.
 
 Both read single-file and sharded (FSDP, directory) checkpoints; ``consolidate`` turns a sharded one
-into one file that ``torch.load(..., weights_only=True)`` reads; ``export`` (:mod:`~torchstage.commands.checkpoint_export`)
-writes a model's weights as safetensors.
+into one file that ``torch.load(..., weights_only=True)`` reads; ``export``
+(:mod:`~torchstage.commands.checkpoint_export`) writes a model's weights as safetensors.
 """
 import json
 import os

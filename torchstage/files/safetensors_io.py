@@ -1,6 +1,6 @@
-"""Weights written in the safetensors format, as Hugging Face's ``save_pretrained`` lays them out: ``model.safetensors``,
-or ``model-0000x-of-0000y.safetensors`` shards and their ``model.safetensors.index.json`` when they exceed one shard.
-Files are written beside their final names and renamed into place, the index last."""
+"""Weights written in the safetensors format, as Hugging Face's ``save_pretrained`` lays them out:
+``model.safetensors``, or ``model-0000x-of-0000y.safetensors`` shards and their ``model.safetensors.index.json``
+when they exceed one shard. Files are written beside their final names and renamed into place, the index last."""
 import json
 import os
 import re

@@ -47,8 +47,8 @@ class LargeModels:
                     covered = set(source.shapes())
                 finally:
                     source.close()
-            if is_meta(model):
-                if self.strategy.meta_refusal is not None and not self.dry_run:  # a plan of any strategy is made
+            if is_meta(model) and not self.dry_run:  # a plan is made of any strategy, and initialises nothing
+                if self.strategy.meta_refusal is not None:
                     refuse_meta(model, f"{type(self.strategy).__name__}: {self.strategy.meta_refusal}")
                 check_initializable(model, self.init_weights, set(covered) | set(tied_names(model)), label)
 

@@ -12,7 +12,6 @@ and one unit's unsharded gradients; DDP's, its gradient buckets. The peak is the
 (activations and gathered units) and the step (gradients and the optimizer's temporaries), over the parameters and
 optimizer state that live all run. What the allocator keeps, the runtime and the data are not counted.
 """
-import contextlib
 import copy
 import inspect
 import sys
@@ -220,9 +219,12 @@ def _bytes(tensors, dtype=None) -> int:
 
 
 def activation_bytes(model, inputs, classes=(), dtype=None, criterion=None, targets=None) -> tuple:
-    """``(bytes kept for backward, the largest one tensor)``: one forward (and criterion) of ``model`` on meta copies
-    of ``inputs``, counting each storage autograd saves once; with ``classes`` checkpointed, each block keeps its input
-    and the largest block's saved tensors come back at a time."""
+    """``(bytes kept for backward, the largest one tensor)``: one forward (and criterion) of ``model`` (in ``dtype``
+    when given) on fake copies of ``inputs`` (shapes only), counting each storage autograd saves once; with
+    ``classes`` checkpointed, each block keeps its input and the largest block's saved tensors come back at a time."""
+    from torch._subclasses.fake_tensor import FakeTensorMode  # shapes without data, as torch's tracers use them
+    if dtype is not None:  # computing in bf16 (FSDP's mixed precision casts the parameters; autocast, most ops)
+        model = copy.deepcopy(model).to(dtype)
     params = {id(p) for p in model.parameters()}
     saved, blocks, stack, inputs_kept = {}, {}, [], {}
 
@@ -250,12 +252,13 @@ def activation_bytes(model, inputs, classes=(), dtype=None, criterion=None, targ
         if classes and isinstance(module, classes):
             handles.append(module.register_forward_pre_hook(enter, with_kwargs=True))
             handles.append(module.register_forward_hook(leave))
-    autocast = torch.autocast("cpu", dtype=dtype) if dtype is not None else contextlib.nullcontext()
     try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
-            output = _call(model.train(), _to_meta(inputs))
+        # fake tensors: a model that looks at its inputs' values (a transformers attention mask) skips that, as when
+        # compiled, where meta tensors would fail
+        with FakeTensorMode(allow_non_fake_inputs=True), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            output = _call(model.train(), _to_meta(inputs, dtype))
             if criterion is not None and targets is not None:
-                criterion(output, _to_meta(targets))
+                criterion(output, _to_meta(targets, dtype))
     finally:
         for handle in handles:
             handle.remove()
@@ -270,11 +273,13 @@ def _call(model, inputs):
     return model(*inputs) if isinstance(inputs, tuple) else model(inputs)
 
 
-def _to_meta(tree):
+def _to_meta(tree, dtype=None):
+    """``tree``'s tensors as meta tensors (floating ones in ``dtype`` when given)."""
     if torch.is_tensor(tree):
-        return torch.empty_like(tree, device="meta")
+        kind = dtype if dtype is not None and tree.is_floating_point() else tree.dtype
+        return torch.empty(tree.shape, dtype=kind, device="meta")
     if isinstance(tree, dict):
-        return {k: _to_meta(v) for k, v in tree.items()}
+        return {k: _to_meta(v, dtype) for k, v in tree.items()}
     if isinstance(tree, (list, tuple)):
-        return type(tree)(_to_meta(v) for v in tree)
+        return type(tree)(_to_meta(v, dtype) for v in tree)
     return tree
