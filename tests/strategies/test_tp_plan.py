@@ -57,3 +57,10 @@ def test_a_transformers_model_brings_its_plan_by_full_module_name():
     assert plan["model.layers.*.self_attn.q_proj"] == "colwise" and plan["lm_head"] == "colwise_gather_output"
     check_entries(model, plan, "X")  # every entry names modules of the model
     assert model_plan(Net()) is None
+
+
+def test_a_plan_that_splits_nothing_is_refused():
+    from torchstage.strategies.tp_plan import check_changed
+    with pytest.raises(ValueError, match=r"X: the tensor-parallel plan split no parameter of the model .* so the run "
+                                         r"would train without tensor parallelism"):
+        check_changed(Net(), "X")  # what parallelize(model, mesh) returns when every entry missed

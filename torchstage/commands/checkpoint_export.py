@@ -34,6 +34,7 @@ def add_parser(sub) -> None:
 
 
 def run_export(args) -> int:
+    """Export, or one line on stderr and exit status 2 for what cannot be exported."""
     try:
         size = parse_size(args.max_shard_size)
         configs = _config_files(args.config)
@@ -53,6 +54,7 @@ def run_export(args) -> int:
 
 
 def _config_files(config) -> list:
+    """The config files ``--config`` names (a folder or its config.json)."""
     if config is None:
         return []
     path = os.path.join(config, "config.json") if os.path.isdir(config) else config
@@ -65,6 +67,7 @@ def _config_files(config) -> list:
 
 
 def _check_out(out: str) -> None:
+    """OUT must be a new or empty folder, or one without weights."""
     if os.path.exists(out) and not os.path.isdir(out):
         raise ValueError(f"OUT {out!r} is a file; give a folder (new or empty)")
     if glob.glob(os.path.join(out, "*.safetensors")) or os.path.exists(os.path.join(out, SAFETENSORS_INDEX)):
@@ -73,6 +76,7 @@ def _check_out(out: str) -> None:
 
 
 def _model_state(checkpoint: dict, name, path: str) -> dict:
+    """The state of the checkpoint's model ``name`` (its only one by default)."""
     models = checkpoint.get("models", {})
     if name is None:
         if len(models) != 1:

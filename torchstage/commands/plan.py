@@ -27,6 +27,7 @@ examples:
 
 
 def add_parser(subparsers) -> None:
+    """Register ``torchstage plan``."""
     parser = subparsers.add_parser("plan", help="print each rank's memory before launching a run",
                                    description=DESCRIPTION, epilog=EPILOG,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -44,6 +45,7 @@ def add_parser(subparsers) -> None:
 
 
 def run_plan(args) -> int:
+    """Print the plan, or one line on stderr and exit status 2 for a config that cannot be planned."""
     add_import_paths(args.config)
     apply_allow_targets(args)
     if args.nprocs is not None and args.nprocs < 1:

@@ -184,6 +184,7 @@ def open_weights(path, model: str = "model") -> WeightsSource:
 
 
 def _safetensors_file(path: str) -> SafetensorsSource:
+    """The source of one ``.safetensors`` file (its header read now)."""
     from safetensors import safe_open  # the optional dependency: pip install torchstage[hf]
     try:
         with safe_open(path, framework="pt", device="cpu") as f:
@@ -194,6 +195,7 @@ def _safetensors_file(path: str) -> SafetensorsSource:
 
 
 def _sharded(path: str, model: str) -> ShardedCheckpointSource:
+    """The source of a sharded torchstage checkpoint (its metadata read safely now)."""
     from torchstage.files.sharded import read_metadata  # DCP: heavy
     metadata = read_metadata(path)
     models = sorted({key.split(".")[1] for key in metadata.state_dict_metadata if key.startswith("models.")})
@@ -201,6 +203,7 @@ def _sharded(path: str, model: str) -> ShardedCheckpointSource:
 
 
 def _pth(path: str, model: str) -> StateDictSource:
+    """The source of a ``.pth`` file, memory-mapped, its checksums verified first."""
     damage = damaged_record(path)
     if damage is not None:
         raise CheckpointError(f"init_from={path!r} is damaged: its content does not match the checksum written with "
@@ -254,6 +257,7 @@ def check_keys(source: WeightsSource, expected: dict, aliases: dict = None, what
 
 
 def _few(names: list, n: int = 4) -> str:
+    """The first ``n`` of ``names``, and how many more."""
     return ", ".join(map(str, names[:n])) + (f" and {len(names) - n} more" if len(names) > n else "")
 
 

@@ -85,6 +85,7 @@ def _world_size(spec) -> int:
 
 
 def _node_size():
+    """The processes of a node the launcher says (torchrun's ``LOCAL_WORLD_SIZE``), or None."""
     local = os.environ.get("LOCAL_WORLD_SIZE")
     return int(local) if local else None
 

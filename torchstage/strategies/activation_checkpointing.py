@@ -47,4 +47,5 @@ def checkpointed_count(model: torch.nn.Module) -> int:
 
 
 def _names(classes: tuple) -> str:
+    """How a message writes the classes given."""
     return classes[0].__name__ if len(classes) == 1 else "(" + ", ".join(c.__name__ for c in classes) + ")"

@@ -45,11 +45,13 @@ def is_meta(model: torch.nn.Module) -> bool:
 
 
 def _tensors(model):
+    """Every parameter and buffer of ``model``."""
     yield from model.parameters()
     yield from model.buffers()
 
 
 def _local(tensor):
+    """The part this rank holds of ``tensor`` (a DTensor's local tensor; a plain tensor itself)."""
     return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 

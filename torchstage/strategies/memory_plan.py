@@ -66,6 +66,7 @@ class MemoryPlan:
 
 
 def _ranks(ranks: list) -> str:
+    """``0-3`` for a run of ranks, else the ranks listed."""
     if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
         return f"{ranks[0]}-{ranks[-1]}"
     return ",".join(map(str, ranks))
@@ -185,6 +186,7 @@ def _sharded(model, strategy, world_size: int, node_size: int, forward, dtype) -
 
 
 def _simulate(model, strategy, layout, forward, dtype) -> dict:
+    """One rank's figures: the strategy's tensor parallelism, the activations, then its sharding, on ``model``."""
     strategy.layout, strategy.mesh = layout, build_mesh(layout, "cpu")
     model = strategy.parallelize(model)
     activations, largest_saved = forward(model)
@@ -201,6 +203,7 @@ def _simulate(model, strategy, layout, forward, dtype) -> dict:
 
 
 def _local(tensor):
+    """The part this rank holds of ``tensor`` (a DTensor's local tensor; a plain tensor itself)."""
     return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
@@ -268,6 +271,7 @@ def activation_bytes(model, inputs, classes=(), dtype=None, criterion=None, targ
 
 
 def _call(model, inputs):
+    """``model`` called on ``inputs``: a tensor, a tuple of arguments or a dict of keyword arguments."""
     if isinstance(inputs, dict):
         return model(**inputs)
     return model(*inputs) if isinstance(inputs, tuple) else model(inputs)

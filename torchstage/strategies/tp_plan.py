@@ -92,6 +92,7 @@ def check_entries(model: torch.nn.Module, keys, owner: str) -> None:
 
 
 def _unmatched(model, key: str, token: str = None) -> str:
+    """What is wrong with plan entry ``key`` (``token``: the part torch found no module for), and the names meant."""
     names = [name for name, _ in model.named_modules() if name]
     patterns = sorted({re.sub(r"(^|\.)\d+(?=\.|$)", r"\1*", name) for name in names})
     candidates = patterns + sorted({name.split(".", i)[-1] for name in names for i in range(name.count(".") + 1)})
