@@ -29,3 +29,16 @@ def test_a_bad_world_is_refused(capsys):
     assert "--nprocs must be >= 1, got 0" in capsys.readouterr().err
     assert cli(["plan", "-C", CONFIG, "--nprocs", "3", "--set", "strategy=hsdp", "--node-size", "2"]) == 2
     assert "does not divide" in capsys.readouterr().err
+
+
+def test_a_configs_dry_run_plans_instead_of_training(capsys, tmp_path):
+    assert cli(["run", "-C", CONFIG, "--set", "dry_run=true", "--set", f"logdir={tmp_path}"]) == 0
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_the_llama_example_config_plans_a_7b_model_in_seconds(capsys):
+    config = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "configs", "llama_plan.yml")
+    assert cli(["plan", "-C", config, "--device", "cuda"]) == 0
+    row = capsys.readouterr().out.splitlines()[2].split()
+    assert row[0] == "0-7" and float(row[1]) == 3213.1  # 6.74B fp32 parameters over 8 ranks
+    assert float(row[5]) > 30_000  # FSDP's default policy gathers the whole base model at once (docs/large-models)

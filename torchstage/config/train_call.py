@@ -13,6 +13,7 @@ from torchstage.config.schema import EXTRA_KEYS, check_config
 from torchstage.config.yaml_files import dump_config
 from torchstage.config.instantiate import ConfigError, instantiate, join
 from torchstage.rng import set_seed
+from torchstage.runner.large_models import log_memory_plan
 from torchstage.runner.setup import prepare, train_in_world
 from torchstage.runner.spec import TrainSpec, make_spec
 from torchstage.runner.spec_stages import STAGE_KEYS
@@ -92,6 +93,8 @@ def train_from_config(config: Mapping, dry_run: bool = False, callbacks: Mapping
     if dry_run:
         prepare(runner, spec)
         return runner
+    if spec.dry_run:  # the config's dry_run: true: the memory plan, as train(dry_run=True) gives it
+        return log_memory_plan(runner, spec)
     return train_in_world(runner, spec)
 
 
