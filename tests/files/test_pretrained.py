@@ -135,3 +135,16 @@ def test_check_keys_counts_a_tied_key_present_under_its_other_name():
             return {"embed.weight": (10, 4)}
 
     check_keys(Source(), {"embed.weight": (10, 4), "head.weight": (10, 4)}, {"head.weight": "embed.weight"})
+
+
+def test_a_damaged_pth_is_refused_before_training(tmp_path):
+    torch.save(weights(), tmp_path / "w.pth")
+    import struct
+    import zipfile
+    record = next(i for i in zipfile.ZipFile(tmp_path / "w.pth").infolist() if i.filename.endswith("data/0"))
+    data = bytearray((tmp_path / "w.pth").read_bytes())
+    name, extra = struct.unpack("<HH", data[record.header_offset + 26:record.header_offset + 30])
+    data[record.header_offset + 30 + name + extra + 5] ^= 0xFF  # a byte of the first tensor
+    (tmp_path / "w.pth").write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"init_from='.*w.pth' is damaged: its content does not match the checksum"):
+        start(tmp_path / "w.pth")

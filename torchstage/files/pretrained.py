@@ -160,9 +160,10 @@ class ShardedCheckpointSource(WeightsSource):
         return whole[index]
 
 
-def open_weights(path, model: str = "model") -> WeightsSource:
+def open_weights(path, model: str = "model", verify: bool = True) -> WeightsSource:
     """The source of ``path`` (see the module), for model ``model`` of a torchstage checkpoint; CheckpointError naming
-    the path and what it holds when it is none of them."""
+    the path and what it holds when it is none of them. ``verify``: check a ``.pth`` file's CRC-32s (reading all of
+    it, as the run's checks do before training; the loading itself then reads only the slices it needs)."""
     path = os.fspath(path)
     if os.path.isdir(path):
         if os.path.isfile(os.path.join(path, SAFETENSORS_INDEX)):
@@ -180,7 +181,7 @@ def open_weights(path, model: str = "model") -> WeightsSource:
         raise CheckpointError(f"init_from={path!r} does not exist")
     if path.endswith(".safetensors"):
         return _safetensors_file(path)
-    return _pth(path, model)
+    return _pth(path, model, verify)
 
 
 def _safetensors_file(path: str) -> SafetensorsSource:
@@ -202,9 +203,9 @@ def _sharded(path: str, model: str) -> ShardedCheckpointSource:
     return ShardedCheckpointSource(path, _model_name(path, model, models), metadata)
 
 
-def _pth(path: str, model: str) -> StateDictSource:
-    """The source of a ``.pth`` file, memory-mapped, its checksums verified first."""
-    damage = damaged_record(path)
+def _pth(path: str, model: str, verify: bool) -> StateDictSource:
+    """The source of a ``.pth`` file, memory-mapped, its checksums verified first (``verify``)."""
+    damage = damaged_record(path) if verify else None
     if damage is not None:
         raise CheckpointError(f"init_from={path!r} is damaged: its content does not match the checksum written with "
                               f"it (in {damage})")

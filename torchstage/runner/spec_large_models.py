@@ -39,8 +39,8 @@ class LargeModels:
         for name, model in models.items():
             label = "the model" if len(models) == 1 else f"model {name!r}"
             covered = ()
-            if name in paths:
-                source = open_source(paths[name], name)
+            if name in paths:  # checksums verified here, before training; the ranks then read only their slices
+                source = open_source(paths[name], name, verify=True)
                 try:
                     check_keys(source, {k: tuple(t.shape) for k, t in named_tensors(model, True).items()},
                                tied_names(model), label)
@@ -71,9 +71,10 @@ def init_paths(init_from, models: dict) -> dict:
                     f"folder) or a dict of model name -> path, got {type(init_from).__name__}")
 
 
-def open_source(path: str, name: str):
-    """The weights source of ``path``; a source that cannot be read is a ValueError naming the argument."""
+def open_source(path: str, name: str, verify: bool = False):
+    """The weights source of ``path`` (``verify``: its checksums too); a source that cannot be read is a ValueError
+    naming the argument."""
     try:
-        return open_weights(path, name)
+        return open_weights(path, name, verify)
     except CheckpointError as e:
         raise ValueError(str(e) if "init_from" in str(e) else f"init_from={path!r}: {e}") from None
