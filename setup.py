@@ -17,7 +17,9 @@ setup(
     python_requires=">=3.9",
     install_requires=["torch>=2.1,<3", "numpy", "tqdm", "tensorboardX>=2.6", "pyyaml"],
     extras_require={
-        "test": ["pytest>=7", "pytest-timeout", "pytest-xdist", "scikit-learn", "matplotlib", "tensorboard"],
+        # transformers: the Hugging Face example and tests (tiny models built from configs, no download)
+        "test": ["pytest>=7", "pytest-timeout", "pytest-xdist", "scikit-learn", "matplotlib", "tensorboard",
+                 "transformers>=4.50"],
         "plot": ["matplotlib"],
         "mpi": ["mpi4py>=3.1"],  # rank 0's host and port for MPI launches without a scheduler host list
         "mlflow": ["mlflow>=2.10", "matplotlib"],
@@ -27,6 +29,8 @@ setup(
         "optuna": ["optuna>=3.4"],
         "onnx": ["onnx>=1.14"],  # utils.onnx_export (Catalyst 22's): torch.onnx.export writes the file with it
         "deepspeed": ["deepspeed>=0.19,<0.20"],  # strategy="deepspeed" (ZeRO 1-3)
+        # train(init_from=<a safetensors file or Hugging Face folder>), torchstage checkpoint export --format safetensors
+        "hf": ["safetensors>=0.4"],
         # The tests' reference: tests/catalyst/ runs each Catalyst 22 script on real Catalyst 22.04 too, live, and
         # compares the weights bit for bit (numbers recorded on another CPU cannot match). accelerate<0.30: Catalyst
         # 22.04's engines use accelerate APIs that later releases deprecate and drop (DistributedType.TPU, ...).

@@ -34,6 +34,7 @@ from torchstage.callbacks.safety.requeue import RequeueCallback
 from torchstage.callbacks.safety.stop import StopCallback
 from torchstage.callbacks.safety.watchdog import HangWatchdog
 from torchstage.callbacks.training.backward import BackwardCallback
+from torchstage.callbacks.training.causal_lm_loss import CausalLMLoss
 from torchstage.callbacks.training.loop import LoopCallback
 from torchstage.callbacks.training.loss_spike import LossSpike
 from torchstage.callbacks.training.nonfinite import (LossSpikeError, NonFiniteLossCallback, NonFiniteLossError,
@@ -73,6 +74,7 @@ from torchstage.strategies.ddp import DDP
 from torchstage.strategies.deepspeed import DeepSpeed
 from torchstage.strategies.fsdp import FSDP
 from torchstage.strategies.hsdp import HSDP
+from torchstage.strategies.memory_plan import plan_memory
 from torchstage.strategies.model_parallel import ModelParallel
 from torchstage.strategies.single import SingleDevice
 from torchstage.version import __version__
@@ -134,6 +136,6 @@ __all__ = [
     "LogdirLocked", "NonFiniteLossCallback", "NonFiniteLossError", "NonFiniteStateError", "LossSpike", "LossSpikeError",
     "RollbackCallback",
     "HangWatchdog", "EvenBatchesCallback", "UnevenBatchesError", "BatchTransformCallback", "BackwardCallback",
-    "HSDP", "ModelParallel",
+    "HSDP", "ModelParallel", "plan_memory", "CausalLMLoss",
     "StragglerDetector", "PreflightFailed",
 ]

@@ -3,7 +3,7 @@ import argparse
 import sys
 
 from torchstage import __version__
-from torchstage.commands import checkpoint_tools, diagnose, env, plot, preflight, report, run, slurm, tune
+from torchstage.commands import checkpoint_tools, diagnose, env, plan, plot, preflight, report, run, slurm, tune
 from torchstage.runner.errors import is_user_error
 
 
@@ -21,8 +21,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _subcommands():
     """The ``add_parser(subparsers)`` function of every subcommand, in help order."""
-    return [run.add_parser, tune.add_parser, env.add_parser, preflight.add_parser, plot.add_parser, report.add_parser,
-            checkpoint_tools.add_parser, diagnose.add_parser, slurm.add_parser]
+    return [run.add_parser, tune.add_parser, plan.add_parser, env.add_parser, preflight.add_parser, plot.add_parser,
+            report.add_parser, checkpoint_tools.add_parser, diagnose.add_parser, slurm.add_parser]
 
 
 def main(argv=None) -> int:

@@ -84,7 +84,9 @@ def test_a_one_process_run_refuses_a_mesh_of_several_before_training(tmp_path):
 
 @pytest.mark.parametrize("kwargs, error, message", [
     ({"tensor": 0, "parallelize": plan}, ValueError, r"ModelParallel\(tensor=...\) must be an integer >= 1, got 0"),
-    ({"tensor": 2}, TypeError, r"parallelize=...\) must be a function fn\(model, tensor_mesh\)"),
+    ({"tensor": 2, "parallelize": "plan"}, TypeError, r"parallelize=...\) must be a function fn\(model, tensor_mesh\)"),
+    ({"tensor": 2, "parallelize": plan, "plan": {"q": "colwise"}}, TypeError, r"parallelize=fn or plan=\{\.\.\.\}, not both"),
+    ({"tensor": 2, "plan": {"q": "cowlise"}}, ValueError, r"plan\['q'\] = 'cowlise' is not a style"),
     ({"tensor": 2, "parallelize": plan, "replicate": 2}, TypeError, "data_replicate=..., not replicate="),
     ({"tensor": 2, "parallelize": plan, "data_shard": 1.5}, ValueError, r"shard=...\) must be an integer >= 1"),
 ])

@@ -1,7 +1,9 @@
-"""``torchstage checkpoint inspect PATH`` and ``consolidate DIR OUT.pth``: read checkpoints safely, without a model.
+"""``torchstage checkpoint inspect PATH``, ``consolidate DIR OUT.pth`` and ``export``: read checkpoints safely,
+without a model.
 
 Both read single-file and sharded (FSDP, directory) checkpoints; ``consolidate`` turns a sharded one
-into one file that ``torch.load(..., weights_only=True)`` reads.
+into one file that ``torch.load(..., weights_only=True)`` reads; ``export``
+(:mod:`~torchstage.commands.checkpoint_export`) writes a model's weights as safetensors.
 """
 import json
 import os
@@ -9,6 +11,7 @@ import sys
 
 import torch
 
+from torchstage.commands import checkpoint_export
 from torchstage.files.atomic import write_atomic
 from torchstage.files.checkpoint_read import load_checkpoint
 from torchstage.files.checkpoint_file import serialize
@@ -33,6 +36,7 @@ def add_parser(subparsers) -> None:
     consolidate.add_argument("path", metavar="DIR", help="a sharded checkpoint (e.g. logs/checkpoints/last.pth)")
     consolidate.add_argument("out", metavar="OUT.pth", help="the file to write")
     consolidate.set_defaults(func=run_consolidate)
+    checkpoint_export.add_parser(sub)
 
 
 def summarize(checkpoint: dict) -> dict:

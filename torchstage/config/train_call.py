@@ -13,13 +13,15 @@ from torchstage.config.schema import EXTRA_KEYS, check_config
 from torchstage.config.yaml_files import dump_config
 from torchstage.config.instantiate import ConfigError, instantiate, join
 from torchstage.rng import set_seed
+from torchstage.runner.large_models import log_memory_plan
 from torchstage.runner.setup import prepare, train_in_world
 from torchstage.runner.spec import TrainSpec, make_spec
 from torchstage.runner.spec_stages import STAGE_KEYS
 
 
-def build_train_call(config: Mapping):
-    """Seed, then build the runner and every component: returns ``(runner, train_kwargs)``.
+def build_train_call(config: Mapping, model=None):
+    """Seed, then build the runner and every component: returns ``(runner, train_kwargs)``; ``model``: the model
+    already built from the config's (``torchstage plan`` builds it on the meta device).
 
     Python, numpy and torch are seeded with the config's ``seed`` (default: TrainSpec's) before the first
     component is built, so model initialisation is reproducible; ``train`` then seeds again as usual.
@@ -29,7 +31,9 @@ def build_train_call(config: Mapping):
     check_config(config)
     defaults = TrainSpec()
     set_seed(config.get("seed", defaults.seed), config.get("deterministic", defaults.deterministic))
-    kwargs = {"model": build_models(config["model"])} if "model" in config else {}
+    if model is None and "model" in config:
+        model = build_models(config["model"])
+    kwargs = {"model": model} if model is not None else {}
     runner = build_runner(config.get("runner"))
     for key, value in config.items():
         if key not in (*EXTRA_KEYS, *STAGE_KEYS, "stages", "model"):
@@ -89,6 +93,8 @@ def train_from_config(config: Mapping, dry_run: bool = False, callbacks: Mapping
     if dry_run:
         prepare(runner, spec)
         return runner
+    if spec.dry_run:  # the config's dry_run: true: the memory plan, as train(dry_run=True) gives it
+        return log_memory_plan(runner, spec)
     return train_in_world(runner, spec)
 
 

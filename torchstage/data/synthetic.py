@@ -22,3 +22,10 @@ def synthetic_regression_splits(num_train: int = 1000, num_valid: int = 200, num
     """``{"train": ..., "valid": ...}`` of one synthetic task, e.g. for ``datasets: {_target_: ...}`` in a config."""
     return {"train": synthetic_regression(num_train, num_features, seed=seed),
             "valid": synthetic_regression(num_valid, num_features, seed=seed + 1)}
+
+
+def synthetic_tokens(num_samples: int = 64, length: int = 128, vocab_size: int = 32000, seed: int = 0) -> TensorDataset:
+    """``(tokens [N, length], next tokens [N, length])`` of random token sequences: a causal language model's batches
+    (``torchstage.CausalLMLoss``), e.g. for ``torchstage plan`` of a transformers model in a config."""
+    tokens = torch.randint(0, vocab_size, (num_samples, length + 1), generator=torch.Generator().manual_seed(seed))
+    return TensorDataset(tokens[:, :-1], tokens[:, 1:])

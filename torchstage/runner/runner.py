@@ -11,6 +11,7 @@ from torchstage.one_or_many import map_named
 from torchstage.rng import set_seed
 from torchstage.runner import export, inference
 from torchstage.runner.defaults import default_callbacks
+from torchstage.runner.large_models import log_memory_plan
 from torchstage.runner.failure_record import record_run_failure
 from torchstage.runner.loop_state import EpochMetrics, LoopState, expose_loop_state
 from torchstage.runner.resume import loader_batches, remaining_loaders
@@ -172,6 +173,10 @@ class Runner:
         ``nprocs``, ``strategy`` ("ddp", "fsdp", "deepspeed" or a strategy object), ``engine``, ``prefetch``,
         ``hang_timeout``, ``max_restarts``, ``preflight`` (check every rank's speed before the first epoch).
 
+        Large models: ``init_from`` (initial weights: a .pth, a checkpoint, a Hugging Face folder), ``init_weights``
+        (``fn(module)`` for a model built on the meta device), ``activation_checkpointing`` (block classes),
+        ``dry_run`` (print each rank's memory plan and return without training).
+
         ``**more``: other libraries' names for these (Catalyst's ``fp16=``, ``main_metric=``, ``ddp=``...), which
         the runner translates; any other name is refused, with the closest accepted one.
 
@@ -181,7 +186,10 @@ class Runner:
         (:func:`~torchstage.runner.errors.shorten_user_error`).
         """
         try:
-            return train_in_world(self, make_spec(self, given))
+            spec = make_spec(self, given)
+            if spec.dry_run:  # the memory plan instead of a run
+                return log_memory_plan(self, spec)
+            return train_in_world(self, spec)
         except Exception as exc:
             if shorten_user_error(exc, self):  # the user's error, under the user's call
                 raise exc

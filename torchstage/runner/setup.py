@@ -32,6 +32,7 @@ from torchstage.rng import set_seed
 from torchstage.runner.chain import describe_chain
 from torchstage.runner.compile import compile_models
 from torchstage.runner.failure_record import record_on_abort
+from torchstage.runner.large_models import checkpoint_activations, set_initial_weights
 from torchstage.runner.loop_state import LoopState
 from torchstage.runner.resume import checkpoint_to_resume, restore, resume_of_this_attempt
 from torchstage.runner.shared import share
@@ -106,6 +107,7 @@ def prepare(runner, spec, world: World = None):
             stage.criterion.to(runner.engine.device)
     startup_watch.phase("placing the models")
     _place_models(runner)
+    checkpoint_activations(runner, spec)
     startup_watch.phase("compiling the models")
     compile_models(runner, spec.compile)
     startup_watch.phase("building the datasets")
@@ -130,6 +132,7 @@ def prepare(runner, spec, world: World = None):
     if found is not None:
         _log_resume(*found, runner.engine)
         restore(runner, found[1], path=found[0])
+    set_initial_weights(runner, spec, resumed=found is not None)
     if runner.engine.is_main and spec.verbose:
         logger.info("callbacks of stage %r:\n%s", runner.loop.stage_key, describe_chain(runner.callbacks))
     return found[1]["optimizers"] if found is not None else None

@@ -4,7 +4,8 @@
 (:func:`~torchstage.runner.train_arguments.train_signature`). Each part of the arguments is checked by its own module,
 which reads only that part's: processes and strategy (:mod:`~torchstage.runner.spec_processes`), run control
 (:mod:`~torchstage.runner.spec_run_control`), checkpoints and resume (:mod:`~torchstage.runner.spec_checkpoints`),
-data and stages (:mod:`~torchstage.runner.spec_stages`), optimization (:mod:`~torchstage.runner.spec_optimization`);
+data and stages (:mod:`~torchstage.runner.spec_stages`), optimization (:mod:`~torchstage.runner.spec_optimization`), large models: initial weights, activation checkpointing, the memory
+plan (:mod:`~torchstage.runner.spec_large_models`);
 then the rules between parts (:mod:`~torchstage.runner.spec_rules`). An argument that configures a callback is
 checked by that callback.
 """
@@ -15,6 +16,7 @@ from typing import Optional
 
 from torchstage.runner.defaults import stage_chains
 from torchstage.runner.spec_checkpoints import check_checkpoints
+from torchstage.runner.spec_large_models import check_large_models
 from torchstage.runner.spec_optimization import check_optimization
 from torchstage.runner.spec_processes import check_processes
 from torchstage.runner.spec_rules import check_between_parts
@@ -24,7 +26,9 @@ from torchstage.runner.train_arguments import declared_arguments
 
 #: The checks of the parts, each reading its own arguments only, in the order they run (the first error is raised):
 #: the strategy first, whose optimizer a stage may use.
-PART_CHECKS = (check_processes, check_run_control, check_checkpoints, check_data, check_optimization)
+#: last, the large models: the strategy resolved and the models checked
+PART_CHECKS = (check_processes, check_run_control, check_checkpoints, check_data, check_optimization,
+               check_large_models)
 
 
 class _Checks:

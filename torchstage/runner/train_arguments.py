@@ -24,15 +24,16 @@ class Part:
 
 
 DATA, OPTIMIZATION, CHECKPOINTS = Part("Data and stages"), Part("Optimization"), Part("Checkpoints and resume")
-RUN_CONTROL, PROCESSES = Part("Run control"), Part("Processes and strategy")
+RUN_CONTROL, PROCESSES, LARGE_MODELS = Part("Run control"), Part("Processes and strategy"), Part("Large models")
 #: The parts in ``train()``'s order.
-PARTS = (DATA, OPTIMIZATION, CHECKPOINTS, RUN_CONTROL, PROCESSES)
+PARTS = (DATA, OPTIMIZATION, CHECKPOINTS, RUN_CONTROL, PROCESSES, LARGE_MODELS)
 # an argument's type and part, one alias a part (one assignment each: what type checkers read as an alias)
 Data = Annotated[T, DATA]
 Optimization = Annotated[T, OPTIMIZATION]
 Checkpoints = Annotated[T, CHECKPOINTS]
 RunControl = Annotated[T, RUN_CONTROL]
 Processes = Annotated[T, PROCESSES]
+LargeModels = Annotated[T, LARGE_MODELS]
 
 #: The defaults ``docs/api.md`` shows otherwise than as the value: what ``None`` means there.
 SHOWN_DEFAULTS = {"model": "required", "checkpoint_period": "`Epoch(1)`"}
@@ -60,6 +61,8 @@ def train_signature(
         strategy: Processes[Any] = "ddp", engine: Processes[Any] = None, prefetch: Processes[bool] = False,
         hang_timeout: Processes[Optional[float]] = 300, max_restarts: Processes[Optional[int]] = None,
         preflight: Processes[bool] = False,
+        init_from: LargeModels[Any] = None, init_weights: LargeModels[Optional[Callable]] = None,
+        activation_checkpointing: LargeModels[Any] = None, dry_run: LargeModels[bool] = False,
         **more: Any) -> None:
     """Every argument of ``Runner.train``; ``**more``: other libraries' names for them (Catalyst's ``fp16=``...),
     which a runner translates (``translate_train_kwargs``)."""

@@ -31,6 +31,8 @@ import torch
 from torchstage.distributed.engine import Engine
 from torchstage.distributed.layout import MeshLayout
 from torchstage.files.checkpoint_write import FileCheckpointIO
+from torchstage.strategies.activation_checkpointing import checkpoint_blocks
+from torchstage.strategies.materialize import refuse_meta
 from torchstage.strategies.precision import FULL, Precision
 
 #: The strategy classes that write optimizer state in a format of their own and read it back for any strategy
@@ -71,6 +73,13 @@ class Strategy(abc.ABC):
     #: Why this strategy cannot have its models and optimizers copied in memory and put back in place (a rollback's
     #: snapshot: each rank's ``model.state_dict()`` and ``optimizer.state`` tensors), or None where it can.
     no_snapshots = None
+    #: How models built on the meta device get their values (a
+    #: :class:`~torchstage.strategies.materialize.InitialWeights`, given by the runner before :meth:`setup`).
+    initial_weights = None
+    #: Why a model on the meta device cannot train under this strategy (None: it shards and materialises one).
+    meta_refusal = ("this strategy holds the whole model on every process, so it would be built in full anyway: build "
+                    "it on a device (drop torch.device('meta')), or shard it with strategy='fsdp' (or HSDP, "
+                    "ModelParallel) on several processes")
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -117,10 +126,17 @@ class Strategy(abc.ABC):
 
     # ---- placement ---------------------------------------------------------------------------
     def place(self, model: torch.nn.Module) -> torch.nn.Module:
-        """The model on the engine's device (in channels-last memory format when the engine asks for it)."""
+        """The model on the engine's device (in channels-last memory format when the engine asks for it); a model on
+        the meta device is refused, before training, where the strategy cannot materialise it."""
+        refuse_meta(model, f"{type(self).__name__}: {self.meta_refusal}")
         if self.engine.channels_last:
             return model.to(self.engine.device, memory_format=torch.channels_last)
         return model.to(self.engine.device)
+
+    def checkpoint_activations(self, model: torch.nn.Module, classes: tuple) -> torch.nn.Module:
+        """``model`` with each block of ``classes`` under activation checkpointing: here at once (before compile);
+        a sharding strategy applies it in :meth:`setup`, after tensor parallelism and before sharding."""
+        return checkpoint_blocks(model, classes)
 
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
         """The plain module under DDP or ``torch.compile`` wrappers."""

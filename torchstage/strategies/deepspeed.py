@@ -79,6 +79,12 @@ class DeepSpeed(Strategy):
     def __repr__(self) -> str:
         return f"DeepSpeed(stage={self.stage})"
 
+    #: DeepSpeed partitions real tensors (ZeRO-3 builds its partitions inside ``deepspeed.zero.Init()``), so it
+    #: cannot start from a model torch built on the meta device.
+    meta_refusal = ("DeepSpeed partitions real tensors: ZeRO-3 builds a model too large for one process inside "
+                    "deepspeed.zero.Init(config_dict_or_path=...), never from torch's meta device; build it there, or "
+                    "use strategy='fsdp' (or HSDP, ModelParallel), which materialises a meta model shard by shard")
+
     # ---- the lifecycle -----------------------------------------------------------------------
     def layout(self, world):
         """Every rank a data-parallel one (ZeRO partitions the state over all of them); refused for one process."""

@@ -12,7 +12,10 @@ import torch
 
 from torchstage.distributed.layout import MeshLayout, check_degree, complete
 from torchstage.files.checkpoint_write import ShardedCheckpointIO
+from torchstage.files.pretrained import StateDictSource
+from torchstage.strategies.activation_checkpointing import checkpoint_blocks
 from torchstage.strategies.base import Strategy
+from torchstage.strategies.materialize import InitialWeights, clean_name, is_meta, load_optimizer_state, materialize
 from torchstage.strategies.mesh import build_mesh, by_mesh, data_mesh, total_norm
 
 #: Modules that hold sub-modules without running them in a forward of their own: the policy looks inside.
@@ -30,12 +33,17 @@ class FSDP(Strategy):
     parameters compute in bfloat16 and gradients are reduced in float32 (FSDP2's MixedPrecisionPolicy).
     On a single process nothing is sharded; checkpoints are still written as directories.
 
+    A model built on the meta device is sharded as it is, then each rank materialises its shards only
+    (:mod:`~torchstage.strategies.materialize`): from ``train(init_from=...)`` or a resumed checkpoint, else
+    initialised module by module.
+
     ``replicate=R, shard=S`` (HSDP, see :class:`~torchstage.strategies.hsdp.HSDP`): a 2-D device mesh, each
     model sharded over ``S`` ranks and replicated ``R`` times (``R x S`` = the world size; one of them may be
     left out). Without them every rank shards the model.
     """
 
     name = "fsdp"
+    meta_refusal = None
     #: torch's DeviceMesh of the engine's layout (set by :meth:`connect`; None: FSDP's default, every rank shards).
     mesh = None
 
@@ -51,6 +59,8 @@ class FSDP(Strategy):
         self.min_params, self.modules, self.reshard_after_forward = int(min_params), modules, reshard_after_forward
         self.replicate = check_degree(type(self).__name__, "replicate", replicate)
         self.shard = check_degree(type(self).__name__, "shard", shard)
+        self.checkpointed = ()  # the block classes under activation checkpointing, applied at setup
+        self._meta_states, self._meta_optimizers = {}, []  # a resumed checkpoint's states for meta models
 
     def __repr__(self) -> str:
         mesh = "".join(f", {k}={getattr(self, k)}" for k in ("replicate", "shard") if getattr(self, k) is not None)
@@ -102,6 +112,21 @@ class FSDP(Strategy):
         return None if self.mesh is None else data_mesh(self.mesh, self.engine.layout)
 
     # ---- wrapping ----------------------------------------------------------------------------
+    def place(self, model):
+        """A model on the meta device stays there until it is sharded (several processes only)."""
+        if not is_meta(model):
+            return super().place(model)
+        if not self.engine.is_distributed:
+            raise ValueError(f"the model is on the meta device (built under torch.device('meta')), and {self.label} on "
+                             f"one process has nothing to shard it over: start several processes (distributed=True, "
+                             f"nprocs=N, or a launcher), or build the model on a device")
+        return model
+
+    def checkpoint_activations(self, model, classes):
+        """Kept for :meth:`setup`: activation checkpointing goes after tensor parallelism, before sharding."""
+        self.checkpointed = tuple(classes or ())
+        return model
+
     def units(self, model: torch.nn.Module) -> list:
         """The sub-modules sharded as their own unit before the model itself, innermost first."""
         if self.modules:
@@ -131,15 +156,29 @@ class FSDP(Strategy):
             raise ValueError(f"compile=True is not supported with {self.label} (model {compiled[0]!r} is compiled "
                              f"before sharding); train without compile, or use strategy='ddp'")
         if not self.engine.is_distributed:
-            return dict(models), list(optimizers)
+            return {key: checkpoint_blocks(model, self.checkpointed) for key, model in models.items()}, list(optimizers)
         before = {id(p): (key, clean_name(name)) for key, model in models.items()
                   for name, p in model.named_parameters()}
-        models = {key: self.parallelize(model) for key, model in models.items()}
+        meta = {key: self._meta_states.pop(id(model), None) for key, model in models.items() if is_meta(model)}
+        models = {key: checkpoint_blocks(self.parallelize(model), self.checkpointed) for key, model in models.items()}
         self.shard_models(models, amp_dtype)
+        self.materialize_models({key: models[key] for key in meta}, meta)
         after = {(key, clean_name(name)): p for key, model in models.items() for name, p in model.named_parameters()}
         for optimizer in optimizers:
             _rebind(optimizer, {old: after[where] for old, where in before.items()})
+        for optimizer, state in self._meta_optimizers:
+            load_optimizer_state(optimizer_module(optimizer, models), optimizer, state)
+        self._meta_optimizers = []
         return dict(models), list(optimizers)
+
+    def materialize_models(self, models: dict, resumed: dict) -> None:
+        """Give each sharded meta model its memory and values: a resumed checkpoint's (``resumed``, name -> state or
+        None), else the run's initial weights (``init_from``, or initialised)."""
+        weights = self.initial_weights or InitialWeights()
+        for key, model in models.items():
+            source = (StateDictSource(resumed[key], "the resumed checkpoint") if resumed[key] is not None
+                      else (weights.sources or {}).get(key))
+            materialize(model, self.engine.device, weights, source)
 
     def parallelize(self, model: torch.nn.Module) -> torch.nn.Module:
         """The model before it is sharded; tensor parallelism's place (:class:`ModelParallel`), as is here."""
@@ -192,10 +231,21 @@ class FSDP(Strategy):
         return get_model_state_dict(model)
 
     def load_model_state_dict(self, model, state):
-        """Full tensors into a plain or a sharded model (each rank keeps its shard)."""
+        """Full tensors into a plain or a sharded model (each rank keeps its shard); into a meta model once it is
+        sharded and materialised (:meth:`setup`)."""
+        if is_meta(model):
+            self._meta_states[id(model)] = state
+            return
         # heavy; FSDP runs only
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
         set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True))
+
+    def load_optimizer_state_dict(self, optimizer, models, state):
+        """As any strategy's; for an optimizer of a meta model, once the model is materialised (:meth:`setup`)."""
+        if any(is_meta(model) for model in models.values()):
+            self._meta_optimizers.append((optimizer, state))
+            return
+        super().load_optimizer_state_dict(optimizer, models, state)
 
     def optimizer_state_dict(self, optimizer, models):
         """The optimizer state keyed by parameter name (sharded tensors), loadable on any world size."""
@@ -221,17 +271,6 @@ def optimizer_module(optimizer, models: dict) -> torch.nn.Module:
     if len(holders) == 1:
         return next(iter(holders.values()))
     return torch.nn.ModuleDict(holders)
-
-
-#: Wrappers that torch puts between a module and its parameters' names (activation checkpointing, compile).
-WRAPPER_NAMES = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
-
-
-def clean_name(name: str) -> str:
-    """A parameter's name without wrapper prefixes: the same before and after a model is wrapped."""
-    for wrapper in WRAPPER_NAMES:
-        name = name.replace(wrapper, "")
-    return name
 
 
 def _check_optimizers(models: dict, optimizers, label: str) -> None:

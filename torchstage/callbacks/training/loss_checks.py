@@ -62,6 +62,10 @@ def _check_class_index(criterion, outputs, targets, what: str) -> None:
                              f"indices pass integer targets (targets.long())")
         return
     expected = [outputs.shape[0], *outputs.shape[2:]]
+    if outputs.dim() == 3 and list(targets.shape) == list(outputs.shape[:2]) and list(targets.shape) != expected:
+        raise ValueError(f"{what}: these look like a language model's logits [batch, tokens, vocabulary] with one "
+                         f"class per token, but {type(criterion).__name__} takes the classes in dimension 1; use "
+                         f"criterion=torchstage.CausalLMLoss(), or give it logits.transpose(1, 2)")
     if list(targets.shape) != expected:
         if outputs.dim() >= 3 and list(targets.shape) == list(outputs.shape[:-1]):
             classes = outputs.shape[-1]

@@ -1,0 +1,48 @@
+"""Done when of issue 60: a model whose full fp32 weights plus AdamW state exceed what one rank may use trains under
+FSDP on 4 CPU processes from a meta-device build, each rank's peak within 1.3x of its shard's share; the same run
+built on the CPU fails on that limit.
+
+Each rank may add 715 MiB of data memory (RLIMIT_DATA, set before the model is built) to what importing torch and
+torchstage left; the model is 134M parameters (513 MiB in fp32: weights plus AdamW state 1.5 GiB). Built on the meta
+device a rank needs its share (128 MiB of weights, 128 of gradients, 256 of AdamW state) and the run's working
+memory (about 680 MiB of data measured here); built whole it needs the model and its shard at once before anything
+trains (about 745 MiB). glibc's allocator is told to give freed blocks back (a fixed mmap threshold, one arena), or
+its retained heap would decide the outcome instead of the model.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import ROOT, script_env
+
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(900)]
+
+SCRIPT = os.path.join(ROOT, "tests", "strategies", "scripts", "limited_run.py")
+MIB = 2 ** 20
+BUDGET = 715
+
+
+def launch(logdir, meta: bool):
+    env = script_env(META=int(meta), WIDTH=1024, BLOCKS=64, BUDGET_MIB=BUDGET, MALLOC_MMAP_THRESHOLD_=65536,
+                     MALLOC_ARENA_MAX=1)
+    proc = subprocess.run([sys.executable, SCRIPT, str(logdir)], env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=600, cwd=ROOT)
+    return proc.returncode, proc.stdout
+
+
+def test_a_model_larger_than_a_rank_trains_from_a_meta_build_and_fails_without(tmp_path):
+    code, out = launch(tmp_path / "meta", meta=True)
+    assert code == 0, out[-3000:]
+    for rank in range(4):
+        report = json.loads((tmp_path / "meta" / f"rank{rank}.json").read_text())
+        share = report["params"] + report["grads"] + report["optimizer"]
+        full_weights = 4 * report["params"]
+        assert full_weights + 2 * full_weights > BUDGET * MIB  # the fp32 weights and AdamW state of the whole model
+        assert full_weights > 500 * MIB and report["limit"] is not None
+        assert report["peak"] <= 1.3 * share, (rank, report["peak"] / share)
+    code, out = launch(tmp_path / "whole", meta=False)
+    assert code != 0
+    assert "can't allocate memory" in out and "before its run recorded anything" in out, out[-3000:]
