@@ -111,7 +111,7 @@ def test_an_error_of_the_users_model_keeps_its_frames():
     frames = _frames(err.value)
     assert frames[-1] == __file__  # raised in Failing.forward
     assert any(f.endswith(os.path.join("torch", "nn", "modules", "module.py")) for f in frames)
-    assert [f for f in frames if f.startswith(PACKAGE)] == [os.path.join(PACKAGE, "runner", "spec.py")], frames
+    assert [f for f in frames if f.startswith(PACKAGE)] == [os.path.join(PACKAGE, "runner", "runner.py")], frames
     assert any("TORCHSTAGE_FULL_TRACEBACK=1" in note for note in err.value.__notes__)
 
 
@@ -155,4 +155,4 @@ def test_an_error_of_the_users_dataset_function_keeps_its_frames():
         _train(loaders=None, datasets={"batch_size": 4, "get_datasets_fn": make_datasets})
     frames = _frames(err.value)
     assert frames[-1] == __file__  # raised in make_datasets; torchstage's frames between hidden, as for the model
-    assert [f for f in frames if f.startswith(PACKAGE)] == [os.path.join(PACKAGE, "runner", "spec.py")], frames
+    assert [f for f in frames if f.startswith(PACKAGE)] == [os.path.join(PACKAGE, "runner", "runner.py")], frames

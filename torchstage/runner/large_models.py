@@ -18,7 +18,7 @@ logger = logging.getLogger("torchstage")
 def checkpoint_activations(runner, spec) -> None:
     """Each model's blocks of ``activation_checkpointing`` under activation checkpointing, as its strategy orders it
     (now, before compile; or at setup, after tensor parallelism)."""
-    strategy = runner.engine.strategy
+    strategy = runner.strategy
     classes = spec.activation_checkpointing or ()
     runner.model = map_named(lambda model: strategy.checkpoint_activations(model, classes), runner.model)
 
@@ -43,7 +43,7 @@ def set_initial_weights(runner, spec, resumed: bool) -> None:
             source.close()
         if runner.engine.is_main:
             logger.info("model %r: initial weights from %s", name, path)
-    runner.engine.strategy.initial_weights = InitialWeights(spec.init_weights, sources, spec.seed)
+    runner.strategy.initial_weights = InitialWeights(spec.init_weights, sources, spec.seed)
 
 
 def log_memory_plan(runner, spec):

@@ -79,10 +79,10 @@ class RollbackCallback(Callback):
 
     # ---- before training -------------------------------------------------------------------------
     def on_experiment_start(self, runner):
-        why = runner.engine.strategy.no_snapshots
+        why = runner.strategy.no_snapshots
         if why:
             raise ValueError(f"NonFiniteLossCallback(mode='rollback') keeps an in-memory snapshot of the models and "
-                             f"optimizers, and strategy={runner.engine.strategy!r} cannot give one: {why}. Use "
+                             f"optimizers, and strategy={runner.strategy!r} cannot give one: {why}. Use "
                              f"mode='stop' (the run stops at a bad loss and resumes from its last checkpoint), or "
                              f"strategy='ddp' or 'fsdp'")
         for stage, loaders in zip(runner.spec.stage_specs, runner.stage_loaders):

@@ -26,7 +26,7 @@ def save_checkpoint(runner, paths: list, before_last=None, last_good: str = "the
             logger.debug("checkpoint %s not written: %s", paths[-1], why)
             return False
     check_finite_state(runner, last_good)
-    runner.engine.strategy.save_checkpoint(runner.state_dict(), paths, runner.file_writer, before_last=before_last)
+    runner.strategy.save_checkpoint(runner.state_dict(), paths, runner.file_writer, before_last=before_last)
     return True
 
 

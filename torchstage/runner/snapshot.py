@@ -49,7 +49,7 @@ class Snapshot:
 def take_snapshot(runner, at_start: bool, leave_out=(), reuse: Snapshot = None) -> Snapshot:
     """This rank's run now, copied (``reuse``: a snapshot whose tensors to copy into); ``leave_out``: names of
     callbacks whose state is not the run's to roll back (the rollback's own record)."""
-    loop, strategy, old = runner.loop, runner.engine.strategy, reuse or Snapshot("", 0, "", 0, True)
+    loop, strategy, old = runner.loop, runner.strategy, reuse or Snapshot("", 0, "", 0, True)
     point = loop.resume_point if at_start else None  # a loader about to resume: it starts after the point's batches
     batch = (point.batch if point is not None else 0) if at_start else loop.batch_step
     snapshot = Snapshot(runner.loop.stage_key, runner.loop.global_epoch_step, runner.loop.loader_key, batch, at_start)
@@ -71,7 +71,7 @@ def take_snapshot(runner, at_start: bool, leave_out=(), reuse: Snapshot = None) 
 
 def restore_snapshot(runner, snapshot: Snapshot) -> None:
     """Put ``snapshot`` back: the next loader start of the runner goes on from its point, as a resume would."""
-    loop, strategy = runner.loop, runner.engine.strategy
+    loop, strategy = runner.loop, runner.strategy
     for name, model in named(runner.unwrapped_model, "model").items():
         model.load_state_dict(snapshot.models[name])  # in place: each tensor copied into the model's own
     for name, optimizer in named(runner.optimizer, "optimizer").items():
