@@ -24,6 +24,7 @@ from torchstage.strategies.activation_checkpointing import check_classes
 from torchstage.strategies.fsdp import FSDP
 from torchstage.strategies.materialize import is_meta
 from torchstage.distributed.engine import Engine
+from torchstage.strategies.mesh import build_mesh
 from torchstage.strategies.precision import amp_dtype
 from torchstage.strategies.resolve import resolve_strategy
 
@@ -187,9 +188,10 @@ def _sharded(model, strategy, world_size: int, node_size: int, forward, dtype) -
 
 
 def _simulate(model, strategy, engine, forward, dtype) -> dict:
-    """One rank's figures: the strategy (a copy, connected to the fake world's ``engine``: its mesh) applies its
-    tensor parallelism, the activations are measured, then it shards ``model``."""
-    strategy.connect(engine)
+    """One rank's figures: the strategy (a copy, given the fake world's ``engine`` and mesh; no checkpoint IO, whose
+    groups a fake world cannot make) applies its tensor parallelism, the activations are measured, then it shards
+    ``model``."""
+    strategy.engine, strategy.mesh = engine, build_mesh(engine.layout, "cpu")
     model = strategy.parallelize(model)
     activations, largest_saved = forward(model)
     units = [_bytes(u.parameters(), dtype) for u in strategy.units(model)]
