@@ -40,9 +40,10 @@ def main(argv: list) -> None:
         runpy.run_path(argv[0], run_name="__main__")
 
 
-def _without_entry_frames(tb):
-    """``tb`` from the program's first frame on: this entry's and runpy's frames are no part of the user's error."""
-    ours = {main.__code__.co_filename, runpy.run_path.__code__.co_filename}
+def without_entry_frames(tb, entry_files=()):
+    """``tb`` from the program's first frame on: this entry's, runpy's (and ``entry_files``') frames are no part of
+    the user's error."""
+    ours = {main.__code__.co_filename, runpy.run_path.__code__.co_filename, *entry_files}
     while tb is not None and tb.tb_next is not None and tb.tb_frame.f_code.co_filename in ours:
         tb = tb.tb_next
     return tb
@@ -54,6 +55,6 @@ if __name__ == "__main__":
     except (SystemExit, KeyboardInterrupt):
         raise
     except BaseException as error:  # noqa: BLE001 (shown as python would, exit code 1)
-        error.with_traceback(_without_entry_frames(error.__traceback__))
+        error.with_traceback(without_entry_frames(error.__traceback__))
         sys.excepthook(type(error), error, error.__traceback__)
         sys.exit(1)
