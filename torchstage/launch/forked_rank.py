@@ -36,7 +36,7 @@ def become_rank(request: dict, fds: list, handlers: dict, close) -> None:
     ``fds`` are the rank's stdout and stderr pipes, ``handlers`` the signal handlers the preloaded process had before
     it changed its own, ``close()`` closes what the preloaded process keeps for itself (its socket).
     """
-    code = 70  # EX_SOFTWARE: the rank could not be set up
+    code, streams, modules = 70, [], []  # 70 (EX_SOFTWARE): the rank could not be set up
     try:
         close()
         _restore_signals(handlers)
@@ -49,12 +49,14 @@ def become_rank(request: dict, fds: list, handlers: dict, close) -> None:
         os.environ.clear()
         os.environ.update({**request["env"], PARENT_ENV: str(request["parent"])})
         os.chdir(request["cwd"])
-        _fresh_stdio(request["env"])
+        streams = _fresh_stdio(request["env"])
+        launching = sys.modules.get("__main__")  # the launching program's module, not this rank's to clear
         _forget_parent_state(request["program"])
-        code = _run(request["program"])
+        code = _run(request["program"], modules)
+        modules = [m for m in (*modules, sys.modules.get("__main__")) if m is not None and m is not launching]
     except BaseException:  # noqa: BLE001 (a failure to set the rank up: shown in its output, exit 70)
         traceback.print_exc()
-    _finish(code)
+    _finish(code, modules, streams)
 
 
 def _restore_signals(handlers: dict) -> None:
@@ -67,9 +69,10 @@ def _restore_signals(handlers: dict) -> None:
         signal.signal(sig, handler)
 
 
-def _fresh_stdio(env: dict) -> None:
-    """New ``sys.stdout``/``sys.stderr`` on fd 1 and 2, buffered as a new interpreter's (``PYTHONUNBUFFERED``)."""
-    unbuffered = bool(env.get("PYTHONUNBUFFERED"))
+def _fresh_stdio(env: dict) -> list:
+    """New ``sys.stdout``/``sys.stderr`` on fd 1 and 2, buffered as a new interpreter's (``PYTHONUNBUFFERED``);
+    the old ones, which handlers made before the fork still write to (now on fd 1 and 2 too)."""
+    unbuffered, old_streams = bool(env.get("PYTHONUNBUFFERED")), []
     for fd, name in ((1, "stdout"), (2, "stderr")):
         old = getattr(sys, name)
         raw = io.FileIO(fd, "w", closefd=False)
@@ -81,10 +84,8 @@ def _fresh_stdio(env: dict) -> None:
                                   write_through=unbuffered)
         setattr(sys, name, stream)
         setattr(sys, f"__{name}__", stream)
-        _OLD_STREAMS.append(old)  # handlers made before the fork still write to it (now fd 1 or 2 too)
-
-
-_OLD_STREAMS = []
+        old_streams.append(old)
+    return old_streams
 
 
 def _forget_parent_state(program: list) -> None:
@@ -138,10 +139,11 @@ def local_modules(folder: str) -> list:
     return names
 
 
-def _run(program: list) -> int:
-    """Run ``program`` as ``__main__`` (seeded, see :mod:`seeded_entry`); its exit status as python's."""
+def _run(program: list, modules: list) -> int:
+    """Run ``program`` as ``__main__`` (seeded, see :mod:`seeded_entry`; the module it ran in goes to ``modules``);
+    its exit status as python's."""
     try:
-        seeded_entry.main(program)
+        modules.append(seeded_entry.main(program))
     except SystemExit as exit:
         return _exit_status(exit.code)
     except KeyboardInterrupt as error:
@@ -170,14 +172,15 @@ def _exit_status(code) -> int:
     return 1
 
 
-def _finish(code: int) -> None:
-    """End as an interpreter does: join non-daemon threads, run ``atexit``, collect, flush; then exit."""
-    for step in (threading._shutdown, atexit._run_exitfuncs, gc.collect):
+def _finish(code: int, modules: list, streams: list) -> None:
+    """End as an interpreter does: join non-daemon threads, run ``atexit``, clear the program's globals (``modules``:
+    its open files are flushed as they go), collect, flush; then exit."""
+    for step in (threading._shutdown, atexit._run_exitfuncs, lambda: _clear(modules), gc.collect):
         try:
             step()
         except BaseException:  # noqa: BLE001 (as at an interpreter's exit: the exit code stands)
             pass
-    for stream in (sys.stdout, sys.stderr, *_OLD_STREAMS):
+    for stream in (sys.stdout, sys.stderr, *streams):
         try:
             stream.flush()
         except Exception:  # noqa: BLE001
@@ -186,3 +189,9 @@ def _finish(code: int) -> None:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
     os._exit(code & 0xFF)
+
+
+def _clear(modules: list) -> None:
+    for module in {id(module): module for module in modules}.values():
+        for name in [name for name in vars(module) if name != "__builtins__"]:
+            vars(module)[name] = None

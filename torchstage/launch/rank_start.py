@@ -9,17 +9,15 @@ and forks every rank from it; the rank runs the program from its first line as `
 what the launching process had imported; where neither is safe, or with ``start="fresh"`` (``TORCHSTAGE_START``),
 each rank is a fresh interpreter. Why a start was not preloaded is logged at debug level.
 """
-import itertools
 import logging
 import os
 import signal
 import socket
 import subprocess
 import sys
-import threading
-import time
 
 from torchstage.launch.fork_safety import threads_after_fork, unsafe_to_fork
+from torchstage.launch.preloaded import PreloadedStart, reap
 from torchstage.launch.script_seed import program_of, seeded_command
 from torchstage.launch.zygote import receive, send, serve
 
@@ -29,9 +27,9 @@ PRELOADED, FRESH = "preloaded", "fresh"
 #: What every rank imports before its first step beyond the program's own imports: the preloaded process imports
 #: them once (torch's compiler front end alone, which the first optimizer step imports, is a second of CPU).
 RANK_IMPORTS = ("torch.distributed.distributed_c10d", "torch.nn.parallel.distributed", "torch._dynamo",
-                "torch.distributed.algorithms.join", "torch.utils.data.distributed")
+                "torch.distributed.algorithms.join", "torch.utils.data.distributed", "torch.profiler._cupti_monitor",
+                "multiprocessing.popen_fork", "multiprocessing.queues", "multiprocessing.synchronize")
 READY_SECONDS = 300.0  # a preloaded process importing on a busy node; a slower one is given up for fresh starts
-START_SECONDS = 60.0
 
 
 def check_start(value=None, name: str = "start") -> str:
@@ -58,133 +56,6 @@ class FreshStart:
 
     def close(self) -> None:
         pass
-
-
-class RankProcess:
-    """A rank forked by the preloaded process, as the launcher sees it: ``Popen``'s ``pid``, ``stdout``, ``stderr``,
-    ``poll()``, ``wait()`` and ``returncode`` (negative: the signal that ended it)."""
-
-    def __init__(self, pid: int):
-        self.pid, self.returncode, self.stdout, self.stderr = pid, None, None, None
-        self._ended = threading.Event()
-
-    def poll(self):
-        return self.returncode
-
-    def wait(self, timeout=None):
-        if not self._ended.wait(timeout):
-            raise subprocess.TimeoutExpired(f"rank process {self.pid}", timeout)
-        return self.returncode
-
-    def ended(self, code: int) -> None:
-        self.returncode = code
-        self._ended.set()
-
-
-class PreloadedStart:
-    """Ranks forked by a preloaded process (pid ``pid``, on ``sock``); ``fallback`` starts them once it is gone."""
-
-    kind = PRELOADED
-
-    def __init__(self, sock, pid: int, program: list, fallback: FreshStart, popen=None):
-        self.sock, self.pid, self.program, self.fallback, self.popen = sock, pid, program, fallback, popen
-        self.pending, self.procs, self.gone = {}, {}, False
-        self.ids, self.lock = itertools.count(), threading.Lock()
-        self.reader = threading.Thread(target=self._read, name="torchstage-preloaded-reader", daemon=True)
-        self.reader.start()
-
-    def start(self, env: dict):
-        """Fork a rank with ``env``; a fresh interpreter instead if the preloaded process cannot."""
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        slot = {"done": threading.Event(), "proc": None, "error": None}
-        with self.lock:
-            request_id = next(self.ids)
-            self.pending[request_id] = slot
-            gone = self.gone
-        try:
-            if not gone:
-                send(self.sock, {"id": request_id, "program": self.program, "env": env, "cwd": os.getcwd()},
-                     (out_w, err_w))
-        except OSError as exc:
-            slot["error"] = f"the preloaded process is gone ({exc})"
-        finally:
-            os.close(out_w)
-            os.close(err_w)
-        if not gone and slot["error"] is None and not slot["done"].wait(START_SECONDS):
-            slot["error"] = f"no answer from the preloaded process in {START_SECONDS:.0f} s: ended"
-            os.kill(self.pid, signal.SIGKILL)  # a rank it might start later would run unwatched
-        proc = slot["proc"]
-        if proc is None:
-            os.close(out_r)
-            os.close(err_r)
-            logger.debug("rank started in a fresh interpreter: %s", slot["error"] or "the preloaded process is gone")
-            return self.fallback.start(env)
-        proc.stdout, proc.stderr = open(out_r, "rb"), open(err_r, "rb")
-        return proc
-
-    def _read(self) -> None:
-        """Answers and exits from the preloaded process, until it closes the socket."""
-        while True:
-            try:
-                message, fds = receive(self.sock)
-            except OSError:
-                message, fds = None, []
-            for fd in fds:
-                os.close(fd)
-            if message is None:
-                break
-            with self.lock:
-                kind = message[0]
-                if kind == "exited" and message[1] in self.procs:
-                    self.procs.pop(message[1]).ended(message[2])
-                elif kind in ("started", "failed") and message[1] in self.pending:
-                    slot = self.pending.pop(message[1])
-                    if kind == "started":
-                        slot["proc"] = self.procs[message[2]] = RankProcess(message[2])
-                    else:
-                        slot["error"] = message[2]
-                    slot["done"].set()
-        with self.lock:  # the preloaded process ended: its ranks died with it (PDEATHSIG)
-            self.gone = True
-            for proc in self.procs.values():
-                proc.ended(-signal.SIGKILL)
-            for slot in self.pending.values():
-                slot["done"].set()
-            self.procs, self.pending = {}, {}
-
-    def close(self) -> None:
-        """End the preloaded process (its ranks have ended: the launcher stopped them) and reap it."""
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.reader.join(timeout=5)
-        self.sock.close()
-        _reap(self.pid, self.popen)
-
-
-def _reap(pid: int, popen=None, seconds: float = 5.0) -> None:
-    if popen is not None:
-        try:
-            popen.wait(timeout=seconds)
-        except subprocess.TimeoutExpired:
-            popen.kill()
-            popen.wait()
-        return
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            done, _ = os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if done:
-            return
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            return
-        time.sleep(0.01)
 
 
 def rank_start(command: list, start=None, preload=()):
@@ -216,7 +87,7 @@ def rank_start(command: list, start=None, preload=()):
             logger.debug("ranks start in fresh interpreters: %s", made[1])
             return fresh
     sock, pid, popen = made[0]
-    return PreloadedStart(sock, pid, program, fresh, popen)
+    return PreloadedStart(sock, pid, program, fresh.command, popen)
 
 
 def _fork_here(preload):
@@ -278,7 +149,7 @@ def _ready(sock, pid: int, popen):
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    _reap(pid, popen, seconds=0.0 if popen is None else 5.0)
+    reap(pid, popen, seconds=0.0 if popen is None else 5.0)
     return None, f"preloading is unsafe there: {reason}"
 
 
