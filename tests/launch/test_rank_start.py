@@ -80,6 +80,16 @@ def test_a_launching_process_with_an_openmp_pool_is_not_forked(tmp_path):
 
 
 @pytest.mark.timeout(600)
+def test_a_program_that_wraps_an_installed_function_is_not_forked(tmp_path):
+    """A copy of the launching process would hold the program's wrapper when the program runs again and wraps it a
+    second time: the preloaded process is a fresh interpreter instead."""
+    run, out = launch(tmp_path, "preloaded", START_PATCH=1)
+    assert run.returncode == 0, out[-3000:]
+    for state in states(tmp_path, "preloaded"):
+        assert state["capwords"] == "A B!" and state["parent_command"][1:3] == ["-m", "torchstage.launch.zygote"]
+
+
+@pytest.mark.timeout(600)
 def test_a_restarted_world_is_forked_from_the_same_preloaded_process(tmp_path):
     run, out = launch(tmp_path, "preloaded", START_FAIL_ONCE=1)
     assert run.returncode == 0, out[-3000:]

@@ -10,6 +10,7 @@ apart from the others by counting, in the parent, the threads a fork left runnin
 import os
 import sys
 import threading
+from types import FunctionType
 from typing import Optional
 
 #: Device modules of torch whose initialisation makes a fork unsafe.
@@ -64,4 +65,22 @@ def threads_after_fork() -> Optional[str]:
     if left > 0:
         return (f"{left} thread(s) kept running through fork(): an OpenMP pool (a large tensor operation before "
                 f"train() starts torch's intra-op threads), or a library's own threads")
+    return None
+
+
+def patched_by_program(program_files) -> Optional[str]:
+    """Where the program (``program_files``: its script and its own folder's modules) put a function of its own in
+    a module it did not write (wrapping torch's, say): a copy would hold that replacement when the program runs
+    again and wraps it twice. None where it did not."""
+    files = {*program_files, *(os.path.abspath(path) for path in program_files)}
+    for name, module in list(sys.modules.items()):
+        if name in ("__main__", "__mp_main__", "sys") or getattr(module, "__file__", None) in files:
+            continue
+        try:
+            values = list(vars(module).items())
+        except TypeError:
+            continue
+        for key, value in values:
+            if type(value) is FunctionType and value.__code__.co_filename in files:
+                return f"the program replaced {name}.{key} with its {value.__qualname__}"
     return None

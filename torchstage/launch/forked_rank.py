@@ -99,8 +99,11 @@ def _forget_parent_state(program: list) -> None:
         info.atexit = False  # the parent's objects' finalizers (its temporary directories) are not this rank's
     _forget_multiprocessing()
     sys.setrecursionlimit(sys.getrecursionlimit() + _depth())  # the inherited frames below the program
-    folder = os.path.dirname(os.path.abspath(program[0])) if program[0] not in ("-m", "-c") else os.getcwd()
-    for name in local_modules(folder):
+    files = program_files(program)
+    for hook in ("excepthook", "displayhook", "breakpointhook", "unraisablehook"):
+        if getattr(getattr(getattr(sys, hook), "__code__", None), "co_filename", None) in files:
+            setattr(sys, hook, getattr(sys, f"__{hook}__"))  # the program sets its own again
+    for name in local_modules(program_folder(program)):
         del sys.modules[name]
 
 
@@ -119,6 +122,19 @@ def _depth() -> int:
     while frame is not None:
         frame, depth = frame.f_back, depth + 1
     return depth
+
+
+def program_folder(program: list) -> str:
+    """The folder of the program's own modules: its script's, or the working directory for ``-m`` and ``-c``."""
+    return os.path.dirname(os.path.abspath(program[0])) if program[0] not in ("-m", "-c") else os.getcwd()
+
+
+def program_files(program: list) -> set:
+    """The files of the program: its script (as given and absolute) and its own folder's modules."""
+    main = program[0] if program[0] not in ("-m", "-c") else "<string>" if program[0] == "-c" else getattr(
+        sys.modules.get("__main__"), "__file__", None)
+    files = {main, os.path.abspath(main)} if isinstance(main, str) and main != "<string>" else {main}
+    return files | {sys.modules[name].__file__ for name in local_modules(program_folder(program))}
 
 
 def local_modules(folder: str) -> list:

@@ -16,7 +16,8 @@ import socket
 import subprocess
 import sys
 
-from torchstage.launch.fork_safety import threads_after_fork, unsafe_to_fork
+from torchstage.launch.fork_safety import patched_by_program, threads_after_fork, unsafe_to_fork
+from torchstage.launch.forked_rank import program_files
 from torchstage.launch.preloaded import PreloadedStart, reap
 from torchstage.launch.script_seed import program_of, seeded_command
 from torchstage.launch.zygote import receive, send, serve
@@ -76,7 +77,7 @@ def rank_start(command: list, start=None, preload=()):
         return fresh
     options, program = split
     preload = (*RANK_IMPORTS, *preload)
-    reason = unsafe_to_fork()
+    reason = unsafe_to_fork() or patched_by_program(program_files(program))
     made = _fork_here(preload) if reason is None else None
     if made is not None and made[0] is None:
         reason, made = made[1], None

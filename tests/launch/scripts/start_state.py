@@ -3,7 +3,7 @@
 Usage: python start_state.py OUTDIR. Each rank writes OUTDIR/state-<start>-a<attempt>-rank<R>.json (start: the
 rank's TORCHSTAGE_START, "preloaded" by default); the launching process, before train(), sets a handler of its own
 for SIGUSR2 (a rank must not inherit it), and with START_POOL=1 runs a large matmul (torch's OpenMP threads start:
-it must not be forked). START_FAIL_ONCE=1: rank 1 fails at the end of its first attempt (max_restarts=1).
+it must not be forked); with START_PATCH=1 it wraps string.capwords. START_FAIL_ONCE=1: rank 1 fails at the end of its first attempt (max_restarts=1).
 """
 import sys
 
@@ -36,6 +36,11 @@ _FIRST.update(
     stderr=[sys.stderr.line_buffering, sys.stderr.write_through], name=__name__, argv=sys.argv[1:],
     parent=os.getppid(), parent_is_launcher=os.getppid() == int(os.environ.get("LAUNCHER_PID", "0")),
     parent_command=open(f"/proc/{os.getppid()}/cmdline").read().split("\0"))
+if os.environ.get("START_PATCH"):  # the program wraps a function of a module it did not write
+    import string
+    _capwords = string.capwords
+    string.capwords = lambda text, sep=None: _capwords(text, sep) + "!"
+_FIRST["capwords"] = __import__("string").capwords("a b")  # "A B!" when wrapped once
 if rank is None:  # the launching process
     os.environ["LAUNCHER_PID"] = str(os.getpid())
     signal.signal(signal.SIGUSR2, lambda signum, frame: None)
