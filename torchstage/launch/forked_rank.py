@@ -98,6 +98,9 @@ def _forget_parent_state(program: list) -> None:
     for info in getattr(weakref.finalize, "_registry", {}).values():
         info.atexit = False  # the parent's objects' finalizers (its temporary directories) are not this rank's
     _forget_multiprocessing()
+    notes = sys.modules.get("torchstage.logging_setup")
+    if notes is not None:
+        notes._noted.clear()  # torchstage's once-per-process notes: this rank's main rank says them again
     sys.setrecursionlimit(sys.getrecursionlimit() + _depth())  # the inherited frames below the program
     files = program_files(program)
     for hook in ("excepthook", "displayhook", "breakpointhook", "unraisablehook"):
