@@ -142,18 +142,17 @@ def program_files(program: list) -> set:
 
 def local_modules(folder: str) -> list:
     """The modules loaded from Python files in ``folder`` (the program's own), not from an installation (the
-    interpreter's prefixes, site-packages) and not torch's or torchstage's: a rank imports them again."""
-    folder = os.path.join(os.path.realpath(folder), "")
-    installed = {os.path.join(os.path.realpath(p), "") for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    interpreter's prefixes, site-packages) and not torch's or torchstage's: a rank imports them again. Paths are
+    compared as written (a realpath per module would cost a thousand file lookups per rank)."""
+    folders = tuple({os.path.join(path, "") for path in (os.path.abspath(folder), os.path.realpath(folder))})
+    installed = tuple({os.path.join(os.path.abspath(path), "") for path in (sys.prefix, sys.base_prefix,
+                                                                            sys.exec_prefix)})
     names = []
     for name, module in list(sys.modules.items()):
         path = getattr(module, "__file__", None)
         if name in ("__main__", "__mp_main__") or name.split(".")[0] in _KEPT or not isinstance(path, str):
             continue
-        if not path.endswith(".py"):
-            continue
-        path = os.path.realpath(path)
-        if path.startswith(folder) and not any(path.startswith(prefix) for prefix in installed):
+        if path.endswith(".py") and path.startswith(folders) and not path.startswith(installed):
             names.append(name)
     return names
 

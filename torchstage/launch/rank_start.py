@@ -157,12 +157,11 @@ def _ready(sock, pid: int, popen):
 def _imported_here() -> list:
     """The installed packages (top-level names) and torchstage modules this process imported: what a fresh preloaded
     process imports so that its ranks find them loaded."""
-    prefixes = tuple(os.path.join(os.path.realpath(p), "") for p in (sys.prefix, sys.base_prefix, sys.exec_prefix))
+    prefixes = tuple(os.path.join(os.path.abspath(p), "") for p in (sys.prefix, sys.base_prefix, sys.exec_prefix))
     names = []
     for name, module in list(sys.modules.items()):
         path = getattr(module, "__file__", None)
         if name.startswith("torchstage.") or (
-                "." not in name and not name.startswith("_") and isinstance(path, str)
-                and os.path.realpath(path).startswith(prefixes)):
+                "." not in name and not name.startswith("_") and isinstance(path, str) and path.startswith(prefixes)):
             names.append(name)
     return sorted(names, key=lambda name: name.startswith("torchstage"))
