@@ -206,6 +206,7 @@ def __getattr__(name):
 
 
 def __dir__():
+    """Every public name, loaded or not (for ``help()``, ``dir()`` and completion)."""
     return sorted({*globals(), *_MODULE_OF})
 
 

@@ -29,6 +29,7 @@ RUN = os.path.join(HERE, "startup_run.py")
 
 
 def env_for(**extra) -> dict:
+    """The environment of a timed run: this checkout on the path, no inherited world or thread settings."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_", "MASTER_", "TORCHSTAGE_", "SLURM_", "OMP_"))}
     env.update(CUDA_VISIBLE_DEVICES="", PYTHONPATH=os.pathsep.join([ROOT, env.get("PYTHONPATH", "")]).rstrip(":"))
@@ -37,12 +38,14 @@ def env_for(**extra) -> dict:
 
 
 def children_cpu() -> float:
+    """CPU seconds of every child process this harness waited for so far."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
 
 
 # ---- import ---------------------------------------------------------------------------------------------------
 def import_figures(repeats: int) -> None:
+    """CPU of import torch, and of import torchstage after it, in fresh interpreters, alternating."""
     code = ("import resource, sys, time\nc = lambda: sum(resource.getrusage(resource.RUSAGE_SELF)[:2])\n"
             "import torch\nt = c()\n{extra}\nprint(t, c() - t, sum(m.split('.')[0] == 'torchstage' for m in "
             "sys.modules))")
@@ -102,6 +105,7 @@ def timed(command, extra: dict, kind: str = "first", timeout: float = 900) -> di
 
 
 def rounds_of(rows, rounds: int, kind: str = "first") -> dict:
+    """Every row once a round, the order rotating (and reversed every other round); medians per row."""
     results = {i: [] for i in range(len(rows))}
     for round_ in range(rounds):
         order = list(range(len(rows)))
@@ -116,6 +120,7 @@ def rounds_of(rows, rounds: int, kind: str = "first") -> dict:
 
 
 def rank_figures(sizes, rounds: int, as_json: bool) -> None:
+    """The table of times to the first step, against one torchstage process."""
     rows = contenders(sizes)
     load = os.getloadavg()[0]
     medians = rounds_of(rows, rounds)
@@ -133,6 +138,7 @@ def rank_figures(sizes, rounds: int, as_json: bool) -> None:
 
 
 def restart_figures(nproc: int, rounds: int) -> None:
+    """Seconds from a rank's death to the restarted world's first step, preloaded and fresh."""
     rows = [(f"torchstage {start}", nproc, [sys.executable, RUN, "torchstage"],
              {"TORCHSTAGE_NPROC": nproc, "TORCHSTAGE_START": start, "BENCH_KILL": 1})
             for start in ("preloaded", "fresh")]
@@ -145,6 +151,7 @@ def restart_figures(nproc: int, rounds: int) -> None:
 
 # ---- files --------------------------------------------------------------------------------------------------------
 def file_figures(nproc: int) -> None:
+    """Files opened, looked up and listed by every process of a launch (strace -f -c)."""
     if shutil.which("strace") is None:
         raise SystemExit("strace is not installed")
     calls = ("openat", "open", "stat", "newfstatat", "statx", "lstat", "readlink", "getdents64")
@@ -173,6 +180,7 @@ def file_figures(nproc: int) -> None:
 
 
 def main() -> None:
+    """Parse the command line and print the figures asked for."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("what", choices=("import", "ranks", "restart", "files"), nargs="?", default="import")
     parser.add_argument("--repeats", type=int, default=7)

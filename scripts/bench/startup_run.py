@@ -15,6 +15,7 @@ import time
 
 
 def cpu() -> float:
+    """CPU seconds of this process so far."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
 
@@ -47,17 +48,21 @@ def first_step(rank: int) -> None:
 
 
 def tutorial_data():
+    """The tutorial's random regression data, drawn where the program draws it."""
     X, y = torch.rand(int(1e4), 10), torch.rand(int(1e4), 1)  # module-level data, as the tutorial builds it
     return TensorDataset(X, y)
 
 
 def torchstage_run() -> None:
+    """The tutorial with train(distributed=True), stopped after the first step (or, with BENCH_KILL, restarted)."""
     from torchstage import Callback, CallbackOrder, CancelRun, SupervisedRunner
 
     class FirstStep(Callback):
+        """Notes the first step and ends the run."""
         order = CallbackOrder.External  # after the optimizer's step
 
         def on_batch_end(self, runner):
+            """After the optimizer's step: note it, then stop."""
             first_step(runner.engine.rank)
             if not os.environ.get("BENCH_KILL") or runner.engine.world_size == 1 or os.environ.get(
                     "TORCHSTAGE_RESTART_COUNT", "0") != "0":
@@ -98,6 +103,7 @@ def hand_rank(rank: int, size: int) -> None:
 
 
 def spawned_rank(rank: int, size: int, port: int) -> None:
+    """A rank of torch.multiprocessing.spawn: the rendezvous address, then the hand-written loop."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     hand_rank(rank, size)
 

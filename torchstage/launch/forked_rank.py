@@ -121,6 +121,7 @@ def _forget_multiprocessing() -> None:
 
 
 def _depth() -> int:
+    """How many frames lie below this one (the launching program's, inherited by the copy)."""
     frame, depth = sys._getframe(), 0
     while frame is not None:
         frame, depth = frame.f_back, depth + 1
@@ -174,11 +175,13 @@ def _run(program: list, modules: list) -> int:
 
 
 def _print_error(error: BaseException) -> None:
+    """Show ``error`` as python shows an uncaught one, from the program's first frame on."""
     error.with_traceback(seeded_entry.without_entry_frames(error.__traceback__, (__file__,)))
     sys.excepthook(type(error), error, error.__traceback__)
 
 
 def _exit_status(code) -> int:
+    """The status python exits with for ``sys.exit(code)``: 0 for None, the int, else 1 after printing it."""
     if code is None:
         return 0
     if isinstance(code, int):
@@ -210,6 +213,7 @@ def _finish(code: int, modules: list, streams: list) -> None:
 
 
 def _clear(modules: list) -> None:
+    """Set the globals of ``modules`` to None, as an interpreter's end does: what they held is finalized."""
     for module in {id(module): module for module in modules}.values():
         for name in [name for name in vars(module) if name != "__builtins__"]:
             vars(module)[name] = None

@@ -25,6 +25,7 @@ class RankProcess:
     """A rank asked of the preloaded process, as the launcher sees it (``Popen``'s interface)."""
 
     def __init__(self, stdout, stderr):
+        """``stdout``, ``stderr``: the read ends of the rank's output pipes."""
         self.stdout, self.stderr, self.returncode = stdout, stderr, None
         self._pid, self._fresh = None, None
         self._known, self._ended = threading.Event(), threading.Event()
@@ -37,11 +38,13 @@ class RankProcess:
         return self._fresh.pid if self._fresh is not None else self._pid
 
     def poll(self):
+        """The exit code once the rank ended, else None."""
         if self._fresh is not None:
             self.returncode = self._fresh.poll()
         return self.returncode
 
     def wait(self, timeout=None):
+        """The exit code, once the rank ended (``subprocess.TimeoutExpired`` after ``timeout`` seconds)."""
         if self._fresh is None and not self._ended.wait(timeout):
             raise subprocess.TimeoutExpired(f"rank process {self._pid}", timeout)
         if self._fresh is not None:
@@ -56,6 +59,7 @@ class RankProcess:
             self._ended.set()  # wait() waits on the Popen from now on
 
     def ended(self, code: int) -> None:
+        """The preloaded process reported the rank's end with ``code``."""
         self.returncode = code
         self._ended.set()
 
@@ -67,6 +71,7 @@ class PreloadedStart:
     kind = "preloaded"
 
     def __init__(self, sock, pid: int, program: list, fallback: list, popen=None):
+        """Start reading the preloaded process's answers."""
         self.sock, self.pid, self.program, self.fallback, self.popen = sock, pid, program, fallback, popen
         self.pending, self.procs, self.gone = {}, {}, False
         self.ids, self.lock = itertools.count(), threading.Lock()
@@ -98,6 +103,7 @@ class PreloadedStart:
         return proc
 
     def _start_fresh(self, request, why: str) -> None:
+        """Start the rank of ``request`` as a fresh interpreter on its pipes (``why``: logged at debug level)."""
         proc, env, out_w, err_w, _ = request
         logger.debug("a rank starts in a fresh interpreter: %s", why)
         try:
@@ -115,6 +121,7 @@ class PreloadedStart:
             self.timer.start()
 
     def _check_answers(self) -> None:
+        """End the preloaded process if a request waited START_SECONDS; check again later otherwise."""
         with self.lock:
             self.timer = None
             oldest = min((request[4] for request in self.pending.values()), default=None)

@@ -49,14 +49,16 @@ class FreshStart:
     kind = FRESH
 
     def __init__(self, command: list):
+        """``command``: the program through the seeding entry."""
         self.command = command
 
     def start(self, env: dict):
+        """A new interpreter for the rank with ``env``, its output piped, in a session of its own."""
         return subprocess.Popen(self.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 start_new_session=True)
 
     def close(self) -> None:
-        pass
+        """Nothing to end: each rank is the launcher's own child."""
 
 
 def rank_start(command: list, start=None, preload=()):

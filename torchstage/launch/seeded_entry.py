@@ -22,6 +22,7 @@ from torchstage.rng import set_seed
 
 
 def _seed_from_environment() -> None:
+    """Seed every generator with the launch seed, where the launcher set one."""
     seed = os.environ.get(SEED_ENV)
     if seed:
         set_seed(int(seed))

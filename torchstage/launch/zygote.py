@@ -79,6 +79,7 @@ def _handlers_to_restore() -> dict:
 
 
 def _import(names) -> None:
+    """Import ``names``; one that fails here is left to the rank (which imports it, or fails, itself)."""
     for name in names:
         try:
             importlib.import_module(name)
@@ -100,6 +101,7 @@ def _unsafe_here():
 
 
 def _loop(sock, handlers: dict) -> None:
+    """Start ranks on request and report their ends until the launcher closes ``sock``."""
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     os.set_blocking(wake_r, False)
@@ -107,6 +109,7 @@ def _loop(sock, handlers: dict) -> None:
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)  # wakes select() through wake_w
 
     def close_own():
+        """In a rank: close what only this process uses."""
         sock.close()
         os.close(wake_r)
         os.close(wake_w)
@@ -124,6 +127,7 @@ def _loop(sock, handlers: dict) -> None:
 
 
 def _drain(fd) -> None:
+    """Empty the signal wake-up pipe."""
     try:
         while os.read(fd, 512):
             pass
@@ -132,6 +136,7 @@ def _drain(fd) -> None:
 
 
 def _reap(sock) -> None:
+    """Report every rank that ended, with its exit code as ``Popen.returncode`` has it."""
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -143,6 +148,7 @@ def _reap(sock) -> None:
 
 
 def _start(sock, request: dict, fds: list, handlers: dict, close_own) -> None:
+    """Fork the rank ``request`` asks for (its pipes: ``fds``) and answer with its pid, or why not."""
     reason = threads_after_fork()  # nothing here starts threads; should something have, refuse
     if reason is not None or len(fds) != 2:
         for fd in fds:
