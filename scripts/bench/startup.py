@@ -4,7 +4,8 @@ a restart's time to training again, and the files a launch opens.
 
 Usage:
   python scripts/bench/startup.py import [--repeats 7]          import torch vs import torch + torchstage (CPU)
-  python scripts/bench/startup.py ranks [--sizes 2 4 8 16] [--rounds 3]   time to the first step, interleaved
+  python scripts/bench/startup.py ranks [--sizes 2 4 8 16] [--rounds 3] [--only torchstage]
+                                                                time to the first step, interleaved
   python scripts/bench/startup.py restart [--nproc 4] [--rounds 3]        a rank killed: time to training again
   python scripts/bench/startup.py files [--nproc 8]              files opened and looked up (strace -f -c)
 The program run is startup_run.py (the tutorial's regression, module-level data, a DataLoader worker per rank).
@@ -104,7 +105,7 @@ def timed(command, extra: dict, kind: str = "first", timeout: float = 900) -> di
                 "rank_cpu": statistics.median(r[1] for r in ranks)}
 
 
-def rounds_of(rows, rounds: int, kind: str = "first") -> dict:
+def rounds_of(rows, rounds: int, kind: str = "first", runs: dict = None) -> dict:
     """Every row once a round, the order rotating (and reversed every other round); medians per row."""
     results = {i: [] for i in range(len(rows))}
     for round_ in range(rounds):
@@ -116,22 +117,27 @@ def rounds_of(rows, rounds: int, kind: str = "first") -> dict:
         for i in order:
             results[i].append(timed(rows[i][2], rows[i][3], kind))
         print(f"round {round_ + 1} of {rounds} done (load {os.getloadavg()[0]:.1f})", file=sys.stderr, flush=True)
+    if runs is not None:
+        runs.update(results)
     return {i: {key: statistics.median(r[key] for r in runs) for key in runs[0]} for i, runs in results.items()}
 
 
-def rank_figures(sizes, rounds: int, as_json: bool) -> None:
-    """The table of times to the first step, against one torchstage process."""
-    rows = contenders(sizes)
-    load = os.getloadavg()[0]
-    medians = rounds_of(rows, rounds)
-    one = next(medians[i]["seconds"] for i, row in enumerate(rows) if row[0] == "torchstage, 1 process")
+def rank_figures(sizes, rounds: int, as_json: bool, only: str = None) -> None:
+    """The table of times to the first step, against one torchstage process (its median, and the median of each
+    round's ratio: robust to load that drifts between rounds)."""
+    rows = [row for row in contenders(sizes) if only is None or only in row[0] or row[1] == 1]
+    load, runs = os.getloadavg()[0], {}
+    medians = rounds_of(rows, rounds, runs=runs)
+    base = next(i for i, row in enumerate(rows) if row[0] == "torchstage, 1 process")
+    one = medians[base]["seconds"]
     print(f"load average at the start {load:.1f}, at the end {os.getloadavg()[0]:.1f}; {os.cpu_count()} cores; "
           f"medians of {rounds} rounds")
-    print(f"{'contender':26} {'ranks':>5} {'first step (s)':>14} {'x 1 process':>11} {'launch CPU (s)':>14} "
-          f"{'rank CPU at 1st line':>20} {'rank CPU at 1st step':>20}")
+    print(f"{'contender':26} {'ranks':>5} {'first step (s)':>14} {'x 1 process':>11} {'paired':>6} "
+          f"{'launch CPU (s)':>14} {'rank CPU at 1st line':>20} {'rank CPU at 1st step':>20}")
     for i, (label, size, _, _) in enumerate(rows):
         m = medians[i]
-        print(f"{label:26} {size:5d} {m['seconds']:14.2f} {m['seconds'] / one:11.2f} {m['cpu']:14.2f} "
+        paired = statistics.median(a["seconds"] / b["seconds"] for a, b in zip(runs[i], runs[base]))
+        print(f"{label:26} {size:5d} {m['seconds']:14.2f} {m['seconds'] / one:11.2f} {paired:6.2f} {m['cpu']:14.2f} "
               f"{m['rank_first_line_cpu']:20.2f} {m['rank_cpu']:20.2f}")
     if as_json:
         print(json.dumps([{**{"contender": row[0], "ranks": row[1]}, **medians[i]} for i, row in enumerate(rows)]))
@@ -188,11 +194,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--nproc", type=int, default=None)
     parser.add_argument("--json", action="store_true", help="also print the medians as one JSON line")
+    parser.add_argument("--only", help="ranks: only the contenders whose name holds this text (and the 1-process ones)")
     args = parser.parse_args()
     if args.what == "import":
         import_figures(args.repeats)
     elif args.what == "ranks":
-        rank_figures(args.sizes, args.rounds, args.json)
+        rank_figures(args.sizes, args.rounds, args.json, args.only)
     elif args.what == "restart":
         restart_figures(args.nproc or 4, args.rounds)
     else:
