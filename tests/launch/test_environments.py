@@ -118,3 +118,14 @@ def test_launched_into_world_for_mpi_launches():
     from torchstage.launch.resolve import launched_into_world
     assert launched_into_world(OPENMPI)
     assert not launched_into_world({"PMI_RANK": "0", "PMI_SIZE": "1"})
+
+
+@pytest.mark.parametrize("devices", [{"gpus": 4}, {"gpus": 0, "nprocs": 4}])
+def test_one_mpi_task_per_node_starts_a_rank_per_local_device(pals, devices):
+    """``mpiexec -n 2 --ppn 1`` on two GPU nodes (or with nprocs on CPU): node 1's task starts global ranks 4-7."""
+    one_per_node = {**pals, "PALS_RANKID": "1", "PMI_RANK": "1", "PMI_SIZE": "2", "PALS_LOCAL_RANKID": "0",
+                    "PMI_LOCAL_RANK": "0", "PMI_LOCAL_SIZE": "1", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}
+    world = resolve_world(environ=one_per_node, **devices)
+    assert (world.rank, world.world_size, world.spawn, world.node_rank, world.nnodes) == (4, 8, 4, 1, 2)
+    assert [world.child(i).rank for i in range(4)] == [4, 5, 6, 7]
+    assert resolve_world(environ=OPENMPI, **devices).spawn == 0  # two tasks on this node: each is a rank

@@ -61,6 +61,21 @@ def test_mpi_launch_forms_one_world_with_single_process_metrics(name, nproc, sin
     assert result.stdout.count("epoch 2/2") == 1  # the console logs once, from rank 0
 
 
+@pytest.mark.parametrize("name", ["openmpi", "mpich"])
+def test_one_mpi_task_per_node_starts_the_nodes_ranks(name, single, tmp_path):
+    """``mpirun -np <nodes>`` with one task per node and 2 local devices (TORCHSTAGE_NPROC on CPU): the task forks
+    the node's ranks from a preloaded process, and they train to the single process's metrics."""
+    command = launcher(name) + ["1", sys.executable, str(TRAIN), str(tmp_path)]
+    result = subprocess.run(command, cwd=ROOT, env=script_env(2), capture_output=True, text=True, timeout=250)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-3000:]
+    assert "starting 2 processes (gloo, ranks 0-1 of 2) forked from a preloaded process" in out
+    ranks = reports(tmp_path, 2)
+    assert [r["rank"] for r in ranks] == [0, 1] and {r["world_size"] for r in ranks} == {2}
+    for report in ranks:
+        assert report["metrics"]["valid"]["loss"] == pytest.approx(single["metrics"]["valid"]["loss"], abs=1e-6)
+
+
 EXCHANGE = """
 from torchstage.launch.environments.mpi import exchange_through_mpi4py
 from torchstage.launch.resolve import resolve_world

@@ -48,6 +48,9 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--timeout", type=float, default=120.0,
                         help="seconds a collective may wait for a peer before the check gives up (default 120)")
     parser.add_argument("--json", action="store_true", help="print the figures and the verdict as one JSON object")
+    parser.add_argument("--start", choices=("preloaded", "fresh"), default=None,
+                        help="with --nprocs: fork the processes from one that imported torch once (preloaded, the "
+                             "default; or $TORCHSTAGE_START) or start each in a fresh interpreter")
     parser.set_defaults(func=preflight_command)
 
 
@@ -61,7 +64,7 @@ def preflight_command(args) -> int:
                             f"must be a number of seconds > 0, got {args.seconds if not args.seconds > 0 else args.timeout!r}")
     try:
         return run_in_world(lambda world: _check(world, args), True if args.nprocs else None, args.nprocs,
-                            timeout=timedelta(seconds=args.timeout))
+                            timeout=timedelta(seconds=args.timeout), start=args.start)
     except (RuntimeError, OSError) as exc:  # the world could not form (a peer missing, a port taken...)
         sys.stderr.write(f"torchstage preflight: error: cannot run the check: {' '.join(str(exc).split())}\n")
         return 2

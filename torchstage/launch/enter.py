@@ -3,9 +3,10 @@
 :func:`run_in_world` is the one way in, for ``train()`` and :func:`distributed_cmd_run` alike; it hands the
 :class:`~torchstage.launch.world.World` it entered to the function it runs.
 
-Workers are started by running this program's command line again with the torchrun variables set
-(see :mod:`torchstage.launch.local_launcher`); each worker then finds itself inside the world and trains.
-The launching process never trains: it waits for the workers and exits with their exit code.
+Workers run this program again with the torchrun variables set, forked from a preloaded process or in fresh
+interpreters (see :mod:`torchstage.launch.rank_start` and :mod:`torchstage.launch.local_launcher`); each worker
+then finds itself inside the world and trains. The launching process never trains: it waits for the workers and
+exits with their exit code.
 """
 import contextlib
 import faulthandler
@@ -21,6 +22,7 @@ import torch.distributed as dist
 from torchstage.arguments import ArgumentError
 from torchstage.launch import startup_watch
 from torchstage.launch.local_launcher import relaunch_command, watch_parent
+from torchstage.launch.rank_start import check_start, rank_start
 from torchstage.launch.resolve import LAUNCHED_ENV, local_gpus, resolve_world, started_by_launcher
 from torchstage.launch.restarts import check_max_restarts, supervise
 from torchstage.launch.script_seed import SEED_ENV, launch_seed, seeded_command
@@ -59,21 +61,31 @@ def current_world() -> World:
                  backend=dist.get_backend(), why="a process group initialised before train()")
 
 
-def launch_and_exit(world: World, max_restarts: int = 0) -> None:
+def launch_and_exit(world: World, max_restarts: int = 0, start: str = None, preload=()) -> None:
     """Run ``world.spawn`` workers of this program and end this process with their exit code; after a failure
     start the world again, at most ``max_restarts`` times (see :mod:`torchstage.launch.restarts`).
 
     Raises ``SystemExit(0)`` when all succeed, else ``SystemExit(code of the failure)``: code after the
     launching call runs only in the workers, never here with an untrained model. The workers run the program
-    through :mod:`~torchstage.launch.seeded_entry`: data built at module level agrees across ranks.
+    from its first line, seeded by :mod:`~torchstage.launch.seeded_entry` so that data built at module level agrees
+    across ranks; ``start`` says how they start (:func:`~torchstage.launch.rank_start.check_start`: forked from a
+    preloaded process, the default, or ``"fresh"`` interpreters), ``preload`` names modules the preloaded process
+    imports for them.
     """
-    ensure_console_handler()
     command = relaunch_command()
-    os.environ.setdefault(SEED_ENV, str(launch_seed(world)))
-    restarts = f", up to {max_restarts} restart(s)" if max_restarts else ""
-    logger.info("starting %d process%s (%s, ranks %d-%d of %d%s): %s", world.spawn, "es" if world.spawn > 1 else "",
-                world.backend, world.rank, world.rank + world.spawn - 1, world.world_size, restarts, " ".join(command))
-    raise SystemExit(supervise(seeded_command(command), world, max_restarts))
+    starter = rank_start(command, start, preload)  # first: a preloaded process is a copy of this one as it is now
+    try:
+        ensure_console_handler()
+        os.environ.setdefault(SEED_ENV, str(launch_seed(world)))
+        restarts = f", up to {max_restarts} restart(s)" if max_restarts else ""
+        how = "forked from a preloaded process" if starter.kind == "preloaded" else "in fresh interpreters"
+        logger.info("starting %d process%s (%s, ranks %d-%d of %d%s) %s: %s", world.spawn,
+                    "es" if world.spawn > 1 else "", world.backend, world.rank, world.rank + world.spawn - 1,
+                    world.world_size, restarts, how, " ".join(command))
+        code = supervise(seeded_command(command), world, max_restarts, starter)
+    finally:
+        starter.close()
+    raise SystemExit(code)
 
 
 def check_hang_timeout(value, name: str = "timeout"):
@@ -134,7 +146,7 @@ def _attempt_store(world: World, timeout):
 
 
 def run_in_world(fn, distributed=True, nprocs: int = None, timeout=None, max_restarts: int = 0, hang_timeout=None,
-                 check=None):
+                 check=None, start: str = None, preload=()):
     """Call ``fn(world)`` as this process's rank of the world it belongs to, entering that world first.
 
     Already in an initialised process group: calls ``fn`` here with that group's world. ``distributed=False``:
@@ -155,6 +167,7 @@ def run_in_world(fn, distributed=True, nprocs: int = None, timeout=None, max_res
     ``check(world)``, when given, is called with the world of each process about to be started, in the launching
     process before any starts, and with this rank's world before its process group forms: a configuration that
     cannot work in that world (a mesh that does not divide it) raises there, once, before any rank starts.
+    ``start`` and ``preload``: how the processes this call starts are made (:func:`launch_and_exit`).
     """
     if in_world():
         with startup_watch.watching(hang_timeout, current_world(), "preparing the run"):
@@ -182,7 +195,7 @@ def run_in_world(fn, distributed=True, nprocs: int = None, timeout=None, max_res
     if world.spawn:
         if check is not None:
             check(world.child(0))  # each worker's world has the same size and node size
-        launch_and_exit(world, max_restarts)
+        launch_and_exit(world, max_restarts, start, preload)
     if not world.is_distributed:
         return fn(world)
     if check is not None:
@@ -192,7 +205,7 @@ def run_in_world(fn, distributed=True, nprocs: int = None, timeout=None, max_res
 
 
 def distributed_cmd_run(fn, *args, distributed: bool = True, nprocs: int = None, max_restarts: int = None,
-                        **kwargs):
+                        start_method: str = None, **kwargs):
     """Run ``fn(*args, **kwargs)`` on every process of the world this program should form.
 
     Inside a world (torchrun, a launched worker, a SLURM step): joins it and calls ``fn``. A plain
@@ -201,7 +214,8 @@ def distributed_cmd_run(fn, *args, distributed: bool = True, nprocs: int = None,
     after this call never runs in the launching process. Otherwise (one device, or
     ``distributed=False``) calls ``fn`` here. ``train(...)`` calls inside ``fn`` use the world.
     ``max_restarts`` (default ``$TORCHSTAGE_MAX_RESTARTS``, else 0): start the world again after a rank fails,
-    at most that often (see :func:`run_in_world`).
+    at most that often (see :func:`run_in_world`). ``start_method`` (default ``$TORCHSTAGE_START``, else
+    ``"preloaded"``): the workers are forked from a process that imported torch once, or ``"fresh"`` interpreters.
     """
     return run_in_world(lambda world: fn(*args, **kwargs), bool(distributed), nprocs,
-                        max_restarts=check_max_restarts(max_restarts))
+                        max_restarts=check_max_restarts(max_restarts), start=check_start(start_method, "start_method"))

@@ -1,8 +1,9 @@
-"""Process management for local workers: start N copies of a command, relay their output, fail fast.
+"""Process management for local workers: start N ranks of this program, relay their output, fail fast.
 
-The launcher re-executes the command that started this process once per rank, with the torchrun
-variables set, watches the children and, when one fails, terminates the others (TERM, a short grace,
-KILL) and returns the failing rank's exit code. Children watch the launcher (``watch_parent``).
+The launcher runs this program again once per rank, with the torchrun variables set (forked from a preloaded process
+or in a fresh interpreter, see :mod:`~torchstage.launch.rank_start`), watches the ranks and, when one fails,
+terminates the others (TERM, a short grace, KILL) and returns the failing rank's exit code. Ranks die with the
+launcher (``die_with_parent``, ``watch_parent``).
 """
 import collections
 import logging
@@ -71,14 +72,16 @@ def worker_env(world: World, local_rank: int, port: int, environ=None, extra: di
 class Launcher:
     """Runs ``world.spawn`` workers of ``command`` once and returns the exit code of the run (see :meth:`run`).
 
-    ``attempt`` (0 first) and ``job_id`` reach the workers as ``TORCHSTAGE_RESTART_COUNT`` and
+    ``starter`` starts each worker from its environment (``start(env)`` gives a ``Popen``-like process with pipes
+    for its output, see :mod:`~torchstage.launch.rank_start`); without one, each runs ``command`` in a new
+    interpreter. ``attempt`` (0 first) and ``job_id`` reach the workers as ``TORCHSTAGE_RESTART_COUNT`` and
     ``TORCHSTAGE_JOB_ID``; with a ``failure_dir`` the failing ranks write their errors there, and
     :attr:`failure` holds the first one after a failed run.
     """
 
     def __init__(self, command: list, world: World, grace: float = GRACE_SECONDS, attempt: int = 0,
-                 job_id: str = None, failure_dir: str = None):
-        self.command, self.world, self.grace = command, world, grace
+                 job_id: str = None, failure_dir: str = None, starter=None):
+        self.command, self.world, self.grace, self.starter = command, world, grace, starter
         self.procs, self.threads = [], []
         self.tails = {}
         self.failure_dir, self.failure, self.failed_rank = failure_dir, None, None
@@ -110,8 +113,12 @@ class Launcher:
 
     def _start(self, local_rank: int, port: int) -> None:
         rank = self.world.child(local_rank).rank
-        proc = subprocess.Popen(self.command, env=worker_env(self.world, local_rank, port, extra=self.extra),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        env = worker_env(self.world, local_rank, port, extra=self.extra)
+        if self.starter is not None:
+            proc = self.starter.start(env)
+        else:
+            proc = subprocess.Popen(self.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    start_new_session=True)
         proc.rank = rank
         self.procs.append(proc)
         self.tails[rank] = collections.deque(maxlen=TAIL_LINES)
@@ -294,11 +301,8 @@ def _write(out, target, raw: bytes, text: str) -> None:
         out.flush()
 
 
-def watch_parent() -> None:
-    """In a launched worker: die with the launcher (Linux PDEATHSIG, plus a parent-pid watchdog)."""
-    parent = int(os.environ.get(PARENT_ENV, "0") or 0)
-    if not parent:
-        return
+def die_with_parent(parent: int) -> None:
+    """SIGKILL this process when its parent thread ends (Linux PDEATHSIG); end it now if ``parent`` is gone already."""
     if sys.platform.startswith("linux"):
         try:
             import ctypes  # inside the try: without ctypes the child just gets no death signal
@@ -306,8 +310,16 @@ def watch_parent() -> None:
             libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
         except (OSError, AttributeError):
             pass
-    if os.getppid() != parent:  # the launcher died before we got here
+    if os.getppid() != parent:  # the parent died before we got here
         os._exit(128 + signal.SIGKILL)
+
+
+def watch_parent() -> None:
+    """In a launched worker: die with the launcher (Linux PDEATHSIG, plus a parent-pid watchdog)."""
+    parent = int(os.environ.get(PARENT_ENV, "0") or 0)
+    if not parent:
+        return
+    die_with_parent(parent)
 
     def watchdog():
         while os.getppid() == parent:

@@ -12,6 +12,7 @@ from typing import Mapping, Optional
 
 from torchstage.launch.environments.base import check_place, check_visible_gpus, int_var
 from torchstage.launch.environments.lsf import LsfEnvironment
+from torchstage.launch.environments.mpi import MpiEnvironment
 from torchstage.launch.environments.mpich import MpichEnvironment
 from torchstage.launch.environments.openmpi import OpenMpiEnvironment
 from torchstage.launch.environments.pals import PalsEnvironment
@@ -114,7 +115,8 @@ def _from_launcher(nprocs, environ, gpus, backend) -> Optional[World]:
             rank, size = int_var(environ, mpi.rank_var), int_var(environ, mpi.size_var)
             if check_second_launcher(environ, mpi.name, rank, size, step) == "ignore-slurm":
                 winner, why = mpi, f"{mpi.name}: {mpi.why(environ)}; started inside SLURM job {step.job_id}"
-    local_devices = _local_count(nprocs, environ, gpus)[0] if isinstance(winner, SlurmEnvironment) else gpus
+    per_node = isinstance(winner, (SlurmEnvironment, MpiEnvironment))  # one task per node may start several ranks
+    local_devices = _local_count(nprocs, environ, gpus)[0] if per_node else gpus
     world = replace(winner.place(environ, local_devices), source=winner.name, backend=backend, why=why)
     if backend == "nccl":
         check_visible_gpus(environ, world, gpus)

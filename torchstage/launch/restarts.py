@@ -36,8 +36,9 @@ def check_max_restarts(value, name: str = "max_restarts"):
     return value
 
 
-def supervise(command: list, world: World, max_restarts: int) -> int:
-    """Run ``world.spawn`` workers of ``command``; after a failure start them again, at most ``max_restarts``
+def supervise(command: list, world: World, max_restarts: int, starter=None) -> int:
+    """Run ``world.spawn`` workers of ``command`` (started by ``starter``, see
+    :class:`~torchstage.launch.local_launcher.Launcher`); after a failure start them again, at most ``max_restarts``
     times. Returns 0, or the exit code of the last failure."""
     job_id = os.environ.get(JOB_ID_ENV) or uuid.uuid4().hex[:12]
     folder = tempfile.mkdtemp(prefix="torchstage-failures-")
@@ -46,7 +47,8 @@ def supervise(command: list, world: World, max_restarts: int) -> int:
         for attempt in range(max_restarts + 1):
             for name in os.listdir(folder):
                 os.remove(os.path.join(folder, name))
-            launcher = Launcher(command, world, attempt=attempt, job_id=job_id, failure_dir=folder)
+            launcher = Launcher(command, world, attempt=attempt, job_id=job_id, failure_dir=folder,
+                                starter=starter)
             code = launcher.run()
             if code == 0:
                 if attempt:

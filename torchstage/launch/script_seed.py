@@ -40,10 +40,21 @@ def launch_seed(world) -> int:
 def seeded_command(command: list) -> list:
     """``command`` (this interpreter's command line, see :func:`relaunch_command`) started through this entry;
     ``command`` unchanged where this program's command line cannot be told apart from the interpreter's options."""
+    split = program_of(command)
+    if split is None:
+        return command
+    options, program = split
+    return [command[0], *options, "-m", ENTRY, *program]
+
+
+def program_of(command: list):
+    """``(interpreter options, program)`` of ``command`` (this interpreter's command line): the program is
+    ``[script, args...]``, ``["-m", module, args...]`` or ``["-c", code, args...]``, as :func:`seeded_entry.main
+    <torchstage.launch.seeded_entry.main>` takes it; None where the program cannot be told apart from the options."""
     argv = list(getattr(sys, "orig_argv", []))
     head = len(argv) - len(sys.argv)  # orig_argv ends with the program and its arguments, as sys.argv does
     if not argv or head < 1 or argv[head + 1:] != sys.argv[1:] or command[1:] != argv[1:]:
-        return command
+        return None
     options = argv[1:head]
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
     if sys.argv[0] == "-c":
@@ -54,11 +65,11 @@ def seeded_command(command: list) -> list:
         program = [argv[head]]
     if len(program) == 2:
         if not options or options[-1] != program[0]:
-            return command  # -c/-m combined with other options in one word: run as given, unseeded
+            return None  # -c/-m combined with other options in one word: run as given, unseeded
         options = options[:-1]
     if not _plain_options(options):
-        return command
-    return [command[0], *options, "-m", ENTRY, *program, *sys.argv[1:]]
+        return None
+    return options, [*program, *sys.argv[1:]]
 
 
 def _plain_options(options: list) -> bool:

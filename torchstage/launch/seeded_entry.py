@@ -7,46 +7,80 @@ between ranks: each rank would train on its own data and validation would mix th
 seed (:data:`SEED_ENV`, the same on every rank) before the program's first line. ``train(seed=...)`` seeds each
 rank again once training starts, as without this entry.
 """
+import atexit
+import importlib.machinery
+import io
 import os
 import runpy
+import signal
 import sys
 import types
 
+from torchstage.launch.local_launcher import PARENT_ENV, die_with_parent
 from torchstage.launch.script_seed import seed_launched_rank
 
 
-def main(argv: list) -> None:
-    """Seed, then run ``argv`` (``script args...``, ``-m module args...`` or ``-c code args...``) as ``__main__``."""
-    seed_launched_rank(force=True)  # before the program's first line, whatever importing this entry did
+def main(argv: list):
+    """Seed, then run ``argv`` (``script args...``, ``-m module args...`` or ``-c code args...``) as ``__main__``;
+    the module it ran in (None where runpy made it: ``-m``, a directory or a zip file)."""
+    seed_launched_rank(force=True)  # before the program's first line, whatever importing this entry (or a fork) did
     if argv[0] == "-m":
         sys.argv = [argv[1], *argv[2:]]
         runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
-    elif argv[0] == "-c":
+        return None
+    module = types.ModuleType("__main__")
+    if argv[0] == "-c":
         sys.argv = ["-c", *argv[2:]]
-        module = types.ModuleType("__main__")
-        sys.modules["__main__"] = module
-        exec(compile(argv[1], "<string>", "exec"), module.__dict__)  # noqa: S102 (the user's own -c program)
+        code = compile(argv[1], "<string>", "exec")
     else:
         sys.argv = list(argv)
         if not sys.flags.safe_path:
             sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
-        runpy.run_path(argv[0], run_name="__main__")
+        if not argv[0].endswith(".py") or not os.path.isfile(argv[0]):
+            runpy.run_path(argv[0], run_name="__main__")
+            return None
+        with io.open_code(argv[0]) as source:  # as python runs a script: its own __main__, kept after it ends
+            code = compile(source.read(), argv[0], "exec", dont_inherit=True)
+        module.__file__, module.__cached__ = argv[0], None
+        module.__loader__ = importlib.machinery.SourceFileLoader("__main__", argv[0])
+    sys.modules["__main__"] = module
+    exec(code, module.__dict__)  # noqa: S102 (the user's own program)
+    return module
 
 
-def _without_entry_frames(tb):
-    """``tb`` from the program's first frame on: this entry's and runpy's frames are no part of the user's error."""
-    ours = {main.__code__.co_filename, runpy.run_path.__code__.co_filename}
+def without_entry_frames(tb, entry_files=()):
+    """``tb`` from the program's first frame on: this entry's, runpy's (and ``entry_files``') frames are no part of
+    the user's error."""
+    ours = {main.__code__.co_filename, runpy.run_path.__code__.co_filename, *entry_files}
     while tb is not None and tb.tb_next is not None and tb.tb_frame.f_code.co_filename in ours:
         tb = tb.tb_next
     return tb
 
 
+def _end_by_sigint() -> None:
+    """After an uncaught Ctrl-C, end by SIGINT as python does (its status tells the launcher); registered first, it
+    runs after the program's own ``atexit`` functions."""
+    if _INTERRUPTED:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+
+
+_INTERRUPTED = []
+
+
 if __name__ == "__main__":
+    if os.environ.get(PARENT_ENV):
+        die_with_parent(int(os.environ[PARENT_ENV]))  # from the first line on, not only once the rank joins its world
+    atexit.register(_end_by_sigint)
     try:
         main(sys.argv[1:])
-    except (SystemExit, KeyboardInterrupt):
+    except SystemExit:
         raise
-    except BaseException as error:  # noqa: BLE001 (shown as python would, exit code 1)
-        error.with_traceback(_without_entry_frames(error.__traceback__))
+    except BaseException as error:  # noqa: BLE001 (shown as python would: exit code 1, or SIGINT after a Ctrl-C)
+        error.with_traceback(without_entry_frames(error.__traceback__))
         sys.excepthook(type(error), error, error.__traceback__)
+        if isinstance(error, KeyboardInterrupt):
+            _INTERRUPTED.append(True)
         sys.exit(1)

@@ -42,6 +42,9 @@ from torchstage.distributed.engine import Engine
 from torchstage.runner.engine import RunEngine
 
 logger = logging.getLogger("torchstage")
+#: What a rank of train() imports before its first step beyond torch's usual (the main rank's TensorBoard logger):
+#: the preloaded process that starts the ranks imports it once (see torchstage.launch.rank_start).
+RANK_IMPORTS = ("tensorboardX.summary", "tensorboardX.proto.plugin_hparams_pb2", "tensorboardX.proto.api_pb2")
 
 
 def train_in_world(runner, spec):
@@ -50,7 +53,7 @@ def train_in_world(runner, spec):
         point_dumps_to(spec.logdir)  # NCCL's Flight Recorder dump on a timeout: into the logdir
     return run_in_world(lambda world: _train_here(runner, spec, world), spec.distributed, spec.nprocs,
                         timeout=process_group_timeout(spec.hang_timeout), max_restarts=spec.max_restarts,
-                        hang_timeout=spec.hang_timeout, check=spec.strategy.layout)
+                        hang_timeout=spec.hang_timeout, check=spec.strategy.layout, preload=RANK_IMPORTS)
 
 
 def _train_here(runner, spec, world: World):

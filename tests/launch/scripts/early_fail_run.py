@@ -36,6 +36,10 @@ def unreadable_datasets():
 def main(logdir, where):
     with open(os.path.join(logdir, "attempts"), "a") as f:
         f.write(f"{ATTEMPT} {os.environ.get('TORCHSTAGE_JOB_ID')} {os.environ.get('RANK')}\n")
+    if where in ("script", "flaky"):
+        # every rank notes its start before one fails: a rank failing at once ends a peer still finishing its
+        # process group (gloo's connections), which then never gets here
+        torch.distributed.barrier()
     if where == "script":
         raise ValueError("lr must be > 0, got -1")
     if where == "flaky":

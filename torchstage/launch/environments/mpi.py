@@ -21,7 +21,12 @@ logger = logging.getLogger(__name__)
 
 
 class MpiEnvironment(LauncherEnvironment):
-    """An MPI launcher: subclasses name their rank variables and, where a scheduler has one, its host list."""
+    """An MPI launcher: subclasses name their rank variables and, where a scheduler has one, its host list.
+
+    One task per node (the launcher's local size is 1) with several local devices (GPUs, or ``nprocs`` /
+    ``TORCHSTAGE_NPROC``) starts a rank per device, as a SLURM step of one task per node does: global rank = MPI rank
+    x local devices + local rank (nodes are assumed alike).
+    """
 
     rank_var = size_var = local_rank_var = ""
     local_size_var: Optional[str] = None
@@ -73,6 +78,10 @@ class MpiEnvironment(LauncherEnvironment):
             node_rank = rank // local_size if local_size else 0
         all_local = local_size == size
         addr, port = self._rendezvous(environ, rank, size, hosts, all_local)
+        if local_size == 1 and local_devices > 1:  # one task per node: it starts a rank per local device
+            return World(rank=rank * local_devices, world_size=size * local_devices, local_rank=0, master_addr=addr,
+                         master_port=port, source=self.name, spawn=local_devices, node_rank=rank,
+                         local_size=local_devices, nnodes=size)
         return World(rank=rank, world_size=size, local_rank=local_rank, master_addr=addr, master_port=port,
                      source=self.name, node_rank=node_rank, local_size=local_size)
 
