@@ -101,8 +101,15 @@ def launched_seed(environ: Mapping = None) -> Optional[int]:
     return zlib.crc32(f"{job}".encode()) if job else FIXED_SEED
 
 
+#: Variables one of which every launcher torchstage knows sets in each rank (torchrun, SLURM, Open MPI, MPICH, PALS,
+#: LSF): without any, a process is alone, and ``import torchstage`` need not load the launchers to say so.
+_RANK_VARIABLES = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PALS_RANKID", "JSM_NAMESPACE_RANK")
+
+
 def _launcher_of_several(environ: Mapping):
     """The launcher environment that started this process as one rank of several, or None."""
+    if not any(name in environ for name in _RANK_VARIABLES):
+        return None
     from torchstage.launch.resolve import ENVIRONMENTS  # the launchers, in the order that decides between them
     try:
         launcher = next((env for env in ENVIRONMENTS if env.applies(environ)), None)

@@ -4,11 +4,12 @@ A metric never syncs the host inside ``update`` (no ``.item()``, ``.cpu()``, ``.
 data-dependent shapes), so a loader runs without stalls; ``sync`` and ``compute`` run once per loader.
 """
 from abc import ABC, abstractmethod
-from typing import Dict, Optional
+from typing import TYPE_CHECKING, Dict, Optional
 
 import torch
 
-from torchstage.distributed.engine import Engine
+if TYPE_CHECKING:  # a type only: importing the metrics loads no engine
+    from torchstage.distributed.engine import Engine
 
 Values = Dict[str, torch.Tensor]
 
@@ -39,7 +40,7 @@ class Metric(ABC):
                                "call reset() first")
         self._update(outputs, targets)
 
-    def sync(self, engine: Optional[Engine]) -> None:
+    def sync(self, engine: Optional["Engine"]) -> None:
         """Reduce the state across the ranks of ``engine`` in place; every rank must call it.
 
         Afterwards every rank holds the global state, so ``compute`` gives the same numbers on all
