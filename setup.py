@@ -17,7 +17,7 @@ setup(
     python_requires=">=3.9",
     install_requires=["torch>=2.1,<3", "numpy", "tqdm", "tensorboardX>=2.6", "pyyaml"],
     extras_require={
-        "test": ["pytest>=7", "pytest-timeout", "pytest-xdist", "scikit-learn", "matplotlib", "tensorboard"],
+        "test": ["pytest>=7", "pytest-timeout", "pytest-xdist", "pytest-randomly", "scikit-learn", "matplotlib", "tensorboard"],
         "plot": ["matplotlib"],
         "mpi": ["mpi4py>=3.1"],  # rank 0's host and port for MPI launches without a scheduler host list
         "mlflow": ["mlflow>=2.10", "matplotlib"],
