@@ -169,17 +169,23 @@ def _deepspeed(logdir, extensions, timeout):
 
 @pytest.fixture(scope="module")
 def built_op(tmp_path_factory):
-    """A TORCH_EXTENSIONS_DIR of the tests' own holding DeepSpeed's op: a copy of one built before (the user's
-    cache), else built here once (a minute or more on 2 cores)."""
+    """A TORCH_EXTENSIONS_DIR of the tests' own holding DeepSpeed's op, built and loaded once here so that the run
+    under test only loads it: seeded with a copy of the user's cache (taken under that cache's build lock, so never
+    half-written by a build running beside it), then loaded by DeepSpeed itself, which rebuilds whatever the copy
+    lacks or was built differently (a minute or more on 2 cores; without a cache, the whole build)."""
     pytest.importorskip("deepspeed")
     folder = tmp_path_factory.mktemp("extensions")
     roots = [os.environ.get("TORCH_EXTENSIONS_DIR"),
              os.path.join(get_default_build_root(), f"py{sys.version_info.major}{sys.version_info.minor}_cpu")]
     for root in filter(None, roots):
         source = os.path.join(root, OP)
-        if os.path.exists(os.path.join(source, f"{OP}.so")) and not os.path.exists(os.path.join(source, "lock")):
-            shutil.copytree(source, folder / OP)
-            return folder
+        baton = FileBaton(os.path.join(source, "lock"))
+        if os.path.exists(os.path.join(source, f"{OP}.so")) and baton.try_acquire():  # torch builds under it
+            try:
+                shutil.copytree(source, folder / OP, ignore=shutil.ignore_patterns("lock"))
+            finally:
+                baton.release()
+            break
     build = ("from deepspeed.accelerator import get_accelerator; "
              "get_accelerator().create_op_builder('ShareMemCommBuilder').load()")
     subprocess.run([sys.executable, "-c", build], env={**os.environ, "TORCH_EXTENSIONS_DIR": str(folder),
