@@ -34,6 +34,14 @@ def _quiet_torchstage_logs():
     log.setLevel(level)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_once_per_process_notes(monkeypatch):
+    """Each test starts with no Catalyst spelling noted yet: the notes are said once per process, and a test that
+    expects one must not depend on whether an earlier test in the same worker already said it."""
+    from torchstage import logging_setup
+    monkeypatch.setattr(logging_setup, "_noted", set())
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU; run by scripts/gpu_check.sh, skipped without CUDA")
     config.addinivalue_line("markers", "distributed: starts several processes (gloo worlds, torchrun, the launcher)")
