@@ -40,13 +40,14 @@ record() {
     return 0
 }
 
-# The suite's parts under one seed: the in-process tests on 2 workers, then those that start processes.
+# The suite's parts under one seed: every test that times nothing on 2 workers (the SLURM tests one at a time: the
+# local cluster has two nodes), then those marked `alone` (they time what their processes do) one at a time.
 test_parts() {
     TEST_SEED=${TORCHSTAGE_TEST_SEED:-$((RANDOM * 32768 + RANDOM))}
     local order=(-p randomly "--randomly-seed=$TEST_SEED")
     echo "==> test order seed $TEST_SEED"
-    part in-process python3 -m pytest tests -q -n 2 "${order[@]}" -m "not distributed and not slurm and not mpi" "$@"
-    part multi-process python3 -m pytest tests -q "${order[@]}" -m "distributed or slurm or mpi" "$@"
+    part parallel python3 -m pytest tests -q -n 2 --dist loadgroup "${order[@]}" -m "not alone" "$@"
+    part alone python3 -m pytest tests -q "${order[@]}" -m alone "$@"
 }
 
 # The table of parts; returns 1 when any part failed.

@@ -47,6 +47,8 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "distributed: starts several processes (gloo worlds, torchrun, the launcher)")
     config.addinivalue_line("markers", "slurm: a SLURM test (tests/launch/slurm, or any test on the local cluster)")
     config.addinivalue_line("markers", "mpi: runs a real mpirun or mpiexec")
+    config.addinivalue_line("markers", "alone: times what its processes do, or needs every core: scripts/test.sh runs "
+                                       "these one at a time after the others, with nothing beside them")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -60,12 +60,12 @@ def test_ci_run_passes_when_every_part_passes_and_runs_every_part(tree):
     assert result.returncode == 0, result.stdout + result.stderr
     assert len(pytest_calls(calls)) == 2 and sum("sphinx" in c for c in calls) == 1
     assert any("slurm-local.sh up" in c for c in calls)
-    for part in ("install-torch", "slurm-up", "install", "in-process", "multi-process", "docs"):
+    for part in ("install-torch", "slurm-up", "install", "parallel", "alone", "docs"):
         assert table_row(result.stdout, part) == 0
     assert "3 passed in 0.10s" in result.stdout.split("\npart ")[-1]  # each pytest part's summary line
 
 
-@pytest.mark.parametrize("fail, part", [("not distributed", "in-process"), ("distributed or slurm", "multi-process"),
+@pytest.mark.parametrize("fail, part", [("not alone", "parallel"), ("-m alone", "alone"),
                                         ("sphinx", "docs")])
 def test_ci_run_fails_when_a_part_fails_and_still_runs_the_others(tree, fail, part):
     result, calls = run(tree, [".ci/run"], fail=fail)
@@ -85,7 +85,7 @@ def test_ci_run_stops_with_an_error_when_an_install_or_the_cluster_fails(tree, f
     assert not pytest_calls(calls)  # no test part runs on a broken installation
 
 
-@pytest.mark.parametrize("fail", ["not distributed", "distributed or slurm"])
+@pytest.mark.parametrize("fail", ["not alone", "-m alone"])
 def test_the_readme_test_command_fails_when_either_part_fails(tree, fail):
     result, calls = run(tree, ["scripts/test.sh"], fail=fail)
     assert result.returncode != 0 and "FAILED: 1 part(s)" in result.stdout
