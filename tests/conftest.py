@@ -53,8 +53,12 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(config, items):
     """Every test under tests/launch/slurm, and any test that uses the cluster fixture, is a SLURM test. Under
-    pytest-xdist (``-n``) the SLURM tests run one at a time on one worker: the local cluster has two nodes."""
+    pytest-xdist with ``--dist loadgroup`` (scripts/test.sh) the SLURM tests run one at a time on one worker (the
+    local cluster has two nodes), and each other file's tests run on one worker, so that a module-scoped reference
+    run is made once, not once per worker."""
     for item in items:
         if "tests/launch/slurm/" in item.nodeid.replace("\\", "/") or "slurm_cluster" in item.fixturenames:
             item.add_marker(pytest.mark.slurm)
             item.add_marker(pytest.mark.xdist_group("slurm"))
+        elif item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
