@@ -18,8 +18,8 @@ setup(
     install_requires=["torch>=2.1,<3", "numpy", "tqdm", "tensorboardX>=2.6", "pyyaml"],
     extras_require={
         # transformers: the Hugging Face example and tests (tiny models built from configs, no download)
-        "test": ["pytest>=7", "pytest-timeout", "pytest-xdist", "scikit-learn", "matplotlib", "tensorboard",
-                 "transformers>=4.50"],
+        "test": ["pytest>=7", "pytest-timeout", "pytest-xdist", "pytest-randomly", "scikit-learn", "matplotlib",
+                 "tensorboard", "transformers>=4.50"],
         "plot": ["matplotlib"],
         "mpi": ["mpi4py>=3.1"],  # rank 0's host and port for MPI launches without a scheduler host list
         "mlflow": ["mlflow>=2.10", "matplotlib"],

@@ -9,7 +9,7 @@ import pytest
 
 from tests.helpers import ROOT, alive, run
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.alone]  # how fast a fault ends the job
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 

@@ -8,7 +8,7 @@ import pytest
 
 from tests.helpers import alive, run
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.alone]  # 16 ranks on every core, a crash ends all fast
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 

@@ -124,6 +124,7 @@ def test_a_late_rendezvous_lists_the_ranks_on_its_store_or_says_the_store_does_n
 
 
 # ---- 2 real gloo ranks ------------------------------------------------------------------------------------
+@pytest.mark.alone  # start-up timeouts of seconds
 @pytest.mark.distributed
 @pytest.mark.timeout(240)
 def test_a_rank_stuck_building_its_datasets_ends_the_job_naming_the_rank_the_phase_and_the_line(tmp_path):
@@ -145,6 +146,7 @@ def test_a_rank_stuck_building_its_datasets_ends_the_job_naming_the_rank_the_pha
           f"({time.monotonic() - started:.0f} s in all)")
 
 
+@pytest.mark.alone  # start-up timeouts of seconds
 @pytest.mark.distributed
 @pytest.mark.timeout(240)
 def test_a_rendezvous_waiting_for_a_rank_says_which_it_has_and_lacks(tmp_path):
@@ -169,17 +171,23 @@ def _deepspeed(logdir, extensions, timeout):
 
 @pytest.fixture(scope="module")
 def built_op(tmp_path_factory):
-    """A TORCH_EXTENSIONS_DIR of the tests' own holding DeepSpeed's op: a copy of one built before (the user's
-    cache), else built here once (a minute or more on 2 cores)."""
+    """A TORCH_EXTENSIONS_DIR of the tests' own holding DeepSpeed's op, built and loaded once here so that the run
+    under test only loads it: seeded with a copy of the user's cache (taken under that cache's build lock, so never
+    half-written by a build running beside it), then loaded by DeepSpeed itself, which rebuilds whatever the copy
+    lacks or was built differently (a minute or more on 2 cores; without a cache, the whole build)."""
     pytest.importorskip("deepspeed")
     folder = tmp_path_factory.mktemp("extensions")
     roots = [os.environ.get("TORCH_EXTENSIONS_DIR"),
              os.path.join(get_default_build_root(), f"py{sys.version_info.major}{sys.version_info.minor}_cpu")]
     for root in filter(None, roots):
         source = os.path.join(root, OP)
-        if os.path.exists(os.path.join(source, f"{OP}.so")) and not os.path.exists(os.path.join(source, "lock")):
-            shutil.copytree(source, folder / OP)
-            return folder
+        baton = FileBaton(os.path.join(source, "lock"))
+        if os.path.exists(os.path.join(source, f"{OP}.so")) and baton.try_acquire():  # torch builds under it
+            try:
+                shutil.copytree(source, folder / OP, ignore=shutil.ignore_patterns("lock"))
+            finally:
+                baton.release()
+            break
     build = ("from deepspeed.accelerator import get_accelerator; "
              "get_accelerator().create_op_builder('ShareMemCommBuilder').load()")
     subprocess.run([sys.executable, "-c", build], env={**os.environ, "TORCH_EXTENSIONS_DIR": str(folder),
@@ -188,6 +196,7 @@ def built_op(tmp_path_factory):
     return folder
 
 
+@pytest.mark.alone  # start-up timeouts of seconds
 @pytest.mark.distributed
 @pytest.mark.timeout(300)
 def test_deepspeed_waiting_for_a_stale_build_lock_ends_the_job_naming_the_lock(tmp_path):
@@ -208,6 +217,7 @@ def test_deepspeed_waiting_for_a_stale_build_lock_ends_the_job_naming_the_lock(t
     print(f"stale lock: job ended after {seconds:.0f} s")
 
 
+@pytest.mark.alone  # start-up timeouts of seconds
 @pytest.mark.distributed
 @pytest.mark.timeout(900)
 def test_deepspeed_without_the_lock_trains_and_shows_the_op_lines_once(tmp_path, built_op):

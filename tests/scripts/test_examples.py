@@ -86,6 +86,7 @@ def test_the_elastic_example_trains_under_torchrun_and_its_rate_follows_the_worl
     assert final["meta"]["world_size"] == 1 and final["optimizers"]["optimizer"]["param_groups"][0]["lr"] == 0.0025
 
 
+@pytest.mark.alone  # times the ranks
 @pytest.mark.distributed
 def test_slow_ranks_example_checks_the_ranks_then_names_the_slow_one_and_its_recovery(tmp_path):
     """Both ranks on one core (even turns, whatever else runs here), so that the pre-flight check agrees."""

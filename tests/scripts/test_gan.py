@@ -26,6 +26,7 @@ def load_script():
     return module
 
 
+@pytest.mark.alone  # times the example
 def test_gan_script_learns_the_mixture_and_logs_both_losses(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(SCRIPT.parents[1])}
     start = time.perf_counter()

@@ -25,6 +25,7 @@ class Batches(Callback):
             self.first_rows.append(runner.batch["features"][0].clone())
 
 
+@pytest.mark.alone  # times the check run
 def test_check_on_a_million_rows_runs_two_batches_for_two_epochs_per_stage(tmp_path):
     x = torch.randn(1_000_000, 10)
     y = torch.randn(1_000_000, 1)

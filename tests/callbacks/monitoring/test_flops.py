@@ -1,4 +1,6 @@
 """Dense peaks by GPU name and precision, FLOPs counted on a real step."""
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -14,8 +16,26 @@ from torchstage.callbacks.monitoring.flops import StepFlops, device_peak_flops
 ])
 def test_peak_by_device_name_and_precision(monkeypatch, name, dtype, tf32, peak):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", tf32)
+    # The flag's holder, not the process's cuBLAS flag: that one is a C++ global whose Python accessors depend on
+    # which API (allow_tf32 or fp32_precision) set it before, so restoring it could fail after other tests.
+    monkeypatch.setattr(torch.backends.cuda, "matmul", SimpleNamespace(fp32_precision="tf32" if tf32 else "ieee"))
     assert device_peak_flops(torch.device("cuda", 0), dtype) == peak
+
+
+@pytest.mark.parametrize("matmul, backends, tf32", [
+    (SimpleNamespace(allow_tf32=True), None, True),  # a torch before fp32_precision
+    (SimpleNamespace(allow_tf32=False), None, False),
+    (SimpleNamespace(fp32_precision="none"), "tf32", True),  # the matmuls follow the global setting
+    (SimpleNamespace(fp32_precision="none"), "ieee", False),
+])
+def test_tf32_is_read_from_the_api_that_set_it(monkeypatch, matmul, backends, tf32):
+    """torch >= 2.9's allow_tf32 raises once fp32_precision set the precision: the peak reads what this torch has."""
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-40GB")
+    holder = SimpleNamespace(cuda=SimpleNamespace(matmul=matmul))  # torch.backends, without its C++ globals
+    if backends is not None:
+        holder.fp32_precision = backends
+    monkeypatch.setattr(torch, "backends", holder)
+    assert device_peak_flops(torch.device("cuda", 0)) == (156e12 if tf32 else 19.5e12)
 
 
 def test_cpu_peak_is_unknown():

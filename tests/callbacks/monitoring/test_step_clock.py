@@ -40,6 +40,7 @@ def test_the_clock_sums_data_step_and_wait_per_window_and_loader():
     assert clock.loader_sums() == (0.0, 0.0, 0.0, 0)
 
 
+@pytest.mark.alone  # measures the wait
 @pytest.mark.distributed
 @pytest.mark.timeout(200)
 def test_the_wait_at_the_end_of_backward_is_the_time_a_rank_waits_for_the_late_one(tmp_path):

@@ -22,7 +22,7 @@ from torchstage import StragglerDetector
 from torchstage.cli import main
 
 SCRIPT = ROOT / "scripts" / "bench" / "straggler_run.py"
-pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.distributed, pytest.mark.alone, pytest.mark.timeout(300)]  # times the ranks
 HOST = socket.gethostname().split(".")[0]
 
 

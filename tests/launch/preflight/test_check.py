@@ -17,7 +17,7 @@ from tests.helpers import ROOT, busy_core, script_env
 from tests.launch.test_mpi_launch import launcher
 
 SCRIPTS = ROOT / "tests" / "launch" / "preflight" / "scripts"
-pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.distributed, pytest.mark.alone, pytest.mark.timeout(300)]  # compares speeds
 
 
 def run(command, timeout=200, **env):

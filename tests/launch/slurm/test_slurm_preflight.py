@@ -18,7 +18,7 @@ from tests.launch.slurm.slurm_cluster import slurm_cluster  # noqa: F401 (sessio
 from torchstage.launch.slurm.step import master_port
 
 SCRIPT = str(ROOT / "tests" / "launch" / "preflight" / "scripts" / "slowed_preflight.py")
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.alone, pytest.mark.timeout(300)]  # compares the speeds of pinned ranks
 
 
 def srun(env, *command, **extra):

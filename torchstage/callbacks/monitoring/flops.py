@@ -22,8 +22,20 @@ def device_peak_flops(device: torch.device, amp_dtype=None):
         if key in name:
             if amp_dtype in (torch.float16, torch.bfloat16):
                 return half
-            return tf32 if torch.backends.cuda.matmul.allow_tf32 else fp32
+            return tf32 if _tf32_matmuls() else fp32
     return None
+
+
+def _tf32_matmuls() -> bool:
+    """Whether float32 matmuls on CUDA run in TF32. torch >= 2.9 says it in ``fp32_precision`` ("none": the global
+    setting's); its legacy ``allow_tf32`` raises once the new API set the precision."""
+    matmul = torch.backends.cuda.matmul
+    precision = getattr(matmul, "fp32_precision", None)
+    if precision is None:  # an older torch
+        return bool(matmul.allow_tf32)
+    if precision == "none":
+        precision = getattr(torch.backends, "fp32_precision", "ieee")
+    return precision == "tf32"
 
 
 class StepFlops:
