@@ -41,9 +41,9 @@ def lm_loaders():
 
 
 def test_cross_entropy_on_language_model_logits_names_the_fix_and_the_fix_trains():
-    with pytest.raises(ValueError, match=r"these look like a language model's logits \[batch, tokens, vocabulary\] "
-                                         r"with one class per token, but CrossEntropyLoss takes the classes in "
-                                         r"dimension 1; use criterion=torchstage.CausalLMLoss\(\)"):
+    with pytest.raises(ValueError, match=r"CrossEntropyLoss reads the classes on dimension 1, and these scores hold "
+                                         r"them on the last one .*; for a language model's logits \[batch, tokens, "
+                                         r"vocabulary\] use criterion=torchstage.CausalLMLoss\(\)"):
         tiny_run(TinyLM(), loaders=lm_loaders(), criterion=nn.CrossEntropyLoss())
     runner = tiny_run(TinyLM(), loaders=lm_loaders(), criterion=CausalLMLoss())
     assert runner.epoch_metrics["train"]["loss"] > 0

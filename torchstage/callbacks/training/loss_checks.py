@@ -62,17 +62,14 @@ def _check_class_index(criterion, outputs, targets, what: str) -> None:
                              f"indices pass integer targets (targets.long())")
         return
     expected = [outputs.shape[0], *outputs.shape[2:]]
-    if outputs.dim() == 3 and list(targets.shape) == list(outputs.shape[:2]) and list(targets.shape) != expected:
-        raise ValueError(f"{what}: these look like a language model's logits [batch, tokens, vocabulary] with one "
-                         f"class per token, but {type(criterion).__name__} takes the classes in dimension 1; use "
-                         f"criterion=torchstage.CausalLMLoss(), or give it logits.transpose(1, 2)")
     if list(targets.shape) != expected:
         if outputs.dim() >= 3 and list(targets.shape) == list(outputs.shape[:-1]):
             classes = outputs.shape[-1]
             raise ValueError(f"{what}: {type(criterion).__name__} reads the classes on dimension 1, and these scores "
                              f"hold them on the last one ({classes} classes for each of {list(targets.shape)} "
-                             f"targets, as a sequence model gives); move the classes to dimension 1 "
-                             f"(logits.transpose(1, 2) in the model's forward), or flatten both "
+                             f"targets, as a sequence model gives); for a language model's logits [batch, "
+                             f"tokens, vocabulary] use criterion=torchstage.CausalLMLoss(); else move the classes "
+                             f"to dimension 1 (logits.transpose(1, 2) in the model's forward), or flatten both "
                              f"(logits.reshape(-1, {classes}) and targets.reshape(-1))")
         one_each = targets.numel() == outputs.shape[0]
         raise ValueError(f"{what}: class-index targets need shape {expected} (one class per sample)"
