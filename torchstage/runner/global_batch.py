@@ -11,9 +11,9 @@ def record(runner) -> dict:
     """``{"per_process", "data_parallel", "accumulation", "world_size"}`` of this run's current stage: the first train
     loader's batch size (None: unknown, a batch sampler), the data-parallel ranks and the stepping callbacks'
     accumulation (1 when nothing declares one)."""
-    sizes = [getattr(loader, "batch_size", None) for name, loader in (runner.loaders or {}).items()
+    sizes = [getattr(loader, "batch_size", None) for name, loader in (runner.loop.loaders or {}).items()
              if str(name).startswith("train")]
-    stage = runner.spec.stage_specs[runner.stage_index] if runner.spec.stage_specs else None
+    stage = runner.spec.stage_specs[runner.loop.stage_index] if runner.spec.stage_specs else None
     steps = [plan.accumulation_steps for callback in (runner.callbacks or {}).values()
              for plan in (callback.step_plans(stage) if stage is not None else ())]
     return {"per_process": next((size for size in sizes if size), None), "data_parallel": runner.engine.dp_size,

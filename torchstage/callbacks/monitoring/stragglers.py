@@ -96,7 +96,7 @@ class StragglerDetector(Callback, Rider):
         runner.channel.join(self)
 
     def on_loader_start(self, runner):
-        if runner.is_train_loader:
+        if runner.loop.is_train_loader:
             if self._first is None:
                 self._first = self._mark()
             self._clock.loader_start()
@@ -110,7 +110,7 @@ class StragglerDetector(Callback, Rider):
             self._report(runner)
 
     def on_loader_end(self, runner):
-        if runner.is_train_loader:
+        if runner.loop.is_train_loader:
             self._log_loader(runner)
 
     def on_epoch_end(self, runner):
@@ -201,7 +201,7 @@ class StragglerDetector(Callback, Rider):
     def _report(self, runner) -> None:
         found, self._found = self._found, []
         now = time.time()
-        where = {"stage": runner.stage_key, "epoch": runner.epoch, "global_batch_step": runner.global_batch_step}
+        where = {"stage": runner.loop.stage_key, "epoch": runner.loop.epoch, "global_batch_step": runner.loop.global_batch_step}
         for finding, began in found:
             key = (finding.rank, finding.part)
             if finding.kind == "slow":
@@ -240,7 +240,7 @@ class StragglerDetector(Callback, Rider):
         rows = values.view(self._world, SLOT).tolist()
         metrics = loader_figures(rows, per_rank=self._world <= PER_RANK_LIMIT)
         if metrics:
-            log_metrics(runner, metrics, runner.global_epoch_step, runner.loader_key, RANKS)
+            log_metrics(runner, metrics, runner.loop.global_epoch_step, runner.loop.loader_key, RANKS)
 
 
 def loader_figures(rows: list, per_rank: bool = True) -> dict:

@@ -48,7 +48,7 @@ class StopCallback(Callback):
 
     def on_experiment_start(self, runner):
         clear_stop_request()
-        runner.stop_request = None
+        runner.loop.stop_request = None
         self._handlers = SignalStop(self.signals)
         self._handlers.install()
         self._distributed = runner.engine.is_distributed
@@ -80,7 +80,7 @@ class StopCallback(Callback):
     def _stop(self, runner, request):
         if request is None:
             return
-        runner.stop_request = request
+        runner.loop.stop_request = request
         paths = runner.save_last()  # every checkpoint writer of the run, at this batch
         if runner.file_writer is not None:
             runner.file_writer.wait()  # on disk before any rank exits (a launcher may then stop the main one)

@@ -44,21 +44,21 @@ class UnsteppedOptimizerCheck(Callback):
         return count
 
     def on_loader_end(self, runner):
-        if self._done or not runner.is_train_loader:
+        if self._done or not runner.loop.is_train_loader:
             return
         self._done = True
         self._remove()
         optimizers = named(runner.optimizer, "optimizer")
-        scaler = getattr(getattr(runner.engine.strategy, "precision", None), "scaler", None)
+        scaler = getattr(getattr(runner.strategy, "precision", None), "scaler", None)
         for name, steps in self._steps.items():
             optimizer = optimizers.get(name)
             if steps or optimizer is None or (scaler is not None and _has_gradients(optimizer)):
                 continue  # a grad scaler may have skipped every step of a short loader on inf gradients
             which = "the optimizer" if name == "optimizer" and len(optimizers) == 1 else f"the optimizer {name!r}"
-            batches = f" ({runner.batch_step} batches)" if runner.batch_step else ""
+            batches = f" ({runner.loop.batch_step} batches)" if runner.loop.batch_step else ""
             raise UnsteppedOptimizerError(
                 f"{which} given to train() ({type(optimizer).__name__}) was not stepped in the first train loader "
-                f"{runner.loader_key!r}{batches}, and no callback of the chain steps it: training changes nothing. "
+                f"{runner.loop.loader_key!r}{batches}, and no callback of the chain steps it: training changes nothing. "
                 f"To train, {FIX}")
 
     def on_stage_end(self, runner):
