@@ -10,14 +10,14 @@ from tests.resume_helpers import tiny_train_kwargs
 
 
 def test_batch_period_counts_global_train_batches():
-    due = [b for b in range(1, 13) if batch_due((Batch(4),), SimpleNamespace(is_train_loader=True, global_batch_step=b))]
+    due = [b for b in range(1, 13) if batch_due((Batch(4),), SimpleNamespace(loop=SimpleNamespace(is_train_loader=True, global_batch_step=b)))]
     assert due == [4, 8, 12]
-    assert not Batch(1).batch_due(SimpleNamespace(is_train_loader=False, global_batch_step=4))
-    assert not Batch(1).epoch_due(SimpleNamespace(epoch=1))
+    assert not Batch(1).batch_due(SimpleNamespace(loop=SimpleNamespace(is_train_loader=False, global_batch_step=4)))
+    assert not Batch(1).epoch_due(SimpleNamespace(loop=SimpleNamespace(epoch=1)))
 
 
 def test_epoch_period_and_combinations():
-    assert [e for e in range(1, 7) if epoch_due((Epoch(3),), SimpleNamespace(epoch=e))] == [3, 6]
+    assert [e for e in range(1, 7) if epoch_due((Epoch(3),), SimpleNamespace(loop=SimpleNamespace(epoch=e)))] == [3, 6]
     assert as_periods(2) == (Epoch(2),)
     assert as_periods((Batch(5), 1)) == (Batch(5), Epoch(1))
     assert as_periods(None) == ()

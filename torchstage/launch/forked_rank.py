@@ -106,7 +106,9 @@ def _forget_parent_state(program: list) -> None:
     for hook in ("excepthook", "displayhook", "breakpointhook", "unraisablehook"):
         if getattr(getattr(getattr(sys, hook), "__code__", None), "co_filename", None) in files:
             setattr(sys, hook, getattr(sys, f"__{hook}__"))  # the program sets its own again
-    for name in local_modules(program_folder(program)):
+    forgotten = local_modules(program_folder(program))
+    below = tuple(f"{name}." for name in forgotten)  # with the namespace packages below them, which have no file
+    for name in [name for name in sys.modules if name in forgotten or name.startswith(below)]:
         del sys.modules[name]
 
 
