@@ -49,8 +49,10 @@ def stamp(logdir, name):
 
 @pytest.fixture(scope="module")
 def compute(tmp_path_factory):
+    # 24 epochs: saying a recovery takes `patience` windows of 2 s of training at speed; at about 2 ms a batch
+    # that is about 10 epochs after the slow ones here (14 epochs ended before it on an unloaded 2-core VM)
     logdir = tmp_path_factory.mktemp("compute")
-    return logdir, run(logdir, "--slow", "compute", "--rank", 2, "--from-epoch", 3, "--to-epoch", 5, "--epochs", 14,
+    return logdir, run(logdir, "--slow", "compute", "--rank", 2, "--from-epoch", 3, "--to-epoch", 5, "--epochs", 24,
                        "--samples", 8192)
 
 
@@ -104,7 +106,7 @@ def test_diagnose_and_report_show_the_episode(compute, tmp_path, capsys):
 
 
 def test_a_rank_slow_in_its_data_loader_is_named_as_data(tmp_path):
-    output = run(tmp_path, "--slow", "data", "--rank", 1, "--from-epoch", 3, "--to-epoch", 5, "--epochs", 14,
+    output = run(tmp_path, "--slow", "data", "--rank", 1, "--from-epoch", 3, "--to-epoch", 5, "--epochs", 24,
                  "--samples", 8192)
     lines = named(output)
     assert [line.split(":")[0] for line in lines] == ["straggler", "straggler recovered"], output[-4000:]
