@@ -73,7 +73,7 @@ from torchstage.strategies.ddp import DDP
 from torchstage.strategies.deepspeed import DeepSpeed
 from torchstage.strategies.fsdp import FSDP
 from torchstage.strategies.hsdp import HSDP
-from torchstage.strategies.model_parallel import ModelParallel
+from torchstage.strategies.model_parallel import ModelParallel, Pipeline
 from torchstage.strategies.single import SingleDevice
 from torchstage.version import __version__
 from torchstage import metrics
@@ -134,6 +134,6 @@ __all__ = [
     "LogdirLocked", "NonFiniteLossCallback", "NonFiniteLossError", "NonFiniteStateError", "LossSpike", "LossSpikeError",
     "RollbackCallback",
     "HangWatchdog", "EvenBatchesCallback", "UnevenBatchesError", "BatchTransformCallback", "BackwardCallback",
-    "HSDP", "ModelParallel",
+    "HSDP", "ModelParallel", "Pipeline",
     "StragglerDetector", "PreflightFailed",
 ]

@@ -71,6 +71,9 @@ class Strategy(abc.ABC):
     #: Why this strategy cannot have its models and optimizers copied in memory and put back in place (a rollback's
     #: snapshot: each rank's ``model.state_dict()`` and ``optimizer.state`` tensors), or None where it can.
     no_snapshots = None
+    #: True when a train batch's forward and backward run together through a pipeline schedule: the runner hands
+    #: whole batches to :meth:`pipeline_step`, and :meth:`backward` has nothing left to do.
+    pipelined = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -131,6 +134,11 @@ class Strategy(abc.ABC):
             model = inner
 
     # ---- the step ----------------------------------------------------------------------------
+    def pipeline_step(self, model, inputs, targets, criterion, train: bool = True):
+        """``(outputs, loss)`` of one whole batch through a pipeline schedule (forward, and backward when ``train``);
+        only a strategy that is :attr:`pipelined` has one."""
+        raise NotImplementedError(f"{type(self).__name__} runs no pipeline schedule")
+
     def backward(self, loss: torch.Tensor, optimizer) -> None:
         """Backpropagate ``loss`` (scaled under float16) for the parameters of ``optimizer``."""
         self.precision.scale(loss).backward()
