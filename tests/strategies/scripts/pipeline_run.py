@@ -66,7 +66,8 @@ if __name__ == "__main__":
     os.makedirs(logdir, exist_ok=True)
     torch.manual_seed(0)
     model = Net()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=float(env.get("LR", 3e-3)), weight_decay=0.1)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=float(env.get("LR", 3e-3)), weight_decay=0.1,
+                                  eps=float(env.get("EPS", 1e-6)))  # rounding noise of near-zero gradients: not amplified
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
     g = torch.Generator().manual_seed(1)
     n = int(env.get("SAMPLES", 96))

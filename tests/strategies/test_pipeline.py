@@ -1,0 +1,114 @@
+"""Pipeline parallelism on 4 gloo processes: pipeline 2 x data 2 and pipeline 2 x tensor 2 train as DDP on the same
+global batch (1F1B and the looped Interleaved1F1B), each sample counted once on the last stage, the metrics on every
+rank; a killed run resumes bitwise on the same mesh and sample-exact on another pipeline depth."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import script_env
+from tests.resume_helpers import EXACT_KEYS, ROOT, differences
+from tests.strategies.test_mesh import assert_close_models, copy_of, each_once, final, reports
+
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(900)]
+
+SCRIPT = os.path.join(ROOT, "tests", "strategies", "scripts", "pipeline_run.py")
+
+RUNS = {  # 2 epochs of AdamW and StepLR, gradients clipped to norm 0.5, 96 train samples, global batch 8
+    "ddp2": {"STRATEGY": "ddp", "NPROC": 2, "PERIOD": 2, "CLIP": 0.5},
+    "ddp2-ordered": {"STRATEGY": "ddp", "NPROC": 2, "SHUFFLE": 0, "CLIP": 0.5},
+    "pp-dp": {"STRATEGY": "pp-dp", "PERIOD": 2, "CLIP": 0.5},  # pipeline 2 x data 2, batch 4 per pipeline
+    "pp-dp-looped": {"STRATEGY": "pp-dp", "SCHEDULE": "Interleaved1F1B", "CLIP": 0.5},
+    # one pipeline of 2 stages x tensor 2 reads the whole global batch (in order, as DDP's ranks deal it)
+    "pp-tp": {"STRATEGY": "pp-tp", "BATCH": 8, "SHUFFLE": 0, "CLIP": 0.5},
+    "pp-tp-looped": {"STRATEGY": "pp-tp", "SCHEDULE": "Interleaved1F1B", "BATCH": 8, "SHUFFLE": 0, "CLIP": 0.5},
+}
+
+
+def launch(logdir, resume=None, timeout=400, **env):
+    args = [sys.executable, SCRIPT, str(logdir)] + ([str(resume)] if resume else [])
+    proc = subprocess.run(args, env=script_env(**env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=timeout, cwd=ROOT)
+    return {"code": proc.returncode, "out": proc.stdout, "logdir": str(logdir)}
+
+
+class Runs(dict):
+    """The runs, each started the first time a test asks for it."""
+
+    def __init__(self, base):
+        super().__init__()
+        self.base = base
+
+    def __missing__(self, name):
+        run = launch(self.base / name, **RUNS[name])
+        assert run["code"] == 0, run["out"][-3000:]
+        self[name] = run
+        return run
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    return Runs(tmp_path_factory.mktemp("pipeline"))
+
+
+@pytest.mark.parametrize("mesh, reference", [("pp-dp", "ddp2"), ("pp-dp-looped", "ddp2"), ("pp-tp", "ddp2-ordered"),
+                                             ("pp-tp-looped", "ddp2-ordered")])
+def test_a_pipeline_trains_as_ddp_with_the_same_global_batch(runs, mesh, reference):
+    a, b = final(runs[mesh]), final(runs[reference])
+    assert sorted(a["models"]["model"]) == sorted(b["models"]["model"])  # the original names, whatever the stages
+    assert_close_models(a, b)
+    assert a["metrics"]["valid"]["loss"] == pytest.approx(b["metrics"]["valid"]["loss"], abs=1e-6)
+    tensor = 2 if mesh.startswith("pp-tp") else 1
+    assert a["meta"]["mesh"] == {"pipeline": 2, "replicate": 1, "shard": 2 // tensor, "tensor": tensor}
+    every = reports(runs[mesh])
+    assert len(every) == 4
+    for report in every.values():  # every rank holds the last stage's numbers, each sample counted once
+        assert report["history"] == every[0]["history"]
+        assert report["history"][-1]["metrics"]["valid"]["samples"] == 16
+        assert report["history"][-1]["metrics"]["train"]["samples"] == 96
+    looped = "Interleaved1F1B, 4 stages" if "looped" in mesh else "1F1B, 2 stages"
+    announced = {"pp-dp": f"mesh pipeline 2 x shard 2, schedule {looped}, 2 microbatches, data-parallel 2 x "
+                          f"pipeline-parallel 2",
+                 "pp-tp": f"mesh pipeline 2 x shard 1 x tensor 2, schedule {looped}, 2 microbatches, data-parallel "
+                          f"1 x pipeline-parallel 2 x tensor-parallel 2"}[mesh.replace("-looped", "")]
+    assert announced in runs[mesh]["out"]
+
+
+def test_each_rank_holds_and_checkpoints_only_its_stages(runs):
+    every = reports(runs["pp-dp"])
+    held = {rank: sorted({name.split(".")[0] + ("." + name.split(".")[1] if name.startswith("blocks") else "")
+                          for name in every[rank]["weights"]}) for rank in every}
+    # ranks 0, 1: the first stage (embed, blocks 0-2); ranks 2, 3: the second (block 3, pool, head)
+    assert held[0] == held[1] == ["blocks.0", "blocks.1", "blocks.2", "embed"]
+    assert held[2] == held[3] == ["blocks.3", "head"]
+    assert [every[r]["dp_rank"] for r in range(4)] == [0, 1, 0, 1]
+
+
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory):
+    """A pipeline 2 x data 2 run killed (SIGKILL of rank 1) at global batch 9, mid-epoch 1, after a checkpoint at
+    batch 8."""
+    run = launch(tmp_path_factory.mktemp("killed") / "pp-dp", KILL_AT_BATCH=9, KILL_RANK=1, **RUNS["pp-dp"])
+    assert run["code"] != 0
+    assert final(run)["loop"]["global_batch_step"] == 8 and not final(run)["loop"]["epoch_done"]
+    return run["logdir"]
+
+
+def test_a_killed_pipeline_resumes_bitwise_on_the_same_mesh(runs, killed, tmp_path):
+    logdir = copy_of(killed, tmp_path / "run")
+    resumed = launch(logdir, "last", ATTEMPT=1, **RUNS["pp-dp"])
+    assert resumed["code"] == 0, resumed["out"][-3000:]
+    a, b = final(runs["pp-dp"]), final(resumed)
+    assert [d for key in EXACT_KEYS if key != "callbacks" for d in differences(a[key], b[key], key)] == []
+    assert each_once(logdir, {0: 8})
+
+
+@pytest.mark.parametrize("mesh", [{"STRATEGY": "ddp", "NPROC": 2},  # pipeline 2 x data 2 -> data 2 (no pipeline)
+                                  {"STRATEGY": "ddp", "NPROC": 4, "BATCH": 2}])  # -> data 4, the same global batch
+def test_a_killed_pipeline_resumes_at_another_depth_each_sample_once(runs, killed, tmp_path, mesh):
+    logdir = copy_of(killed, tmp_path / "run")
+    resumed = launch(logdir, "last", ATTEMPT=1, PERIOD=2, CLIP=0.5, **mesh)
+    assert resumed["code"] == 0, resumed["out"][-3000:]
+    assert_close_models(final(resumed), final(runs["pp-dp"]))
+    assert each_once(logdir, {0: 8})
