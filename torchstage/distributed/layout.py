@@ -71,7 +71,7 @@ class MeshLayout:
 
     def model_dims(self) -> dict:
         """Name -> ranks of each model dimension (those that train one batch together)."""
-        return {name: getattr(self, name) for name in self.names() if name not in self.data_names()}
+        return {name: n for name, n in self.as_dict().items() if name not in self.data_names()}
 
     def coordinates(self, rank: int) -> dict:
         """Name -> ``rank``'s coordinate along each dimension (row-major, the last innermost)."""

@@ -82,13 +82,13 @@ class PipelineRunner:
         """ValueError, before training, when ``n_microbatches`` does not fit the schedule or the batch."""
         n = self.n_microbatches
         if batch_size is not None and (batch_size < n or batch_size % n):
-            raise ValueError(f"{self.owner}: n_microbatches={n} must divide the batch of {batch_size} samples a "
+            raise ValueError(f"{self.owner}(n_microbatches={n}) must divide the batch of {batch_size} samples a "
                              f"pipeline trains per step (each microbatch of one size); give a divisor of "
                              f"{batch_size}, or another batch_size")
         try:
             self.build(n)
         except ValueError as error:
-            raise ValueError(f"{self.owner}: n_microbatches={n} does not fit schedule {self.cls.__name__} with "
+            raise ValueError(f"{self.owner}(n_microbatches={n}) does not fit schedule {self.cls.__name__} with "
                              f"{self.n_stages} stages ({error}); give a multiple of {self.size} that is at least "
                              f"{self.n_stages}") from None
 
