@@ -117,7 +117,8 @@ def test_a_killed_pipeline_resumes_at_another_depth_each_sample_once(runs, kille
 @pytest.mark.parametrize("env, message", [
     ({"MICRO": 3}, "Pipeline(n_microbatches=3) must divide the batch of 4 samples a "
                    "pipeline trains per step (each microbatch of one size); give a divisor of 4"),
-    ({"MICRO": 1}, "n_microbatches=1 does not fit schedule Schedule1F1B with 2 stages"),
+    ({"MICRO": 1}, "Pipeline(n_microbatches=1) does not fit schedule Schedule1F1B with 2 stages (Number of "
+                   "microbatches (1) must be greater than or equal to the number of stages (2).)"),
 ])
 def test_microbatches_that_do_not_fit_are_refused_before_training(tmp_path, env, message):
     run = launch(tmp_path / "run", STRATEGY="pp", NPROC=2, **env)
