@@ -75,6 +75,14 @@ def test_a_pipeline_trains_as_ddp_with_the_same_global_batch(runs, mesh, referen
     assert announced in runs[mesh]["out"]
 
 
+def test_checkpoint_inspect_names_the_pipeline_dimension(runs):
+    last = os.path.join(runs["pp-tp"]["logdir"], "checkpoints", "last.pth")
+    inspected = subprocess.run([sys.executable, "-m", "torchstage", "checkpoint", "inspect", last], env=script_env(),
+                               cwd=ROOT, capture_output=True, text=True)
+    assert inspected.returncode == 0, inspected.stderr
+    assert "mesh pipeline 2 x replicate 1 x shard 1 x tensor 2" in inspected.stdout, inspected.stdout
+
+
 def test_each_rank_holds_and_checkpoints_only_its_stages(runs):
     every = reports(runs["pp-dp"])
     held = {rank: sorted({name.split(".")[0] + ("." + name.split(".")[1] if name.startswith("blocks") else "")
