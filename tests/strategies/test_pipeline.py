@@ -132,3 +132,16 @@ def test_microbatches_that_do_not_fit_are_refused_before_training(tmp_path, env,
     run = launch(tmp_path / "run", STRATEGY="pp", NPROC=2, **env)
     assert run["code"] != 0 and message in run["out"], run["out"][-3000:]
     assert "epoch 1/2" not in run["out"]
+
+
+def test_the_pipeline_example_trains_a_language_model_in_stages(tmp_path):
+    from tests.helpers import run as run_script
+    result = run_script(["scripts/pipeline_example.py", tmp_path / "logs", "pp"], nproc=4, timeout=400)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-3000:]
+    # 9 pieces in 2 stages, as even as can be: the first holds one more
+    first, second = "embed, blocks.0, blocks.1, blocks.2, blocks.3", "blocks.4, blocks.5, norm, head"
+    for rank, (stage, dp, held) in enumerate([(0, 0, first), (0, 1, first), (1, 0, second), (1, 1, second)]):
+        line = next(line for line in out.splitlines() if f"rank {rank}/4 (" in line)
+        assert f"(pipeline stage {stage}, data-parallel {dp}/2) holds {held}; valid loss " in line
+        assert float(line.rsplit("valid loss ", 1)[1]) < 0.1  # it learned to count (a random guess: ln 64 = 4.2)
