@@ -127,9 +127,12 @@ def test_a_killed_pipeline_resumes_at_another_depth_each_sample_once(runs, kille
                    "pipeline trains per step (each microbatch of one size); give a divisor of 4"),
     ({"MICRO": 1}, "Pipeline(n_microbatches=1) does not fit schedule Schedule1F1B with 2 stages (Number of "
                    "microbatches (1) must be greater than or equal to the number of stages (2).)"),
+    ({"STRATEGY": "pp-dp", "SCHEDULE": "InterleavedZeroBubble", "NPROC": 4},
+     "ModelParallel(schedule='InterleavedZeroBubble') with 2 data-parallel ranks: its split backward and FSDP's "
+     "gradient reduction give wrong gradients"),
 ])
 def test_microbatches_that_do_not_fit_are_refused_before_training(tmp_path, env, message):
-    run = launch(tmp_path / "run", STRATEGY="pp", NPROC=2, **env)
+    run = launch(tmp_path / "run", **{"STRATEGY": "pp", "NPROC": 2, **env})
     assert run["code"] != 0 and message in run["out"], run["out"][-3000:]
     assert "epoch 1/2" not in run["out"]
 

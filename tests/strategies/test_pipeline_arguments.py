@@ -25,7 +25,8 @@ class Net(nn.Module):
     (lambda: Pipeline(2, schedule="PipelineScheduleSingle"), "must name one of torch's pipeline schedules"),
     (lambda: Pipeline(2, stages_per_rank=2), "Pipeline(stages_per_rank=2) does not fit schedule='1F1B', which runs 1 "
                                              "stage per rank"),
-    (lambda: Pipeline(2, schedule="ZBVZeroBubble", stages_per_rank=3), "runs 2 stages per rank"),
+    (lambda: Pipeline(2, schedule="ZBVZeroBubble"), "Pipeline(schedule='ZBVZeroBubble'): torch's V-shaped schedules "
+                                                    "cannot run forward only"),
     (lambda: Pipeline(2, n_microbatches=0), "Pipeline(n_microbatches=...) must be an integer >= 1, got 0"),
     (lambda: Pipeline(2, split="blocks.2"), "Pipeline(split=...) must be a list of the 1 piece names"),
     (lambda: ModelParallel(pipeline=2, tensor=2), "ModelParallel(parallelize=...) must be a function"),

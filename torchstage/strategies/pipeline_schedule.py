@@ -113,8 +113,8 @@ class PipelineRunner:
 
     def step(self, inputs, targets, criterion, train: bool):
         """``(outputs, loss)`` of one batch: forward (and backward when ``train``) through the pipeline; the outputs
-        on the rank holding the last stage (zeros of their shape on the others; moved to the last pipeline rank under
-        a V schedule), the batch's mean loss on every rank."""
+        on the rank holding the last stage (zeros of their shape on the others), the batch's mean loss on every
+        rank."""
         import torch.distributed as dist
         entry = self._schedule(inputs, train)
         schedule = entry[0]
@@ -130,11 +130,7 @@ class PipelineRunner:
         loss = torch.stack([value.detach().float() for value in losses]).sum() if self.last else \
             torch.zeros((), device=self.device)
         dist.broadcast(loss, group=self.group, group_src=self.last_owner)  # no host read: stays a device tensor
-        if self.last_owner != self.size - 1:  # a V schedule: the outputs move to where the samples are counted
-            buffer = outputs.detach().contiguous() if self.last else torch.empty(shape, dtype=dtype, device=self.device)
-            dist.broadcast(buffer, group=self.group, group_src=self.last_owner)
-            outputs = buffer
-        elif not self.last:
+        if not self.last:
             outputs = torch.zeros(shape, dtype=dtype, device=self.device)
         return outputs, loss
 
