@@ -9,7 +9,7 @@ import pytest
 
 from tests.helpers import script_env
 from tests.resume_helpers import EXACT_KEYS, ROOT, differences
-from tests.strategies.test_mesh import assert_close_models, copy_of, each_once, final, reports
+from tests.strategies.test_mesh import assert_close_models, copy_of, each_once, final, reports, seen
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(900)]
 
@@ -91,6 +91,11 @@ def test_each_rank_holds_and_checkpoints_only_its_stages(runs):
     assert held[0] == held[1] == ["blocks.0", "blocks.1", "blocks.2", "embed"]
     assert held[2] == held[3] == ["blocks.3", "head"]
     assert [every[r]["dp_rank"] for r in range(4)] == [0, 1, 0, 1]
+    # the stages of one pipeline read the same batches; its last stage counts them
+    batches = seen(runs["pp-dp"]["logdir"])
+    steps = {rank: [(b["step"], b["indices"]) for b in batches[rank]] for rank in range(4)}
+    assert steps[0] == steps[2] and steps[1] == steps[3] and steps[0] != steps[1]
+    assert [{b["counts"] for b in batches[rank]} for rank in range(4)] == [{False}, {False}, {True}, {True}]
 
 
 @pytest.fixture(scope="module")

@@ -1,9 +1,11 @@
 """Pipeline arguments refused when given, naming the argument, what was given and what is expected; layouts and
 splits of a model into stages (in process, no world needed)."""
 import pytest
+import torch
 from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
-from torchstage import ModelParallel, Pipeline
+from torchstage import ModelParallel, Pipeline, SupervisedRunner
 from torchstage.distributed.layout import MeshLayout
 from torchstage.launch.world import World
 from torchstage.strategies.pipeline_schedule import local_stages, schedule_class
@@ -48,7 +50,7 @@ def test_the_pipeline_is_a_dimension_of_the_layout(strategy, world, layout):
 
 
 def test_a_pipeline_that_does_not_divide_the_world_is_refused_before_it_starts():
-    with pytest.raises(ValueError, match=r"strategy=Pipeline\(pipeline=3, tensor=1\): pipeline=3 does not divide the "
+    with pytest.raises(ValueError, match=r"strategy=Pipeline\(pipeline=3\): pipeline=3 does not divide the "
                                          r"world of 4 processes"):
         Pipeline(3).layout(World(rank=0, world_size=4, local_size=4))
 
@@ -96,3 +98,14 @@ def test_stages_per_rank_follow_the_schedule_loop_or_v():
     looped, v_shaped = schedule_class("Interleaved1F1B", "P"), schedule_class("ZBVZeroBubble", "P")
     assert [local_stages(looped, rank, 2, 2) for rank in range(2)] == [[0, 2], [1, 3]]
     assert [local_stages(v_shaped, rank, 2, 2) for rank in range(2)] == [[0, 3], [1, 2]]
+
+
+def test_a_dict_of_criteria_is_refused_before_any_process_starts():
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 1))
+    loader = DataLoader(TensorDataset(torch.randn(8, 2), torch.randn(8, 1)), batch_size=4)
+    with pytest.raises(ValueError, match=r"strategy=Pipeline\(pipeline=2, schedule='1F1B', n_microbatches=2\) computes "
+                                         r"the loss inside its pipeline schedule: give one criterion, not a dict of "
+                                         r"them \(\['logits'\]\)"):
+        SupervisedRunner().train(model=model, criterion={"logits": nn.MSELoss()}, loaders={"train": loader},
+                                 optimizer=torch.optim.SGD(model.parameters(), lr=0.1), valid_loader="train",
+                                 strategy=Pipeline(2), distributed=True, nprocs=2, num_epochs=1)

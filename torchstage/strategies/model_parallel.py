@@ -58,9 +58,12 @@ class ModelParallel(FSDP):
 
     def __repr__(self) -> str:
         data = "".join(f", data_{k}={getattr(self, k)}" for k in ("replicate", "shard") if getattr(self, k) is not None)
-        pipe = "" if self.pipe is None else f", pipeline={self.pipeline}, schedule={self.pipe.schedule!r}"
-        return (f"{type(self).__name__}(tensor={self.tensor}, parallelize="
-                f"{getattr(self.parallelize_fn, '__name__', '?')}{data}{pipe})")
+        tensor = f"tensor={self.tensor}, parallelize={getattr(self.parallelize_fn, '__name__', '?')}"
+        if self.pipe is None:
+            return f"{type(self).__name__}({tensor}{data})"
+        pipe = (f"pipeline={self.pipeline}, schedule={self.pipe.schedule!r}, "
+                f"n_microbatches={self.pipe.n_microbatches}")
+        return f"{type(self).__name__}({pipe}{', ' + tensor if self.tensor > 1 else ''}{data})"
 
     def layout(self, world):
         """``pipeline x data_replicate x data_shard x tensor``; the tensor groups inside a node."""
@@ -76,8 +79,10 @@ class ModelParallel(FSDP):
     def mesh_label(self) -> str:
         """``strategy=ModelParallel(tensor=2, data_shard=2)``: how a refused layout names the strategy."""
         data = "".join(f", data_{k}={getattr(self, k)}" for k in ("replicate", "shard") if getattr(self, k) is not None)
-        pipe = "" if self.pipe is None else f"pipeline={self.pipeline}, "
-        return f"strategy={type(self).__name__}({pipe}tensor={self.tensor}{data})"
+        if self.pipe is None:
+            return f"strategy={type(self).__name__}(tensor={self.tensor}{data})"
+        tensor = f", tensor={self.tensor}" if self.tensor > 1 else ""
+        return f"strategy={type(self).__name__}(pipeline={self.pipeline}{tensor}{data})"
 
     def needs_mesh(self) -> bool:
         """Always: the tensor dimension is a sub-mesh of its own, even with one data-parallel rank."""
