@@ -18,6 +18,7 @@ SCRIPT = os.path.join(ROOT, "tests", "strategies", "scripts", "pipeline_run.py")
 RUNS = {  # 2 epochs of AdamW and StepLR, gradients clipped to norm 0.5, 96 train samples, global batch 8
     "ddp2": {"STRATEGY": "ddp", "NPROC": 2, "PERIOD": 2, "CLIP": 0.5},
     "ddp2-ordered": {"STRATEGY": "ddp", "NPROC": 2, "SHUFFLE": 0, "CLIP": 0.5},
+    "pp": {"STRATEGY": "pp", "NPROC": 2, "BATCH": 8, "SHUFFLE": 0, "CLIP": 0.5},  # Pipeline(2) alone: plain tensors
     "pp-dp": {"STRATEGY": "pp-dp", "PERIOD": 2, "CLIP": 0.5},  # pipeline 2 x data 2, batch 4 per pipeline
     "pp-dp-looped": {"STRATEGY": "pp-dp", "SCHEDULE": "Interleaved1F1B", "CLIP": 0.5},
     # one pipeline of 2 stages x tensor 2 reads the whole global batch (in order, as DDP's ranks deal it)
@@ -52,23 +53,25 @@ def runs(tmp_path_factory):
     return Runs(tmp_path_factory.mktemp("pipeline"))
 
 
-@pytest.mark.parametrize("mesh, reference", [("pp-dp", "ddp2"), ("pp-dp-looped", "ddp2"), ("pp-tp", "ddp2-ordered"),
-                                             ("pp-tp-looped", "ddp2-ordered")])
+@pytest.mark.parametrize("mesh, reference", [("pp", "ddp2-ordered"), ("pp-dp", "ddp2"), ("pp-dp-looped", "ddp2"),
+                                             ("pp-tp", "ddp2-ordered"), ("pp-tp-looped", "ddp2-ordered")])
 def test_a_pipeline_trains_as_ddp_with_the_same_global_batch(runs, mesh, reference):
     a, b = final(runs[mesh]), final(runs[reference])
     assert sorted(a["models"]["model"]) == sorted(b["models"]["model"])  # the original names, whatever the stages
     assert_close_models(a, b)
     assert a["metrics"]["valid"]["loss"] == pytest.approx(b["metrics"]["valid"]["loss"], abs=1e-6)
-    tensor = 2 if mesh.startswith("pp-tp") else 1
-    assert a["meta"]["mesh"] == {"pipeline": 2, "replicate": 1, "shard": 2 // tensor, "tensor": tensor}
+    tensor, world = 2 if mesh.startswith("pp-tp") else 1, 2 if mesh == "pp" else 4
+    assert a["meta"]["mesh"] == {"pipeline": 2, "replicate": 1, "shard": world // 2 // tensor, "tensor": tensor}
     every = reports(runs[mesh])
-    assert len(every) == 4
+    assert len(every) == world
     for report in every.values():  # every rank holds the last stage's numbers, each sample counted once
         assert report["history"] == every[0]["history"]
         assert report["history"][-1]["metrics"]["valid"]["samples"] == 16
         assert report["history"][-1]["metrics"]["train"]["samples"] == 96
     looped = "Interleaved1F1B, 4 stages" if "looped" in mesh else "1F1B, 2 stages"
-    announced = {"pp-dp": f"mesh pipeline 2 x shard 2, schedule {looped}, 2 microbatches, data-parallel 2 x "
+    announced = {"pp": "strategy Pipeline, mesh pipeline 2 x shard 1, schedule 1F1B, 2 stages, 2 microbatches, "
+                       "data-parallel 1 x pipeline-parallel 2",
+                 "pp-dp": f"mesh pipeline 2 x shard 2, schedule {looped}, 2 microbatches, data-parallel 2 x "
                           f"pipeline-parallel 2",
                  "pp-tp": f"mesh pipeline 2 x shard 1 x tensor 2, schedule {looped}, 2 microbatches, data-parallel "
                           f"1 x pipeline-parallel 2 x tensor-parallel 2"}[mesh.replace("-looped", "")]
@@ -132,11 +135,12 @@ def test_a_killed_pipeline_resumes_at_another_depth_each_sample_once(runs, kille
                    "pipeline trains per step (each microbatch of one size); give a divisor of 4"),
     ({"MICRO": 1}, "Pipeline(n_microbatches=1) does not fit schedule Schedule1F1B with 2 stages (Number of "
                    "microbatches (1) must be greater than or equal to the number of stages (2).)"),
+    ({"ACCUM": 2}, "Pipeline: accumulation_steps=2 with a pipeline; a pipeline accumulates over its microbatches"),
     ({"STRATEGY": "pp-dp", "SCHEDULE": "InterleavedZeroBubble", "NPROC": 4},
      "ModelParallel(schedule='InterleavedZeroBubble') with 2 data-parallel ranks: its split backward and FSDP's "
      "gradient reduction give wrong gradients"),
 ])
-def test_microbatches_that_do_not_fit_are_refused_before_training(tmp_path, env, message):
+def test_what_a_pipeline_cannot_run_is_refused_before_training(tmp_path, env, message):
     run = launch(tmp_path / "run", **{"STRATEGY": "pp", "NPROC": 2, **env})
     assert run["code"] != 0 and message in run["out"], run["out"][-3000:]
     assert "epoch 1/2" not in run["out"]

@@ -22,6 +22,8 @@ class Net(nn.Module):
 
 @pytest.mark.parametrize("make, message", [
     (lambda: Pipeline(0), "Pipeline(pipeline=...) must be an integer >= 1"),
+    (lambda: Pipeline(1), "Pipeline(pipeline=1): a pipeline has at least 2 stages' ranks; without one use "
+                          "strategy='fsdp' or 'ddp'"),
     (lambda: Pipeline(2, schedule="OneFOneB"), "Pipeline(schedule=...) must name one of torch's pipeline schedules, "
                                                "GPipe, 1F1B, Interleaved1F1B"),
     (lambda: Pipeline(2, schedule="PipelineScheduleSingle"), "must name one of torch's pipeline schedules"),

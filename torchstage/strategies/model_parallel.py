@@ -150,6 +150,9 @@ class Pipeline(ModelParallel):
     of the rest of the world shard with FSDP2); :class:`ModelParallel`'s ``pipeline=`` with its other options."""
 
     def __init__(self, pipeline: int = 2, schedule: str = "1F1B", n_microbatches: int = None, **options):
+        if check_degree("Pipeline", "pipeline", pipeline, allow_none=False) < 2:
+            raise ValueError(f"Pipeline(pipeline={pipeline}): a pipeline has at least 2 stages' ranks; without one "
+                             f"use strategy='fsdp' or 'ddp'")
         super().__init__(pipeline=pipeline, schedule=schedule, n_microbatches=n_microbatches, **options)
 
 

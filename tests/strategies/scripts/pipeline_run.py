@@ -3,7 +3,7 @@ tensor parallelism, or under DDP as the reference, for the pipeline tests.
 
 Usage: python pipeline_run.py LOGDIR [RESUME]. Environment as mesh_run.py's (NPROC, EPOCHS, BATCH, SAMPLES, SHUFFLE,
 PERIOD, CLIP, KILL_AT_BATCH, KILL_RANK, ATTEMPT), and STRATEGY: ddp | pp (Pipeline over the world) | pp-dp
-(pipeline 2 x data) | pp-tp (pipeline 2 x tensor 2); SCHEDULE (1F1B), MICRO (n_microbatches, 2). Each rank records
+(pipeline 2 x data) | pp-tp (pipeline 2 x tensor 2); SCHEDULE (1F1B), MICRO (n_microbatches, 2), ACCUM (accumulation_steps, 1). Each rank records
 what mesh_run.py's Report records.
 """
 import os
@@ -82,4 +82,5 @@ if __name__ == "__main__":
                              distributed=True, nprocs=int(env.get("NPROC", 4)), strategy=strategy(),
                              checkpoint_period=(Batch(period), Epoch(1)) if period else Epoch(1),
                              grad_clip_norm=float(env["CLIP"]) if env.get("CLIP") else None,
+                             accumulation_steps=int(env.get("ACCUM", 1)),
                              verbose=bool(env.get("VERBOSE")), overwrite=resume is None)
