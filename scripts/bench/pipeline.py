@@ -1,7 +1,7 @@
 """Step time and memory per rank of a pipeline 2 x data 2 (``ModelParallel(pipeline=2, schedule="1F1B")``) against
 the loop a user would write by hand with torch's own ``PipelineStage``, ``Schedule1F1B`` and ``fully_shard``.
 
-    python scripts/bench/pipeline.py [--rounds 5] [--steps 8] [--width 512] [--blocks 8]
+    python scripts/bench/pipeline.py [--rounds 5] [--steps 8] [--width 512] [--blocks 8] [--control]
 
 One world of 4 processes is started with ``torchrun --standalone``; in it, each round trains a fresh copy of a
 transformer (``--blocks`` blocks of width ``--width`` and a head; stage 1 the first blocks, stage 2 the rest and the
@@ -11,7 +11,8 @@ data (batch 4 x 8 tokens per data-parallel rank, 2 microbatches, AdamW). A round
 after the first two; the report gives the medians over rounds and their ratio. Memory, from the first round, on the
 first rank of each stage: bytes held in parameters and gradients when the optimizer first steps and in optimizer
 state after training (exact), and the peak resident memory the run added to the process (``VmHWM``), each
-contender's from a world of fresh processes of its own.
+contender's from a world of fresh processes of its own. ``--control`` also runs the hand-written loop a second time
+each round (an A/A pair, which should give 1.000): how far it lands from 1 is the noise of the figure.
 """
 import argparse
 import json
@@ -134,9 +135,10 @@ def worker(args) -> None:
     if cuda:
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if cuda else "gloo")
-    results = {"torchstage": [], "hand-written": []}
+    results = {"torchstage": [], "hand-written": [], "hand-written again": []}
     for round_ in range(args.rounds):
-        order = (("torchstage", torchstage_run), ("hand-written", hand_run))
+        order = (("torchstage", torchstage_run), ("hand-written", hand_run)) + \
+            ((("hand-written again", hand_run),) if args.control else ())
         for name, run in order if round_ % 2 == 0 else reversed(order):
             if args.only and name != args.only:
                 continue
@@ -159,7 +161,8 @@ def world(args, rounds: int, only: str = None) -> dict:
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
                    os.path.abspath(__file__), "--worker", "--out", out, "--rounds", str(rounds), "--steps",
                    str(args.steps), "--width", str(args.width), "--blocks", str(args.blocks), "--seq", str(args.seq),
-                   "--batch", str(args.batch), *(["--only", only] if only else [])]
+                   "--batch", str(args.batch), *(["--only", only] if only else []),
+                   *(["--control"] if args.control and not only else [])]
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
         subprocess.run(command, check=True, env=env, stdout=subprocess.DEVNULL)
         with open(out) as f:
@@ -174,6 +177,7 @@ def main():
     parser.add_argument("--blocks", type=int, default=8)
     parser.add_argument("--seq", type=int, default=8)
     parser.add_argument("--batch", type=int, default=4, help="samples per data-parallel rank and step")
+    parser.add_argument("--control", action="store_true", help="an A/A pair of the hand-written loop each round")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--only", help=argparse.SUPPRESS)
@@ -185,6 +189,11 @@ def main():
     ours, hand = timed["ranks"][0]["torchstage"], timed["ranks"][0]["hand-written"]
     a, b = statistics.median(r["step_s"] for r in ours), statistics.median(r["step_s"] for r in hand)
     ratios = sorted(o["step_s"] / h["step_s"] for o, h in zip(ours, hand))
+    if args.control:
+        again = timed["ranks"][0]["hand-written again"]
+        control = sorted(c["step_s"] / h["step_s"] for c, h in zip(again, hand))
+        print(f"control (hand-written again / hand-written): median {statistics.median(control):.3f}, rounds "
+              f"{control[0]:.3f} to {control[-1]:.3f}")
     mib = 2 ** 20
     print(f"model: {timed['params'] / 1e6:.1f}M parameters, pipeline 2 x data 2 (1F1B, 2 microbatches), AdamW, 4 "
           f"processes on {timed['device']}, {args.rounds} rounds of {args.steps} steps")
