@@ -19,7 +19,10 @@ RUNS = {  # 2 epochs of AdamW and StepLR, gradients clipped to norm 0.5, 96 trai
     "ddp2": {"STRATEGY": "ddp", "NPROC": 2, "PERIOD": 2, "CLIP": 0.5},
     "ddp2-ordered": {"STRATEGY": "ddp", "NPROC": 2, "SHUFFLE": 0, "CLIP": 0.5},
     "pp": {"STRATEGY": "pp", "NPROC": 2, "BATCH": 8, "SHUFFLE": 0, "CLIP": 0.5},  # Pipeline(2) alone: plain tensors
-    "pp-dp": {"STRATEGY": "pp-dp", "PERIOD": 2, "CLIP": 0.5},  # pipeline 2 x data 2, batch 4 per pipeline
+    "pp-dp": {"STRATEGY": "pp-dp", "PERIOD": 2, "CLIP": 0.5},
+    # 47 samples per data-parallel rank: each epoch ends on a batch of 3, which 2 microbatches do not divide
+    "pp-dp-odd": {"STRATEGY": "pp-dp", "SAMPLES": 94, "CLIP": 0.5},
+    "ddp2-odd": {"STRATEGY": "ddp", "NPROC": 2, "SAMPLES": 94, "CLIP": 0.5},  # pipeline 2 x data 2, batch 4 per pipeline
     "pp-dp-looped": {"STRATEGY": "pp-dp", "SCHEDULE": "Interleaved1F1B", "CLIP": 0.5},
     # one pipeline of 2 stages x tensor 2 reads the whole global batch (in order, as DDP's ranks deal it)
     "pp-tp": {"STRATEGY": "pp-tp", "BATCH": 8, "SHUFFLE": 0, "CLIP": 0.5},
@@ -76,6 +79,12 @@ def test_a_pipeline_trains_as_ddp_with_the_same_global_batch(runs, mesh, referen
                  "pp-tp": f"mesh pipeline 2 x shard 1 x tensor 2, schedule {looped}, 2 microbatches, data-parallel "
                           f"1 x pipeline-parallel 2 x tensor-parallel 2"}[mesh.replace("-looped", "")]
     assert announced in runs[mesh]["out"]
+
+
+def test_a_last_batch_that_the_microbatches_do_not_divide_trains_as_ddp(runs):
+    a, b = final(runs["pp-dp-odd"]), final(runs["ddp2-odd"])
+    assert_close_models(a, b)
+    assert a["loop"]["global_batch_step"] == 2 * 12  # 11 batches of 4 and one of 3 per epoch
 
 
 def test_checkpoint_inspect_names_the_pipeline_dimension(runs):

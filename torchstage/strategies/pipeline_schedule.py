@@ -70,13 +70,15 @@ class PipelineRunner:
         self.last_owner = last_stage_owner(cls, n_stages, self.size)  # the pipeline rank computing the outputs
         self.first, self.last = 0 in indices, n_stages - 1 in indices
 
-    def build(self, n_microbatches: int):
-        """A schedule of ``n_microbatches`` over fresh stages of this rank's parts (torch validates it)."""
+    def build(self, n_microbatches: int, cls=None):
+        """A schedule (``cls``, by default the one asked for) of ``n_microbatches`` over fresh stages of this rank's
+        parts (torch validates it)."""
+        cls = cls or self.cls
         from torch.distributed.pipelining import PipelineStage
         stages = [PipelineStage(part, index, self.n_stages, self.device, group=self.group)
                   for part, index in zip(self.parts, self.indices)]
-        return self.cls(stages if is_multi(self.cls) else stages[0], n_microbatches=n_microbatches,
-                        loss_fn=self.loss, scale_grads=False)
+        return cls(stages if is_multi(cls) else stages[0], n_microbatches=n_microbatches, loss_fn=self.loss,
+                   scale_grads=False)
 
     def check(self, batch_size):
         """ValueError, before training, when ``n_microbatches`` does not fit the schedule or the batch."""
@@ -100,13 +102,17 @@ class PipelineRunner:
 
     def _fitting(self, batch: int):
         """A schedule of ``n_microbatches``, or for a batch it does not divide (a loader's last) of the largest count
-        that divides it and fits the schedule (the gradients are the same: each microbatch weighs its share)."""
-        for n in range(min(self.n_microbatches, batch), 0, -1):
-            if batch % n == 0:
-                try:
-                    return self.build(n)
-                except ValueError:
-                    continue
+        that divides it and fits the schedule, else GPipe's (LoopedBFS's for several stages per rank), which take any
+        count: the gradients are the same, each microbatch weighing its share of the batch."""
+        from torch.distributed.pipelining import ScheduleGPipe, ScheduleLoopedBFS
+        fallback = ScheduleLoopedBFS if is_multi(self.cls) else ScheduleGPipe
+        for cls in (self.cls, fallback):
+            for n in range(min(self.n_microbatches, batch), 0, -1):
+                if batch % n == 0:
+                    try:
+                        return self.build(n, cls)
+                    except ValueError:
+                        continue
         raise ValueError(f"{self.owner}: a batch of {batch} samples cannot be split into microbatches for schedule "
                          f"{self.cls.__name__} with {self.n_stages} stages; drop the loader's last batch "
                          f"(drop_last=True) or give a batch size that n_microbatches divides")
