@@ -80,7 +80,7 @@ if TYPE_CHECKING:  # what static tools see; at run time each name is imported on
     from torchstage.strategies.fsdp import FSDP
     from torchstage.strategies.hsdp import HSDP
     from torchstage.strategies.memory_plan import plan_memory
-    from torchstage.strategies.model_parallel import ModelParallel
+    from torchstage.strategies.model_parallel import ModelParallel, Pipeline
     from torchstage.strategies.single import SingleDevice
 
 #: Module -> the public names it defines, imported on first use; the TYPE_CHECKING imports above say the same.
@@ -147,7 +147,7 @@ _PUBLIC = {
     "torchstage.strategies.fsdp": ("FSDP",),
     "torchstage.strategies.hsdp": ("HSDP",),
     "torchstage.strategies.memory_plan": ("plan_memory",),
-    "torchstage.strategies.model_parallel": ("ModelParallel",),
+    "torchstage.strategies.model_parallel": ("ModelParallel", "Pipeline",),
     "torchstage.strategies.single": ("SingleDevice",),
 }
 _MODULE_OF = {name: module for module, names in _PUBLIC.items() for name in names}
@@ -234,6 +234,6 @@ __all__ = [
     "LogdirLocked", "NonFiniteLossCallback", "NonFiniteLossError", "NonFiniteStateError", "LossSpike", "LossSpikeError",
     "RollbackCallback",
     "HangWatchdog", "EvenBatchesCallback", "UnevenBatchesError", "BatchTransformCallback", "BackwardCallback",
-    "HSDP", "ModelParallel", "plan_memory", "CausalLMLoss",
+    "HSDP", "ModelParallel", "Pipeline", "plan_memory", "CausalLMLoss",
     "StragglerDetector", "PreflightFailed",
 ]

@@ -18,8 +18,10 @@ class WithContext(MeshLayout):
 
 def test_coordinates_are_row_major_in_the_order_of_the_fields():
     layout = MeshLayout(replicate=2, shard=2, tensor=2)
-    assert layout.names() == ("replicate", "shard", "tensor") and layout.shape == (2, 2, 2)
-    assert layout.coordinates(5) == {"replicate": 1, "shard": 0, "tensor": 1}
+    # the pipeline dimension is outermost, though declared last; of one stage it is no dimension in its dict
+    assert layout.names() == ("pipeline", "replicate", "shard", "tensor") and layout.shape == (1, 2, 2, 2)
+    assert layout.coordinates(5) == {"pipeline": 0, "replicate": 1, "shard": 0, "tensor": 1}
+    assert layout.as_dict() == {"replicate": 2, "shard": 2, "tensor": 2}
     assert [layout.data_rank(rank) for rank in range(8)] == [0, 0, 1, 1, 2, 2, 3, 3]
     assert (layout.size, layout.dp_size, layout.model_dims()) == (8, 4, {"tensor": 2})
     assert str(layout) == "replicate 2 x shard 2 x tensor 2"
@@ -27,7 +29,7 @@ def test_coordinates_are_row_major_in_the_order_of_the_fields():
 
 def test_a_dimension_added_as_one_field_splits_data_and_counts_samples_like_the_others():
     layout = WithContext(shard=2, tensor=2, context=2)
-    assert layout.names() == ("replicate", "shard", "tensor", "context") and layout.dp_size == 2
+    assert layout.names() == ("pipeline", "replicate", "shard", "tensor", "context") and layout.dp_size == 2
     engines = [Engine(device="cpu", rank=rank, world_size=8, layout=layout) for rank in range(8)]
     assert [e.dp_rank for e in engines] == [0, 0, 0, 0, 1, 1, 1, 1]  # tensor x context ranks read the same batches
     assert [e.counts_samples for e in engines] == [True, False, False, False] * 2
@@ -50,3 +52,15 @@ def test_the_engine_is_made_once_and_never_written():
     for field, value in (("dp_rank", 0), ("layout", MeshLayout(shard=2)), ("device", "cpu")):
         with pytest.raises(dataclasses.FrozenInstanceError):
             setattr(engine, field, value)
+
+
+def test_a_pipeline_is_outermost_reads_one_batch_and_counts_samples_on_its_last_stage():
+    layout = MeshLayout(shard=2, tensor=2, pipeline=2)
+    assert str(layout) == "pipeline 2 x replicate 1 x shard 2 x tensor 2"
+    assert [layout.coordinates(rank)["pipeline"] for rank in range(8)] == [0, 0, 0, 0, 1, 1, 1, 1]
+    engines = [Engine(device="cpu", rank=rank, world_size=8, layout=layout) for rank in range(8)]
+    assert [e.dp_rank for e in engines] == [0, 0, 1, 1, 0, 0, 1, 1]  # the stages of one pipeline: the same batches
+    assert [e.counts_samples for e in engines] == [False] * 4 + [True, False, True, False]  # last stage, tensor 0
+    assert complete("X", 8, None, None, 2, tensor=2, pipeline=2) == layout
+    with pytest.raises(ValueError, match="X: tensor=2 x pipeline=3 does not divide the world of 8 processes"):
+        complete("X", 8, None, None, 1, tensor=2, pipeline=3)

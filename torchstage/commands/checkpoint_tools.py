@@ -12,6 +12,7 @@ import sys
 import torch
 
 from torchstage.commands import checkpoint_export
+from torchstage.distributed.layout import MeshLayout
 from torchstage.files.atomic import write_atomic
 from torchstage.files.checkpoint_read import load_checkpoint
 from torchstage.files.checkpoint_file import serialize
@@ -75,10 +76,11 @@ def format_summary(path: str, info: dict) -> str:
              f"written     {meta.get('time')} by torchstage {meta.get('torchstage')}, torch {meta.get('torch')}, "
              f"world size {meta.get('world_size')}" + (" (sharded: one directory, read whole)" if info["sharded"]
                                                        else "")]
-    if meta.get("mesh"):  # a strategy with a device mesh (HSDP, tensor parallel)
+    if meta.get("mesh"):  # a strategy with a device mesh (HSDP, tensor parallel, pipeline), outermost first
         mesh = meta["mesh"]
-        lines.append(f"strategy    {meta.get('strategy')}, mesh replicate {mesh.get('replicate')} x shard "
-                     f"{mesh.get('shard')} x tensor {mesh.get('tensor')}")
+        names = [name for name in MeshLayout.names() if name in mesh] + [name for name in mesh if name not in
+                                                                            MeshLayout.names()]
+        lines.append(f"strategy    {meta.get('strategy')}, mesh " + " x ".join(f"{name} {mesh[name]}" for name in names))
     for name, summary in info["models"].items():
         lines.append(f"model       {name}: {summary['tensors']} tensors, {summary['parameters']:,} values, "
                      f"{summary['bytes'] / 2**20:.2f} MiB")

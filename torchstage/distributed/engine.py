@@ -100,9 +100,9 @@ class Engine:
 
     @cached_property
     def counts_samples(self) -> bool:
-        """False on the ranks of a model-parallel group but its first: they train the first one's samples, which
-        metrics count once."""
-        return not any(self.coordinates[name] for name in self.layout.model_dims())
+        """False on the ranks of a model-parallel group but one (its first; a pipeline's last stage, which holds the
+        outputs): they train that one's samples, which metrics count once."""
+        return self.layout.counts_samples(self.rank)
 
     # ---- placement -------------------------------------------------------------------------
     @property

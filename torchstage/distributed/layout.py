@@ -9,15 +9,22 @@ pipeline stages and context parallelism would be others). The data-parallel rank
 dimensions alone, so ranks that differ only in model coordinates read the same batches; of those, the first (every
 model coordinate 0) counts the samples in metrics. Adding a dimension is one field here, e.g.
 ``context: int = dim(data=False)`` between ``shard`` and ``tensor``; everything below follows from the fields.
+
+``pipeline`` (the stages of a pipeline schedule) is the outermost dimension, across nodes by default, although declared
+last (so a layout is still spelled ``MeshLayout(replicate, shard, tensor)``). Its ranks hold different layers, so the
+samples are counted where the outputs are: on its *last* stage. A pipeline of one stage is no dimension at all:
+:meth:`MeshLayout.as_dict` and ``str`` leave it out, so layouts and checkpoints without a pipeline read as before.
 """
 import math
 import numbers
 from dataclasses import dataclass, field, fields
 
 
-def dim(*, data: bool):
-    """A mesh dimension (one rank unless given); ``data``: its ranks train different batches."""
-    return field(default=1, metadata={"data": data})
+def dim(*, data: bool, outer: bool = False, counted_last: bool = False):
+    """A mesh dimension (one rank unless given); ``data``: its ranks train different batches; ``outer``: laid out
+    outside the others whatever its place among the fields; ``counted_last``: its last coordinate counts the samples
+    (a model dimension whose last rank computes the outputs), else its first."""
+    return field(default=1, metadata={"data": data, "outer": outer, "counted_last": counted_last})
 
 
 @dataclass(frozen=True)
@@ -28,6 +35,7 @@ class MeshLayout:
     replicate: int = dim(data=True)
     shard: int = dim(data=True)
     tensor: int = dim(data=False)
+    pipeline: int = dim(data=False, outer=True, counted_last=True)
 
     def __post_init__(self):
         for name in self.names():
@@ -35,13 +43,18 @@ class MeshLayout:
 
     @classmethod
     def names(cls) -> tuple:
-        """The dimensions, outermost first."""
-        return tuple(f.name for f in fields(cls))
+        """The dimensions, outermost first (``outer`` ones before the others, each in the order of the fields)."""
+        ordered = sorted(fields(cls), key=lambda f: not f.metadata.get("outer", False))
+        return tuple(f.name for f in ordered)
 
     @classmethod
     def data_names(cls) -> tuple:
         """The dimensions whose ranks train different batches."""
-        return tuple(f.name for f in fields(cls) if f.metadata["data"])
+        return tuple(name for name in cls.names() if cls._meta(name)["data"])
+
+    @classmethod
+    def _meta(cls, name: str) -> dict:
+        return next(f.metadata for f in fields(cls) if f.name == name)
 
     @property
     def shape(self) -> tuple:
@@ -58,7 +71,7 @@ class MeshLayout:
 
     def model_dims(self) -> dict:
         """Name -> ranks of each model dimension (those that train one batch together)."""
-        return {name: getattr(self, name) for name in self.names() if name not in self.data_names()}
+        return {name: n for name, n in self.as_dict().items() if name not in self.data_names()}
 
     def coordinates(self, rank: int) -> dict:
         """Name -> ``rank``'s coordinate along each dimension (row-major, the last innermost)."""
@@ -74,11 +87,20 @@ class MeshLayout:
             index = index * getattr(self, name) + coords[name]
         return index
 
+    def counts_samples(self, rank: int) -> bool:
+        """Whether ``rank`` counts the samples its model-parallel group trains: every model coordinate at its
+        counting place (the first, or the last for a pipeline), so each sample counts once."""
+        coords = self.coordinates(rank)
+        return all(coords[name] == (getattr(self, name) - 1 if self._meta(name)["counted_last"] else 0)
+                   for name in self.model_dims())
+
     def __str__(self) -> str:
-        return " x ".join(f"{name} {getattr(self, name)}" for name in self.names())
+        return " x ".join(f"{name} {n}" for name, n in self.as_dict().items())
 
     def as_dict(self) -> dict:
-        return {name: getattr(self, name) for name in self.names()}
+        """Name -> ranks, outermost first; an ``outer`` dimension of one rank (no pipeline) is left out."""
+        return {name: getattr(self, name) for name in self.names()
+                if getattr(self, name) > 1 or not self._meta(name)["outer"]}
 
 
 def check_degree(owner: str, name: str, value, allow_none: bool = True):

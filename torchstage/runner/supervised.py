@@ -16,7 +16,6 @@ class SupervisedRunner(Runner):
     """
 
     requires = ("criterion", "optimizer")
-    produces = ()
     _plain = False
 
     def __init__(self, model=None, engine=None, input_key="features", output_key="logits",
@@ -28,6 +27,11 @@ class SupervisedRunner(Runner):
         self._plain = isinstance(input_key, str) and isinstance(output_key, str) and \
             type(self).forward is SupervisedRunner.forward
 
+    @property
+    def produces(self) -> tuple:
+        """The metrics ``handle_batch`` writes itself: the loss under a pipeline (its schedule computes it)."""
+        return (self.loss_key,) if self.strategy.pipelined else ()
+
     def step_callbacks(self, spec, optimizer_options: dict) -> dict:
         """The loss (one term per name of a dict criterion), then backward and optimizer step; a run without a
         criterion or an optimizer (evaluation loaders only, as Catalyst 22 allowed) leaves that one out."""
@@ -37,13 +41,26 @@ class SupervisedRunner(Runner):
                 where = "criterion" if stage.name == "main" else f"stages[{stage.name!r}]['criterion']"
                 names.update(as_terms(stage.criterion, where))
         chain = {}
-        if any(stage.criterion is not None for stage in spec.stage_specs):
+        if getattr(spec.strategy, "pipelined", False):
+            self._check_pipeline(spec, names)
+        elif any(stage.criterion is not None for stage in spec.stage_specs):
             chain["criterion"] = self.loss_callback(names=list(names))
         # a strategy whose configuration names an optimizer (DeepSpeed's) builds it at setup for stages given none
         if any(stage.optimizer is not None for stage in spec.stage_specs) or \
                 getattr(spec.strategy, "supplies_optimizer", False):
             chain["optimizer"] = OptimizerCallback(metric_key=self.loss_key, **optimizer_options)
         return chain
+
+    def _check_pipeline(self, spec, names) -> None:
+        """Under a pipeline the schedule computes the loss on the last stage (no criterion callback): one criterion,
+        one input and one output; ValueError, before training, for what it cannot run."""
+        if names:
+            raise ValueError(f"strategy={spec.strategy!r} computes the loss inside its pipeline schedule: give one "
+                             f"criterion, not a dict of them ({sorted(names)})")
+        if not (isinstance(self.input_key, str) and isinstance(self.output_key, str)):
+            raise ValueError(f"strategy={spec.strategy!r} runs one input through its stages to one output: give "
+                             f"{type(self).__name__} a single input_key and output_key, got input_key="
+                             f"{self.input_key!r}, output_key={self.output_key!r}")
 
     def loss_callback(self, names=()) -> OutputLossesCallback:
         """The callback computing ``loss`` (one term per name for a dict criterion), for train and evaluate."""
@@ -52,6 +69,8 @@ class SupervisedRunner(Runner):
                                     names=names)
 
     def handle_batch(self, batch) -> None:
+        if self.strategy.pipelined:
+            return self.pipeline_batch(batch)
         if self.amp_dtype is None and self._plain and type(batch) in (tuple, list) and len(batch) == 2:
             x, y = batch  # the common (x, y) batch without amp: no dict round trip
             try:
@@ -72,6 +91,17 @@ class SupervisedRunner(Runner):
             return
         with self.autocast():
             batch.update(self.forward(batch))
+
+    def pipeline_batch(self, batch) -> None:
+        """One batch through the strategy's pipeline schedule: forward and, on train loaders, backward together; the
+        outputs where the samples are counted (the last stage), the batch's loss on every rank."""
+        batch = self.loop.batch = self._as_dict(batch)
+        with self.autocast():
+            outputs, loss = self.strategy.pipeline_step(self.model, self._input(batch, self.input_key),
+                                                        batch.get(self.target_key), self.criterion,
+                                                        self.loop.is_train_loader)
+        batch[self.output_key] = outputs
+        self.loop.batch_metrics[self.loss_key] = loss
 
     def predict_batch(self, batch) -> dict:
         """The model's named outputs for one batch (without inputs and targets)."""

@@ -80,6 +80,9 @@ class Strategy(abc.ABC):
     meta_refusal = ("this strategy holds the whole model on every process, so it would be built in full anyway: build "
                     "it on a device (drop torch.device('meta')), or shard it with strategy='fsdp' (or HSDP, "
                     "ModelParallel) on several processes")
+    #: True when a train batch's forward and backward run together through a pipeline schedule: the runner hands
+    #: whole batches to :meth:`pipeline_step`, and :meth:`backward` has nothing left to do.
+    pipelined = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -147,6 +150,11 @@ class Strategy(abc.ABC):
             model = inner
 
     # ---- the step ----------------------------------------------------------------------------
+    def pipeline_step(self, model, inputs, targets, criterion, train: bool = True):
+        """``(outputs, loss)`` of one whole batch through a pipeline schedule (forward, and backward when ``train``);
+        only a strategy that is :attr:`pipelined` has one."""
+        raise NotImplementedError(f"{type(self).__name__} runs no pipeline schedule")
+
     def backward(self, loss: torch.Tensor, optimizer) -> None:
         """Backpropagate ``loss`` (scaled under float16) for the parameters of ``optimizer``."""
         self.precision.scale(loss).backward()

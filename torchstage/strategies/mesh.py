@@ -20,7 +20,8 @@ _REDISTRIBUTE_LOG = "torch.distributed.tensor._redistribute"
 def build_mesh(layout: MeshLayout, device_type: str):
     """torch's ``DeviceMesh`` of ``layout`` (collective: every rank builds it), its dimensions named as the layout's."""
     from torch.distributed.device_mesh import init_device_mesh  # heavy; mesh strategies only
-    return init_device_mesh(device_type, layout.shape, mesh_dim_names=layout.names())
+    dims = layout.as_dict()  # a pipeline of one stage is no dimension
+    return init_device_mesh(device_type, tuple(dims.values()), mesh_dim_names=tuple(dims))
 
 
 def data_mesh(mesh, layout: MeshLayout):
