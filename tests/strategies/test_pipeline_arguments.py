@@ -33,7 +33,7 @@ class Net(nn.Module):
                                                     "cannot run forward only"),
     (lambda: Pipeline(2, n_microbatches=0), "Pipeline(n_microbatches=...) must be an integer >= 1, got 0"),
     (lambda: Pipeline(2, split="blocks.2"), "Pipeline(split=...) must be a list of the 1 piece names"),
-    (lambda: ModelParallel(pipeline=2, tensor=2), "ModelParallel(parallelize=...) must be a function"),
+    (lambda: ModelParallel(pipeline=2, tensor=2, parallelize=3), "ModelParallel(parallelize=...) must be a function"),
 ])
 def test_bad_pipeline_arguments_are_refused_when_given(make, message):
     with pytest.raises((ValueError, TypeError)) as error:
