@@ -11,6 +11,8 @@ SCRIPT = """
 from torchstage import distributed_cmd_run
 
 def fn():
+    import torch.distributed as dist
+    dist.barrier()  # every rank in the world first: one leaving while another still joins is another error (a reset)
     raise ValueError("the same " + "mistake on every rank: replicate x shard = 6 ranks, but the world has 4 processes")
 
 distributed_cmd_run(fn, distributed=True, nprocs=4)

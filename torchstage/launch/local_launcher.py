@@ -69,6 +69,10 @@ def worker_env(world: World, local_rank: int, port: int, environ=None, extra: di
     return env
 
 
+#: Seconds the other ranks get to exit by themselves after one failed before training: where every rank makes the
+#: same mistake (a script error), each then says it, and the launcher prints it once with the ranks that met it.
+EARLY_ERROR_GRACE = 1.0
+
 class Launcher:
     """Runs ``world.spawn`` workers of ``command`` once and returns the exit code of the run (see :meth:`run`).
 
@@ -159,6 +163,8 @@ class Launcher:
         if code > 0 and records.get(proc.rank, {}).get("stopped"):
             self._let_exit()  # a graceful stop: every rank is on its way out, its checkpoint written
             records = read_failures(self.failure_dir)
+        elif code > 0 and not records:  # an error before training: the others, a moment behind, may meet it too
+            self._let_exit(EARLY_ERROR_GRACE)
         self._stop_all()
         for thread in self.threads:
             thread.join(timeout=2)
@@ -179,6 +185,11 @@ class Launcher:
         # the cause: the first recorded error, else the killed rank, else the rank whose traceback came first
         self.origin = (self.failure["rank"] if self.failure is not None else proc.rank
                        if code < 0 or self.gate.origin is None else self.gate.origin)
+        cause = next((p for p in self.procs if p.rank == self.origin and p is not proc), None)
+        if self.failure is not None and cause is not None and (cause.returncode or 0) > 0:  # its echo exited a moment before it: said of the cause,
+            proc, code = cause, cause.returncode  # and the job ends as the cause did (a hang's 124)
+            exit_code, reason, tail = code, f"exited with code {code}", "".join(self.tails.get(proc.rank, ()))
+            self.failed_rank = proc.rank
         first_error = self.failure["error"].splitlines()[0] if self.failure is not None else self.error_line()
         same, held = alike(self.gate.take(self.origin), first_error)  # one mistake every rank met: said once
         echoes = consequences(held)
@@ -220,9 +231,9 @@ class Launcher:
                 return records
             time.sleep(0.05)
 
-    def _let_exit(self) -> None:
-        """Give the live workers ``grace`` seconds to exit by themselves."""
-        deadline = time.monotonic() + self.grace
+    def _let_exit(self, seconds: float = None) -> None:
+        """Give the live workers ``seconds`` (the launcher's ``grace``) to exit by themselves."""
+        deadline = time.monotonic() + (self.grace if seconds is None else seconds)
         for proc in self.procs:
             try:
                 proc.wait(timeout=max(0.0, deadline - time.monotonic()))

@@ -11,14 +11,20 @@ from torchstage.launch.flight_recorder import TORCH_FILES
 #: Rows of the per-rank table in a report; the rest are counted.
 REPORT_ROWS = 16
 _WAITING_IN = (f"{os.sep}torch{os.sep}distributed{os.sep}", f"{os.sep}torch{os.sep}autograd{os.sep}")
+_PIPELINING = f"{os.sep}torch{os.sep}distributed{os.sep}pipelining{os.sep}"
 
 
 def position(runner, beat) -> dict:
     """Where a rank was at its last progress ``beat`` (monotonic time, event), as plain values (wall time)."""
     loop = runner.loop
-    return {"time": time.time() - (time.monotonic() - beat[0]), "event": beat[1], "stage": loop.stage_key,
-            "epoch": loop.epoch, "loader": loop.loader_key, "batch": loop.batch_step,
-            "global_batch_step": loop.global_batch_step}
+    found = {"time": time.time() - (time.monotonic() - beat[0]), "event": beat[1], "stage": loop.stage_key,
+             "epoch": loop.epoch, "loader": loop.loader_key, "batch": loop.batch_step,
+             "global_batch_step": loop.global_batch_step}
+    engine = runner.engine
+    stages = getattr(engine.layout, "pipeline", 1) if engine is not None and engine.layout is not None else 1
+    if stages > 1:  # under a pipeline: which of its ranks' stages this rank runs
+        found["pipeline_stage"] = [engine.coordinates["pipeline"], stages]
+    return found
 
 
 def record_position(info: dict) -> dict:
@@ -58,6 +64,9 @@ def where(frame) -> dict:
             caller = f" called from {_short(callers[-1])}" if callers else ""
             if f"{os.sep}autograd{os.sep}" in entry.filename:
                 waiting = f"a backward pass (DDP all-reduces gradients there){caller}"
+            elif _PIPELINING in entry.filename:  # a schedule waits for a neighbouring stage's activations or grads
+                inner = [f.name for f in frames[index:] if _PIPELINING in f.filename]
+                waiting = f"a pipeline schedule's send/recv between stages ({inner[-1]}){caller}"
             else:
                 name = next((f.name for f in frames[index:] if f.filename.endswith("distributed_c10d.py")), entry.name)
                 waiting = f"torch.distributed.{name}{caller}"
@@ -70,12 +79,15 @@ def _short(entry) -> str:
 
 
 def describe(info: dict) -> str:
-    """``stage 'main', epoch 1, loader 'train', batch 3 (after batch end)``."""
+    """``stage 'main', epoch 1, loader 'train', batch 3 (after batch end)``; under a pipeline also the rank's
+    ``pipeline stage 2 of 2``."""
     parts = [f"stage {info['stage']!r}", f"epoch {info['epoch']}"]
     if info.get("loader") is not None and info["event"] not in ("epoch start", "epoch end", "stage end"):
         parts.append(f"loader {info['loader']!r}")
         if info.get("batch") is not None and info["event"].startswith("batch"):
             parts.append(f"batch {info['batch']}")
+    if info.get("pipeline_stage"):
+        parts.append("pipeline stage {} of {}".format(info["pipeline_stage"][0] + 1, info["pipeline_stage"][1]))
     return ", ".join(parts) + f" (after {info['event']})"
 
 
