@@ -115,3 +115,34 @@ def test_train_dry_run_plans_without_starting_a_world_or_training():
     plan = runner.memory_plan
     assert plan.world_size == 4 and plan.ranks[0].params == floats((4 * 1024 + 1024) // 4 + 1024 + 1)
     assert plan.ranks[0].activations > 0 and runner.engine is None
+
+
+def test_a_pipeline_plans_each_ranks_stages_sharded_over_its_data_parallel_ranks():
+    """Under a pipeline each rank holds its stages' part of the model (issue 58), sharded over its data-parallel
+    ranks; alone (no data-parallel ranks) nothing is gathered."""
+    from torchstage import Pipeline
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Linear(16, 1024)
+            self.blocks = nn.ModuleList(nn.Linear(1024, 1024) for _ in range(6))
+            self.head = nn.Linear(1024, 1)
+
+        def forward(self, x):
+            x = self.embed(x)
+            for block in self.blocks:
+                x = block(x)
+            return self.head(x)
+
+    with torch.device("meta"):
+        model = Net()
+    mib = 2 ** 20
+    first = (16 * 1024 + 1024 + 3 * (1024 * 1024 + 1024)) * 4  # embed and blocks 0-2: stage 1 of 2
+    second = (3 * (1024 * 1024 + 1024) + 1024 + 1) * 4  # blocks 3-5 and the head
+    alone = plan_memory(model, strategy=Pipeline(2, n_microbatches=2), world_size=2, optimizer=torch.optim.AdamW)
+    assert [round(r.params / mib, 2) for r in alone.ranks] == [round(first / mib, 2), round(second / mib, 2)]
+    assert all(r.buffers == 0 for r in alone.ranks)
+    shared = plan_memory(model, strategy=Pipeline(2, n_microbatches=2), world_size=4, optimizer=torch.optim.AdamW)
+    assert [round(r.params / mib, 1) for r in shared.ranks] == [round(first / 2 / mib, 1)] * 2 + \
+        [round(second / 2 / mib, 1)] * 2

@@ -97,6 +97,10 @@ def plan_memory(model: torch.nn.Module, strategy="ddp", world_size: int = 1, *, 
         notes.append("no batch given: activations not counted")
     forward = (lambda m: activation_bytes(m, inputs, classes, dtype, criterion, targets)) if inputs is not None \
         else (lambda m: (0, 0))
+    if getattr(strategy, "pipe", None) is not None and sharded:  # a stage's input is the stage before's output
+        forward = lambda m: (0, 0)  # noqa: E731
+        if inputs is not None:
+            notes.append("a pipeline: each rank's part (its stages) weighed; activations not counted under a pipeline")
     step = lambda trainable, largest: trainable if device == "cuda" else 2 * largest  # noqa: E731 (foreach on CUDA)
     if sharded:
         ranks, layout = _sharded(meta, strategy, world_size, node_size or world_size, forward, dtype)
@@ -174,17 +178,25 @@ def _sharded(model, strategy, world_size: int, node_size: int, forward, dtype) -
     layout = strategy.layout(SimpleNamespace(world_size=world_size, local_size=node_size))
     if dist.is_initialized():
         raise RuntimeError("plan_memory runs without a world, in a fake one of its own: call it outside a run")
-    positions, hook = [], sys.excepthook
-    for t in range(layout.tensor):
-        dist.init_process_group("fake", rank=t, world_size=world_size)
+    positions, hook = {}, sys.excepthook
+    place = [_position(layout.coordinates(rank)) for rank in range(world_size)]
+    for key in dict.fromkeys(place):  # the first rank of each place in the pipeline and the tensor group
+        rank = place.index(key)
+        dist.init_process_group("fake", rank=rank, world_size=world_size)
         try:
-            engine = Engine(device="cpu", rank=t, world_size=world_size, node_size=node_size, layout=layout)
-            positions.append(_simulate(copy.deepcopy(model), copy.copy(strategy), engine, forward, dtype))
+            engine = Engine(device="cpu", rank=rank, world_size=world_size, node_size=node_size, layout=layout)
+            positions[key] = _simulate(copy.deepcopy(model), copy.copy(strategy), engine, forward, dtype)
         finally:
             dist.destroy_process_group()
             sys.excepthook = hook  # init_process_group prefixes it with the (fake) rank
     text = " (" + " x ".join(f"{k} {v}" for k, v in layout.as_dict().items() if v > 1 or k == "shard") + ")"
-    return [positions[rank % layout.tensor] for rank in range(world_size)], text
+    return [positions[key] for key in place], text
+
+
+def _position(coordinates: dict) -> tuple:
+    """Where a rank's figures differ: its pipeline stage(s) and its place in the tensor group (the data-parallel
+    ranks of one place hold the same: FSDP pads every shard to the first's size)."""
+    return coordinates.get("pipeline", 0), coordinates.get("tensor", 0)
 
 
 def _simulate(model, strategy, engine, forward, dtype) -> dict:
@@ -192,11 +204,16 @@ def _simulate(model, strategy, engine, forward, dtype) -> dict:
     groups a fake world cannot make) applies its tensor parallelism, the activations are measured, then it shards
     ``model``."""
     strategy.engine, strategy.mesh = engine, build_mesh(engine.layout, "cpu")
+    if getattr(strategy, "pipe", None) is not None:  # under a pipeline: the part this rank's stages hold
+        model = strategy.pipe.part_of(model, engine.coordinates["pipeline"])
     model = strategy.parallelize(model)
     activations, largest_saved = forward(model)
     units = [_bytes(u.parameters(), dtype) for u in strategy.units(model)]
     root = _bytes(model.parameters(), dtype) - sum(units)
-    strategy.shard_models({"model": model}, dtype)
+    if getattr(strategy, "pipe", None) is not None and engine.dp_size == 1:  # stages alone: nothing to gather
+        units, root = [], 0
+    else:
+        strategy.shard_models({"model": model}, dtype)
     params = _bytes(model.parameters()) + _bytes(model.buffers())
     trainable = _bytes(p for p in model.parameters() if p.requires_grad)
     largest_unit = max(units, default=0)

@@ -55,6 +55,12 @@ class PipelinePlan:
         return (f"schedule {self.cls.__name__[len('Schedule'):]}, {self.n_stages} stages, "
                 f"{self.n_microbatches} microbatches")
 
+    def part_of(self, model, coordinate: int):
+        """The part of ``model`` pipeline rank ``coordinate`` holds (its stages' pieces, original names): what
+        :meth:`setup` trains there and the memory plan weighs."""
+        return rank_part(split(model, self.n_stages, self.split_at),
+                         local_stages(self.cls, coordinate, self.size, self.per_rank))
+
     def setup(self, strategy, models: dict, optimizers: list, plans, batch_size):
         """This rank's stages of the one trainable model (tensor-parallel and sharded as ``strategy`` does), the
         optimizers keeping only their parameters, and the schedule, checked against ``batch_size``."""
