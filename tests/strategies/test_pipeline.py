@@ -1,11 +1,13 @@
 """Pipeline parallelism on 4 gloo processes: pipeline 2 x data 2 and pipeline 2 x tensor 2 train as DDP on the same
 global batch (1F1B and the looped Interleaved1F1B), each sample counted once on the last stage, the metrics on every
 rank; a killed run resumes bitwise on the same mesh and sample-exact on another pipeline depth."""
+import csv
 import os
 import subprocess
 import sys
 
 import pytest
+import torch
 
 from tests.helpers import script_env
 from tests.resume_helpers import EXACT_KEYS, ROOT, differences
@@ -137,6 +139,32 @@ def test_a_killed_pipeline_resumes_at_another_depth_each_sample_once(runs, kille
     assert resumed["code"] == 0, resumed["out"][-3000:]
     assert_close_models(final(resumed), final(runs["pp-dp"]))
     assert each_once(logdir, {0: 8})
+
+
+def test_a_rank_of_a_pipeline_that_dies_is_restarted_and_ends_as_the_run_never_interrupted(runs, tmp_path):
+    """max_restarts under a pipeline 2 x data 2: rank 1 killed at global batch 15 (epoch 2) is restarted with its
+    world from the checkpoint of batch 14, and the run ends as the uninterrupted one, bitwise."""
+    run = launch(tmp_path / "run", FAIL_ONCE_AT_BATCH=15, KILL_RANK=1, MAX_RESTARTS=1, **RUNS["pp-dp"])
+    assert run["code"] == 0, run["out"][-3000:]
+    assert "attempt 1 of 2 failed (rank 1 killed by signal 9" in run["out"], run["out"][-3000:]
+    assert "the run finished on attempt 2 of 2" in run["out"]
+    checkpoint = final(run)
+    assert checkpoint["meta"]["restart_attempt"] == 1 and checkpoint["loop"]["global_batch_step"] == 24
+    assert [d for key in EXACT_KEYS if key not in ("callbacks", "metrics")
+            for d in differences(final(runs["pp-dp"])[key], checkpoint[key], key)] == []
+
+
+def test_a_pipeline_rolls_back_past_a_nan_batch_on_every_stage(tmp_path):
+    """NonFiniteLossCallback(mode="rollback") under a pipeline 2 x data 2: the NaN loss of each batch holding sample
+    17 (computed on the last stage, broadcast to the first) rolls every rank back once an epoch; the pass goes on
+    without that global batch (its 8 samples), and the run ends with finite weights."""
+    run = launch(tmp_path / "run", NAN_SAMPLE=17, ROLLBACK=2, **RUNS["pp-dp"])
+    out = run["out"]
+    assert run["code"] == 0, out[-3000:]
+    checkpoint = final(run)
+    assert all(torch.isfinite(t).all() for t in checkpoint["models"]["model"].values())
+    rows = list(csv.DictReader(open(tmp_path / "run" / "logs" / "train.csv")))
+    assert [(float(row["rollbacks"]), float(row["samples"])) for row in rows] == [(1.0, 88.0), (1.0, 88.0)], rows
 
 
 @pytest.mark.parametrize("env, message", [

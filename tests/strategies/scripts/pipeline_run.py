@@ -2,7 +2,7 @@
 tensor parallelism, or under DDP as the reference, for the pipeline tests.
 
 Usage: python pipeline_run.py LOGDIR [RESUME]. Environment as mesh_run.py's (NPROC, EPOCHS, BATCH, SAMPLES, SHUFFLE,
-PERIOD, CLIP, KILL_AT_BATCH, KILL_RANK, ATTEMPT), and STRATEGY: ddp | pp (Pipeline over the world) | pp-dp
+PERIOD, CLIP, KILL_AT_BATCH, KILL_RANK, ATTEMPT, FAIL_ONCE_AT_BATCH, MAX_RESTARTS, NAN_AT_BATCH, NAN_SAMPLE, ROLLBACK), and STRATEGY: ddp | pp (Pipeline over the world) | pp-dp
 (pipeline 2 x data) | pp-tp (pipeline 2 x tensor 2); SCHEDULE (1F1B), MICRO (n_microbatches, 2), ACCUM (accumulation_steps, 1). Each rank records
 what mesh_run.py's Report records.
 """
@@ -14,9 +14,11 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from mesh_run import DIM, LENGTH, Block, Indexed, Report, SampleCount, env, logdir, resume  # noqa: E402
+from mesh_run import (DIM, LENGTH, Block, Indexed, PoisonBatch, Report, SampleCount, env, logdir,  # noqa: E402
+                      resume)
 
-from torchstage import Batch, Epoch, MetricCallback, ModelParallel, Pipeline, SupervisedRunner  # noqa: E402
+from torchstage import (Batch, Epoch, MetricCallback, ModelParallel, NonFiniteLossCallback, Pipeline,  # noqa: E402
+                        SupervisedRunner)
 
 
 class Pool(nn.Module):
@@ -76,11 +78,18 @@ if __name__ == "__main__":
     loaders = {"train": DataLoader(Indexed(x[:n], y[:n]), batch_size=batch, shuffle=env.get("SHUFFLE", "1") == "1"),
                "valid": DataLoader(Indexed(x[n:], y[n:]), batch_size=batch)}
     period = int(env.get("PERIOD", 0))
+    callbacks = {"report": Report(), "samples": MetricCallback(SampleCount())}
+    if env.get("NAN_AT_BATCH") or env.get("NAN_SAMPLE"):
+        callbacks["poison"] = PoisonBatch(int(env.get("NAN_AT_BATCH", 0)) or None,
+                                          int(env["NAN_SAMPLE"]) if env.get("NAN_SAMPLE") else None)
+    if env.get("ROLLBACK"):  # bad batches rolled back past, checked every ROLLBACK batches
+        callbacks["nonfinite"] = NonFiniteLossCallback(mode="rollback", check_every=int(env["ROLLBACK"]))
     SupervisedRunner().train(model=model, criterion=nn.MSELoss(), optimizer=optimizer, scheduler=scheduler,
-                             loaders=loaders, callbacks={"report": Report(), "samples": MetricCallback(SampleCount())},
+                             loaders=loaders, callbacks=callbacks,
                              logdir=logdir, resume=resume, num_epochs=int(env.get("EPOCHS", 2)), seed=5,
                              distributed=True, nprocs=int(env.get("NPROC", 4)), strategy=strategy(),
                              checkpoint_period=(Batch(period), Epoch(1)) if period else Epoch(1),
                              grad_clip_norm=float(env["CLIP"]) if env.get("CLIP") else None,
                              accumulation_steps=int(env.get("ACCUM", 1)),
+                             max_restarts=int(env["MAX_RESTARTS"]) if env.get("MAX_RESTARTS") else None,
                              verbose=bool(env.get("VERBOSE")), overwrite=resume is None)
