@@ -50,3 +50,24 @@ def test_reading_the_default_start_method_leaves_it_unset():
             "print(multiprocessing.get_start_method(allow_none=True))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["None"]  # a user may still call multiprocessing.set_start_method() after a run
+
+
+def test_a_rebuilt_loader_keeps_its_workers_for_the_run_on_an_affected_cpython(monkeypatch, caplog):
+    """torchstage rebuilds a user's DataLoader to shard it; on an affected CPython a loader that would fork its
+    workers at every epoch (the tutorial's num_workers=1) keeps them for the run, said once on the main rank, and
+    the same samples reach the rank; TORCHSTAGE_PERSISTENT_WORKERS=0 keeps the loader's own choice."""
+    from torchstage.data import fork_check
+    from torchstage.data.loaders import distribute_loader
+    loader = DataLoader(DATA, batch_size=2, num_workers=1, multiprocessing_context="fork")
+    engine = Engine(device="cpu", rank=0, world_size=2)
+    monkeypatch.setattr(fork_check, "fork_deadlock_risk", lambda version=None: True)
+    with caplog.at_level(logging.WARNING, logger="torchstage"):
+        kept = distribute_loader(loader, engine, is_train=False)
+    assert kept.persistent_workers and "keeps its workers for the run (persistent_workers=True)" in caplog.text
+    assert [batch[0].tolist() for batch in kept] == [[0.0, 2.0], [4.0, 6.0]]  # rank 0's strided shard
+    assert [batch[0].tolist() for batch in kept] == [[0.0, 2.0], [4.0, 6.0]]  # again, from the same workers
+    monkeypatch.setenv("TORCHSTAGE_PERSISTENT_WORKERS", "0")
+    assert not distribute_loader(loader, engine, is_train=False).persistent_workers
+    monkeypatch.delenv("TORCHSTAGE_PERSISTENT_WORKERS")
+    monkeypatch.setattr(fork_check, "fork_deadlock_risk", lambda version=None: False)
+    assert not distribute_loader(loader, engine, is_train=False).persistent_workers

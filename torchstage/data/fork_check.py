@@ -9,6 +9,7 @@ often as torchstage. The rank then waits for a batch that never comes, until the
 """
 import logging
 import multiprocessing
+import os
 import sys
 
 from torch.utils.data import DataLoader
@@ -38,6 +39,20 @@ def forks_workers_each_epoch(loader) -> bool:
     else:
         method = context if isinstance(context, str) else context.get_start_method()
     return method == "fork"
+
+
+#: ``0`` keeps a rebuilt loader forking its workers at each epoch on an affected CPython (see :func:`keeps_workers`).
+KEEP_WORKERS_ENV = "TORCHSTAGE_PERSISTENT_WORKERS"
+
+
+def keeps_workers(loader, version=None, environ=None) -> bool:
+    """Whether torchstage keeps the workers of ``loader``, which it rebuilds to shard it, for the whole run
+    (``persistent_workers=True``): on an affected CPython, for a loader that would fork them at every epoch, unless
+    :data:`KEEP_WORKERS_ENV` is ``0``. Workers forked once per run meet the deadlock once instead of every epoch;
+    they keep their copy of the dataset between epochs, as any persistent worker does."""
+    environ = os.environ if environ is None else environ
+    return environ.get(KEEP_WORKERS_ENV, "1") != "0" and fork_deadlock_risk(version) and \
+        forks_workers_each_epoch(loader)
 
 
 def warn_forked_workers(loaders: dict, engine: Engine, version=None) -> bool:

@@ -1,10 +1,12 @@
 """User DataLoaders rebuilt for one rank: same options, each rank reading its own shard of the samples."""
 import logging
 import math
+import sys
 
 from torch.utils.data import (DataLoader, DistributedSampler, IterableDataset, RandomSampler, Sampler,
                               SequentialSampler)
 
+from torchstage.data.fork_check import KEEP_WORKERS_ENV, keeps_workers
 from torchstage.data.samplers import StridedEvalSampler
 from torchstage.rng import seeded
 from torchstage.distributed.engine import Engine
@@ -73,6 +75,14 @@ def distribute_loader(loader, engine: Engine, is_train: bool, seed: int = 0):
                    timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
                    multiprocessing_context=loader.multiprocessing_context, generator=loader.generator,
                    persistent_workers=loader.persistent_workers, pin_memory_device=loader.pin_memory_device)
+    if keeps_workers(loader):  # CPython gh-112275: a worker forked at each epoch beside gloo's threads may hang
+        options["persistent_workers"] = True
+        if engine.is_main:
+            logger.warning("a DataLoader with num_workers=%d keeps its workers for the run (persistent_workers=True): "
+                           "Python %s can hang a worker forked at each epoch beside torch.distributed's threads "
+                           "(CPython gh-112275, fixed in 3.11.10 and 3.12); the workers keep their copy of the dataset "
+                           "between epochs. %s=0 forks them at each epoch as the loader asked", loader.num_workers,
+                           ".".join(map(str, sys.version_info[:3])), KEEP_WORKERS_ENV)
     if loader.num_workers > 0:
         options["prefetch_factor"] = loader.prefetch_factor
     if hasattr(loader, "in_order"):
