@@ -75,7 +75,9 @@ def distribute_loader(loader, engine: Engine, is_train: bool, seed: int = 0):
                    timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
                    multiprocessing_context=loader.multiprocessing_context, generator=loader.generator,
                    persistent_workers=loader.persistent_workers, pin_memory_device=loader.pin_memory_device)
-    if keeps_workers(loader):  # CPython gh-112275: a worker forked at each epoch beside gloo's threads may hang
+    # CPython gh-112275: a worker forked at each epoch beside gloo's threads may hang (a stateful loader's workers
+    # carry its resumable state: left as the loader asked, and warned about before training)
+    if keeps_workers(loader) and not hasattr(loader, "load_state_dict"):
         options["persistent_workers"] = True
         if engine.is_main:
             logger.warning("a DataLoader with num_workers=%d keeps its workers for the run (persistent_workers=True): "
