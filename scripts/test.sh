@@ -5,7 +5,7 @@
 # All run in one random test order (pytest-randomly) whose seed is printed: TORCHSTAGE_TEST_SEED=N replays it
 # (or `python3 -m pytest ... -p randomly --randomly-seed=N` for one test). A table of each part's exit code, time
 # and pytest summary line ends the run; the exit code is non-zero when any part failed. Sourced (as .ci/run does,
-# to add its docs build as one more part) it only defines `part`, `step`, `test_parts` and `parts_summary`.
+# to add its docs build as one more part) it only defines `part`, `step`, `test_parts`, `adopt_rows` and `parts_summary`.
 set -uo pipefail
 
 PARTS_ROWS=()
@@ -34,10 +34,21 @@ step() {
 }
 
 record() {
-    local took=$(($SECONDS - $3))
-    PARTS_ROWS+=("$(printf '%-16s %4s %5dm%02ds  %s' "$1" "$2" $((took / 60)) $((took % 60)) "$4")")
+    local took=$(($SECONDS - $3)) row
+    row=$(printf '%-16s %4s %5dm%02ds  %s' "$1" "$2" $((took / 60)) $((took % 60)) "$4")
+    PARTS_ROWS+=("$row")
+    [[ -z ${TORCHSTAGE_PARTS_ROWS:-} ]] || printf '%s\t%s\n' "$2" "$row" >>"$TORCHSTAGE_PARTS_ROWS"  # for .ci/run's table
     [[ $2 == 0 ]] || PARTS_FAILED=$((PARTS_FAILED + 1))
     return 0
+}
+
+# adopt_rows FILE: the rows another run of this script wrote (TORCHSTAGE_PARTS_ROWS=FILE) join this table.
+adopt_rows() {
+    local rc row
+    while IFS=$'\t' read -r rc row; do
+        PARTS_ROWS+=("$row")
+        [[ $rc == 0 ]] || PARTS_FAILED=$((PARTS_FAILED + 1))
+    done <"$1"
 }
 
 # The suite's parts under one seed: every test that times nothing on 2 workers (the SLURM tests one at a time: the
