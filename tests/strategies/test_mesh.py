@@ -63,14 +63,15 @@ RUNS = {  # every run: 2 epochs of AdamW and StepLR, gradients clipped to norm 0
 
 
 class Runs(dict):
-    """The reference runs, each started the first time a test asks for it."""
+    """The reference runs, each started the first time a test asks for it: ``launch(logdir, **runs[name])``
+    (this file's, or another script's launcher and runs)."""
 
-    def __init__(self, base):
+    def __init__(self, base, launcher=None, runs=None):
         super().__init__()
-        self.base = base
+        self.base, self.launcher, self.runs = base, launcher, runs
 
     def __missing__(self, name):
-        run = launch(self.base / name, **RUNS[name])
+        run = (self.launcher or launch)(self.base / name, **(self.runs or RUNS)[name])
         assert run["code"] == 0, run["out"][-3000:]
         self[name] = run
         return run

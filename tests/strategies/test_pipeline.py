@@ -11,7 +11,7 @@ import torch
 
 from tests.helpers import script_env
 from tests.resume_helpers import EXACT_KEYS, ROOT, differences
-from tests.strategies.test_mesh import assert_close_models, copy_of, each_once, final, reports, seen
+from tests.strategies.test_mesh import Runs, assert_close_models, copy_of, each_once, final, reports, seen
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(900)]
 
@@ -39,23 +39,10 @@ def launch(logdir, resume=None, timeout=400, **env):
     return {"code": proc.returncode, "out": proc.stdout, "logdir": str(logdir)}
 
 
-class Runs(dict):
-    """The runs, each started the first time a test asks for it."""
-
-    def __init__(self, base):
-        super().__init__()
-        self.base = base
-
-    def __missing__(self, name):
-        run = launch(self.base / name, **RUNS[name])
-        assert run["code"] == 0, run["out"][-3000:]
-        self[name] = run
-        return run
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    return Runs(tmp_path_factory.mktemp("pipeline"))
+    """The runs, each started the first time a test asks for it."""
+    return Runs(tmp_path_factory.mktemp("pipeline"), launch, RUNS)
 
 
 @pytest.mark.parametrize("mesh, reference", [("pp", "ddp2-ordered"), ("pp-dp", "ddp2"), ("pp-dp-looped", "ddp2"),
