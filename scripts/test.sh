@@ -11,6 +11,10 @@ set -uo pipefail
 PARTS_ROWS=()
 PARTS_FAILED=0
 TEST_SEED=
+# The file .ci/run reads this run's rows from; kept from the commands the parts run (a test of this script run
+# inside a part would otherwise add its stub rows to CI's table).
+ROWS_FILE=${TORCHSTAGE_PARTS_ROWS:-}
+unset TORCHSTAGE_PARTS_ROWS
 
 # part NAME COMMAND...: run COMMAND (its output shown as it comes), record its exit code, time and last line.
 part() {
@@ -37,7 +41,7 @@ record() {
     local took=$(($SECONDS - $3)) row
     row=$(printf '%-16s %4s %5dm%02ds  %s' "$1" "$2" $((took / 60)) $((took % 60)) "$4")
     PARTS_ROWS+=("$row")
-    [[ -z ${TORCHSTAGE_PARTS_ROWS:-} ]] || printf '%s\t%s\n' "$2" "$row" >>"$TORCHSTAGE_PARTS_ROWS"  # for .ci/run's table
+    [[ -z $ROWS_FILE ]] || printf '%s\t%s\n' "$2" "$row" >>"$ROWS_FILE"  # for .ci/run's table
     [[ $2 == 0 ]] || PARTS_FAILED=$((PARTS_FAILED + 1))
     return 0
 }

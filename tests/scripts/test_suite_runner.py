@@ -13,7 +13,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # Every command .ci/run starts that would install, start daemons or run tests: each logs its arguments and fails
 # when they contain $STUB_FAIL (a pytest part's stub prints a summary line like pytest's).
 STUB = """#!/usr/bin/env bash
-echo "$(basename "$0") $*" >> "$STUB_CALLS"
+echo "$(basename "$0") $*${TORCHSTAGE_PARTS_ROWS:+ (sees TORCHSTAGE_PARTS_ROWS)}" >> "$STUB_CALLS"
 case "$*" in *pytest*) echo "3 passed in 0.10s";; esac
 if [[ -n ${STUB_FAIL:-} && "$(basename "$0") $*" == *"$STUB_FAIL"* ]]; then
   echo "stub failure: $STUB_FAIL"; exit 1
@@ -37,7 +37,7 @@ def tree(tmp_path):
 
 
 def run(tree, command, fail="", **env_extra):
-    env = {k: v for k, v in os.environ.items() if k != "TORCHSTAGE_TEST_SEED"}
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCHSTAGE_TEST_SEED", "TORCHSTAGE_PARTS_ROWS")}
     env.update(PATH=f"{tree / 'bin'}{os.pathsep}{os.environ['PATH']}", STUB_FAIL=fail, STUB_CALLS=str(tree / "calls"),
                **env_extra)
     result = subprocess.run(["bash", *command], cwd=tree, env=env, capture_output=True, text=True, timeout=60)
@@ -92,6 +92,16 @@ def test_the_readme_test_command_fails_when_either_part_fails(tree, fail):
     assert len(pytest_calls(calls)) == 2
     result, calls = run(tree, ["scripts/test.sh"])
     assert result.returncode == 0, result.stdout
+
+
+def test_the_rows_file_gets_this_runs_parts_and_no_command_a_part_runs_sees_it(tree):
+    """.ci/run reads the parts' rows from TORCHSTAGE_PARTS_ROWS; a test inside a part that runs this script must not
+    add its own rows there (CI's table once counted a stub's failures as the suite's)."""
+    rows = tree / "rows"
+    result, calls = run(tree, ["scripts/test.sh"], TORCHSTAGE_PARTS_ROWS=str(rows))
+    assert result.returncode == 0, result.stdout
+    assert [line.split("\t")[1].split()[0] for line in rows.read_text().splitlines()] == ["parallel", "alone"]
+    assert len(pytest_calls(calls)) == 2 and not [c for c in calls if "sees TORCHSTAGE_PARTS_ROWS" in c]
 
 
 def test_every_part_runs_in_one_printed_random_order_that_a_seed_replays(tree):
