@@ -25,7 +25,9 @@ def record_failure(rank: int, error, position: dict, collectives: list = None, o
 
     An error that says which rank caused it (an ``origin_rank`` attribute: a NaN seen on one rank stops all; or
     ``origin_rank``: the rank a hang report found stuck) keeps that rank in the record."""
-    text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+    # the message stripped first: torch's pipeline stage errors open with a blank line, which a one-line summary
+    # (the record's first line) would show as "RuntimeError: "
+    text = error if isinstance(error, str) else f"{type(error).__name__}: {str(error).strip()}"
     _record(rank, text.strip()[:2000], position, collectives=collectives or [],
             origin_rank=getattr(error, "origin_rank", origin_rank))
 

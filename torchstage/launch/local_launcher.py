@@ -72,6 +72,9 @@ def worker_env(world: World, local_rank: int, port: int, environ=None, extra: di
 #: Seconds the other ranks get to exit by themselves after one failed before training: where every rank makes the
 #: same mistake (a script error), each then says it, and the launcher prints it once with the ranks that met it.
 EARLY_ERROR_GRACE = 1.0
+#: Seconds a failed rank's peers get to show whether one of them was killed a moment before: the preloaded process
+#: reports exits in the order it reaps them, not the order they happened.
+KILLED_PEER_WAIT = 1.0
 
 class Launcher:
     """Runs ``world.spawn`` workers of ``command`` once and returns the exit code of the run (see :meth:`run`).
@@ -157,6 +160,8 @@ class Launcher:
         exits.put((proc, code))
 
     def _fail(self, proc, code: int) -> int:
+        if code > 0:
+            proc, code = self._killed_peer(proc, code)
         records = read_failures(self.failure_dir) if self.failure_dir else {}
         if code < 0 and self.failure_dir:  # killed: its peers notice in a moment and say where they were
             records = self._await_records(proc.rank)
@@ -215,6 +220,20 @@ class Launcher:
         logger.error("rank %d %s; stopped the other ranks.%s%s%s%s", proc.rank, reason, first, notes, output,
                      f"\n{echoes}" if echoes else "")
         return exit_code
+
+    def _killed_peer(self, proc, code: int, seconds: float = KILLED_PEER_WAIT):
+        """A rank killed by a signal about when ``proc`` failed, with its code, else ``proc`` and ``code``: the
+        killed rank is the cause, and its peers' errors (a closed connection, a pipeline stage that lost its
+        neighbour) are the echo of its death, whichever exit was reported first."""
+        deadline = time.monotonic() + seconds
+        while True:
+            others = [p for p in self.procs if p is not proc]
+            killed = next((p for p in others if (p.poll() or 0) < 0), None)
+            if killed is not None:
+                return killed, killed.returncode
+            if time.monotonic() > deadline or all(p.poll() is not None for p in others):
+                return proc, code
+            time.sleep(0.02)
 
     def error_line(self):
         """After a failed :meth:`run`: the error line (``ValueError: ...``) of the last traceback of the rank that
