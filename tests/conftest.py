@@ -51,6 +51,7 @@ def pytest_configure(config):
                                        "these one at a time after the others, with nothing beside them")
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the groups into the test ids
 def pytest_collection_modifyitems(config, items):
     """Every test under tests/launch/slurm, and any test that uses the cluster fixture, is a SLURM test. Under
     pytest-xdist with ``--dist loadgroup`` (scripts/test.sh) the SLURM tests run one at a time on one worker (the
