@@ -1,7 +1,7 @@
-"""A model larger than a rank may hold, trained under FSDP on 4 processes each limited in memory, for the memory-limit
+"""A model larger than a rank may hold, trained under FSDP on NPROCS (4) processes each limited in memory, for the memory-limit
 test.
 
-Usage: python limited_run.py LOGDIR; environment: META (1: built on the meta device), WIDTH (896), BLOCKS (64),
+Usage: python limited_run.py LOGDIR; environment: NPROCS (4), META (1: built on the meta device), WIDTH (896), BLOCKS (64),
 BUDGET_MIB (the data memory each rank may add to what it holds once torch and torchstage are imported: its
 RLIMIT_DATA, set before the model is built; 0: no limit). Each rank writes LOGDIR/rank<R>.json: the peak resident
 memory it added (VmHWM less VmRSS before the model), the bytes of parameters, gradients and optimizer state it holds
@@ -97,5 +97,5 @@ if __name__ == "__main__":
     x, y = torch.randn(8, WIDTH, generator=g), torch.randn(8, 1, generator=g)
     SupervisedRunner().train(model=model, criterion=nn.MSELoss(), optimizer=optimizer,
                              loaders={"train": DataLoader(TensorDataset(x, y), batch_size=1)}, valid_loader="train",
-                             callbacks=[Report(logdir, base, limit)], num_epochs=1, distributed=True, nprocs=4,
+                             callbacks=[Report(logdir, base, limit)], num_epochs=1, distributed=True, nprocs=int(env.get("NPROCS", 4)),
                              strategy=FSDP(modules=Block), seed=1)
