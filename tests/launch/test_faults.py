@@ -23,7 +23,7 @@ def line_of(marker: str) -> str:
 
 
 def faulty_run(logdir, fault, **env):
-    result = run([FAULTS, logdir], nproc=4, timeout=240, FAULT=fault, HANG_TIMEOUT=30, **env)
+    result = run([FAULTS, logdir], nproc=4, timeout=240, FAULT=fault, HANG_TIMEOUT=15, **env)
     ended = time.time()
     out = result.stdout + result.stderr
     summary = "\n".join(line for line in out.splitlines() if not line.startswith("[rank"))  # the launcher's own
@@ -94,7 +94,7 @@ def test_a_stalled_data_loader_is_named_and_diagnose_shows_who_is_behind(tmp_pat
     code, out, summary, took = faulty_run(tmp_path, "stalled_loader")
     assert code == 124 and took < 90, out
     assert ("The first error, on rank 1 at stage 'main', epoch 1, batch 3 of loader 'train' (global batch 3): hang: "
-            "no progress for 30 s") in summary, summary
+            "no progress for 15 s") in summary, summary
     assert "stopped in " in summary and f"{line_of('time.sleep(3600)')} in __getitem__" in summary, summary
     assert "which rank 1 never reached" in summary, summary
     diagnose = subprocess.run([sys.executable, "-m", "torchstage", "diagnose", str(tmp_path)], cwd=ROOT,
