@@ -13,16 +13,36 @@ from torchstage.launch.world import World
 
 pytestmark = pytest.mark.distributed
 
-# rank 1 dies by SIGKILL at once; rank 0 then fails on the connection it lost, and records it as its error
+# rank 1 dies by SIGKILL; rank 0, once rank 1 is dead, fails on the connection it lost and records that as its error
 WORKER = """
 import json, os, signal, sys, time
-rank = int(os.environ["RANK"])
+rank, folder = int(os.environ["RANK"]), os.environ["TORCHSTAGE_FAILURE_DIR"]
 if rank == 1:
+    with open(os.path.join(folder, "pid-1"), "w") as f:
+        f.write(str(os.getpid()))
     os.kill(os.getpid(), signal.SIGKILL)
-time.sleep(0.2)
+
+
+def dead(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+deadline = time.monotonic() + 30
+while time.monotonic() < deadline:
+    try:
+        with open(os.path.join(folder, "pid-1")) as f:
+            if dead(int(f.read())):
+                break
+    except (FileNotFoundError, ValueError):
+        pass
+    time.sleep(0.01)
 record = {"rank": 0, "error": "RuntimeError: Connection closed by peer", "stopped": False, "time": time.time(),
           "position": {"stage": "main", "epoch": 2, "loader": "train", "loader_batch": 4, "global_batch_step": 16}}
-with open(os.path.join(os.environ["TORCHSTAGE_FAILURE_DIR"], "rank-0.json"), "w") as f:
+with open(os.path.join(folder, "rank-0.json"), "w") as f:
     json.dump(record, f)
 sys.exit(1)
 """
