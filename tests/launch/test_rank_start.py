@@ -23,7 +23,7 @@ pytestmark = pytest.mark.distributed
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 #: What a rank sees at its program's first line that must not depend on how it started.
 SAME = ("python_threads", "cuda_initialized", "num_threads", "initial_seed", "torch_rand", "python_random",
-        "numpy_random", "helper_draw", "handlers", "stdout", "stderr", "name", "argv")
+        "numpy_random", "helper_draw", "handlers", "stdout", "stderr", "name", "argv", "orig_argv")
 
 
 def launch(outdir, start, nproc=2, **extra):

@@ -3,8 +3,9 @@
 :mod:`~torchstage.launch.zygote` forks each rank from a process that imported torch and torchstage once. Before the
 program's first line the copy gets what a fresh ``python -m torchstage.launch.seeded_entry <program>`` would have:
 its own session, a parent-death signal, the rank's output pipes as fd 1 and 2 (unbuffered under
-``PYTHONUNBUFFERED``), the rank's environment and working directory, the signal handlers of a new interpreter, torch's
-intra-op thread count from ``OMP_NUM_THREADS``, fresh warning registries, and the modules of the program's own folder
+``PYTHONUNBUFFERED``), the rank's environment, working directory and ``sys.orig_argv``, the signal handlers of a new
+interpreter, torch's intra-op thread count from ``OMP_NUM_THREADS``, torch and numpy generators seeded from the OS,
+fresh warning registries, and the modules of the program's own folder
 forgotten so that they run again, like the program (installed packages, torch and torchstage stay imported: that is
 the saving). The program then runs as ``__main__``, seeded with the launch seed (:mod:`seeded_entry`), and the rank
 ends as an interpreter does: an escaping error printed (without this module's frames), non-daemon threads joined,
@@ -47,8 +48,11 @@ def become_rank(request: dict, fds: list, handlers: dict, close) -> None:
         for fd in fds:
             os.close(fd)
         os.environ.clear()
-        os.environ.update({**request["env"], PARENT_ENV: str(request["parent"])})
+        os.environ.update(request["env"])
+        if PARENT_ENV in os.environ:  # the launcher's worker: its parent is this process now
+            os.environ[PARENT_ENV] = str(request["parent"])
         os.chdir(request["cwd"])
+        sys.orig_argv = list(request.get("orig_argv") or sys.orig_argv)  # the fresh start's command line
         streams = _fresh_stdio(request["env"])
         launching = sys.modules.get("__main__")  # the launching program's module, not this rank's to clear
         _forget_parent_state(request["program"])
@@ -93,6 +97,7 @@ def _forget_parent_state(program: list) -> None:
     threads = os.environ.get("OMP_NUM_THREADS", "").strip()
     if threads.isdigit() and int(threads) > 0 and "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(int(threads))  # libgomp read the variable at load, in the parent
+    _fresh_generators()
     warnings.onceregistry.clear()
     warnings._filters_mutated()  # every module's __warningregistry__ is stale: warnings show again, as in a new one
     for info in getattr(weakref.finalize, "_registry", {}).values():
@@ -110,6 +115,16 @@ def _forget_parent_state(program: list) -> None:
     below = tuple(f"{name}." for name in forgotten)  # with the namespace packages below them, which have no file
     for name in [name for name in sys.modules if name in forgotten or name.startswith(below)]:
         del sys.modules[name]
+
+
+def _fresh_generators() -> None:
+    """torch's and numpy's global generators seeded from the OS, as a new interpreter's are (every copy of the
+    preloaded process would otherwise draw the same numbers; python's ``random`` reseeds itself after a fork). A
+    launched rank's program is then seeded with the launch seed (:mod:`seeded_entry`) before its first line."""
+    if "torch" in sys.modules:
+        sys.modules["torch"].default_generator.seed()
+    if "numpy.random" in sys.modules:
+        sys.modules["numpy.random"].seed()
 
 
 def _forget_multiprocessing() -> None:

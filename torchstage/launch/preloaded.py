@@ -90,8 +90,8 @@ class PreloadedStart:
             gone = self.gone
         if not gone:
             try:
-                send(self.sock, {"id": request_id, "program": self.program, "env": env, "cwd": os.getcwd()},
-                     (out_w, err_w))
+                send(self.sock, {"id": request_id, "program": self.program, "env": env, "cwd": os.getcwd(),
+                                 "orig_argv": self.fallback}, (out_w, err_w))
                 self._watch_answers()
                 return proc
             except OSError as exc:

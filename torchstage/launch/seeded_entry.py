@@ -26,6 +26,7 @@ def main(argv: list):
     seed_launched_rank(force=True)  # before the program's first line, whatever importing this entry (or a fork) did
     if argv[0] == "-m":
         sys.argv = [argv[1], *argv[2:]]
+        sys.modules.pop(argv[1], None)  # loaded already in a forked rank: a new interpreter would not have it
         runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
         return None
     module = types.ModuleType("__main__")

@@ -34,6 +34,7 @@ _FIRST.update(
     python_random=random.random(), numpy_random=np.random.rand(2).tolist(), helper_draw=start_helper.DRAW,
     handlers=handlers, stdout=[sys.stdout.line_buffering, sys.stdout.write_through, sys.stdout.encoding],
     stderr=[sys.stderr.line_buffering, sys.stderr.write_through], name=__name__, argv=sys.argv[1:],
+    orig_argv=sys.orig_argv,
     parent=os.getppid(), parent_is_launcher=os.getppid() == int(os.environ.get("LAUNCHER_PID", "0")),
     parent_command=open(f"/proc/{os.getppid()}/cmdline").read().split("\0"))
 if os.environ.get("START_PATCH"):  # the program wraps a function of a module it did not write
