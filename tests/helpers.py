@@ -12,6 +12,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from tests import script_server
 from tests.conftest import regression_loaders
 from torchstage import SupervisedRunner
 
@@ -31,10 +32,11 @@ def script_env(nproc=None, **extra) -> dict:
     return env
 
 
-def run(args, nproc=None, timeout=120, **extra) -> subprocess.CompletedProcess:
-    """Run ``python *args`` (or a full command when args[0] is '-m') in the repo root; capture output."""
-    return subprocess.run([sys.executable, *map(str, args)], cwd=ROOT, env=script_env(nproc, **extra),
-                          capture_output=True, text=True, timeout=timeout)
+def run(args, nproc=None, timeout=120, fresh=False, **extra) -> subprocess.CompletedProcess:
+    """Run ``python *args`` (or a full command when args[0] is '-m') in the repo root; capture output. The script
+    is forked from a preloaded process (:mod:`tests.script_server`), a fresh interpreter with ``fresh``."""
+    return script_server.run([sys.executable, *args], env=script_env(nproc, **extra), cwd=ROOT, timeout=timeout,
+                             fresh=fresh)
 
 
 def alive(pid: int) -> bool:
@@ -53,15 +55,15 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def run_script(path, *args, timeout=300, env=None, cpus=None) -> subprocess.CompletedProcess:
+def run_script(path, *args, timeout=300, env=None, cpus=None, fresh=False) -> subprocess.CompletedProcess:
     """Run ``scripts/<path>`` (an example of this repository) with this checkout first on PYTHONPATH, not an
-    install, and ``env`` added (on the CPUs ``cpus`` lists, as ``taskset -c`` takes them, when given); assert it exits
-    0, showing the ends of its output if not."""
+    install, and ``env`` added (on the CPUs ``cpus`` lists, as ``taskset -c`` takes them, when given, in a fresh
+    interpreter as with ``fresh``, else forked as :func:`run` does); assert it exits 0, showing the ends of its output
+    if not."""
     pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     pinned = ["taskset", "-c", str(cpus)] if cpus is not None else []
-    result = subprocess.run([*pinned, sys.executable, str(ROOT / "scripts" / path), *map(str, args)],
-                            capture_output=True, text=True, timeout=timeout,
-                            env={**os.environ, "PYTHONPATH": pythonpath, **(env or {})})
+    result = script_server.run([*pinned, sys.executable, ROOT / "scripts" / path, *args], timeout=timeout,
+                               env={**os.environ, "PYTHONPATH": pythonpath, **(env or {})}, cwd=None, fresh=fresh)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
 

@@ -1,0 +1,100 @@
+"""The tests' scripts forked from a preloaded process start as a fresh interpreter would: the same view of
+themselves, output, exit codes and timeouts as ``subprocess.run`` gives."""
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from tests import script_server
+from tests.helpers import ROOT, script_env
+
+PROGRAM = """
+import json, os, random, sys
+import numpy, torch
+print(json.dumps({"argv": sys.argv, "orig_argv": sys.orig_argv, "file": __file__, "name": __name__,
+                  "path0": sys.path[0], "cwd": os.getcwd(), "env": os.environ.get("ASKED"),
+                  "parent_env": os.environ.get("TORCHSTAGE_PARENT_PID"), "ppid_alive": os.getppid() > 1,
+                  "torch": torch.rand(2).tolist(), "numpy": numpy.random.rand(2).tolist(), "random": random.random(),
+                  "threads": torch.get_num_threads()}))
+print("to stderr", file=sys.stderr)
+sys.exit(int(os.environ.get("CODE", "0")))
+"""
+
+
+def both(tmp_path, *args, **env):
+    """The program run forked and fresh, with the same arguments and environment."""
+    script = tmp_path / "program.py"
+    script.write_text(PROGRAM)
+    command = [sys.executable, script, *args]
+    full = script_env(**env)
+    return (script_server.run(command, env=full, cwd=tmp_path, timeout=60),
+            script_server.run(command, env=full, cwd=tmp_path, timeout=60, fresh=True))
+
+
+def seen(result) -> dict:
+    import json
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+def test_a_forked_script_sees_itself_as_a_fresh_interpreter_does(tmp_path):
+    forked, fresh = both(tmp_path, "a", "b c", ASKED="yes", CODE=3, OMP_NUM_THREADS=1)
+    assert (forked.returncode, forked.stderr) == (fresh.returncode, fresh.stderr) == (3, "to stderr\n")
+    mine, theirs = seen(forked), seen(fresh)
+    for key in ("argv", "orig_argv", "file", "name", "path0", "cwd", "env", "parent_env", "ppid_alive", "threads"):
+        assert mine[key] == theirs[key], key
+    assert mine["argv"][1:] == ["a", "b c"] and mine["env"] == "yes" and mine["parent_env"] is None
+    assert mine["threads"] == 1  # OMP_NUM_THREADS applies, as torch's own start-up would apply it
+    assert script_server._servers, "the script was not forked: no preloaded process was made"
+
+
+def test_each_forked_script_draws_its_own_random_numbers(tmp_path):
+    first, second = (seen(both(tmp_path)[0]) for _ in range(2))
+    for generator in ("torch", "numpy", "random"):
+        assert first[generator] != second[generator], generator
+
+
+def test_modules_run_with_minus_m_and_code_with_minus_c_as_python_runs_them(tmp_path):
+    env = script_env()
+    for command in ([sys.executable, "-m", "torchstage.launch.seeded_entry", "-c", "print('hi')"],
+                    [sys.executable, "-c", "import sys; print(sys.argv)", "x"]):
+        forked = script_server.run(command, env=env, cwd=ROOT, timeout=60)
+        fresh = script_server.run(command, env=env, cwd=ROOT, timeout=60, fresh=True)
+        assert (forked.returncode, forked.stdout, forked.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
+
+
+def test_an_error_and_a_signal_end_the_script_as_they_end_an_interpreter(tmp_path):
+    env = script_env()
+    raising = [sys.executable, "-c", "raise ValueError('bad value')"]
+    forked = script_server.run(raising, env=env, timeout=60)
+    assert forked.returncode == 1 and forked.stderr.rstrip().endswith("ValueError: bad value")
+    assert "forked_rank" not in forked.stderr and "seeded_entry" not in forked.stderr
+    killed = [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"]
+    assert script_server.run(killed, env=env, timeout=60).returncode == -signal.SIGTERM
+
+
+def test_merged_output_keeps_the_order_and_a_timeout_ends_the_script(tmp_path):
+    env = script_env()
+    code = "import sys\nfor i in range(3):\n    print(i, flush=True); print('e', i, file=sys.stderr, flush=True)"
+    merged = script_server.run([sys.executable, "-c", code], env=env, timeout=60, merge=True)
+    assert (merged.stdout, merged.stderr) == ("0\ne 0\n1\ne 1\n2\ne 2\n", None)
+    pid_file = tmp_path / "pid"
+    sleeper = [sys.executable, "-c", f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); "
+                                     "print('waiting', flush=True); time.sleep(600)"]
+    with pytest.raises(subprocess.TimeoutExpired) as expired:
+        script_server.run(sleeper, env=env, timeout=5)
+    assert expired.value.output == "waiting\n"
+    pid = int(pid_file.read_text())
+    assert script_server.run([sys.executable, "-c", "print(1)"], env=env, timeout=60).stdout == "1\n"
+    assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+
+
+def test_a_script_whose_start_up_environment_differs_gets_a_preloaded_process_of_its_own(tmp_path):
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    (extra / "only_here.py").write_text("WHERE = 'extra'\n")
+    env = script_env(PYTHONPATH=os.pathsep.join([str(ROOT), str(extra)]))
+    result = script_server.run([sys.executable, "-c", "import only_here; print(only_here.WHERE)"], env=env,
+                               timeout=60)
+    assert result.stdout == "extra\n", result.stderr
