@@ -5,6 +5,8 @@ import sys
 
 import torch
 
+from tests import script_server
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "tests", "runner", "scripts", "tiny_run.py")
 #: The parts of a checkpoint that must be bitwise equal between a resumed and an uninterrupted run.
@@ -24,9 +26,9 @@ def start_tiny(logdir, resume=None, **env):
 
 
 def run_tiny(logdir, resume=None, timeout=120, **env) -> subprocess.CompletedProcess:
-    proc = start_tiny(logdir, resume, **env)
-    out, _ = proc.communicate(timeout=timeout)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, None)
+    """The tiny script run to its end (forked from a preloaded process), stdout and stderr in ``stdout``."""
+    args = [sys.executable, TINY, str(logdir)] + ([resume] if resume else [])
+    return script_server.run(args, env=child_env(**env), timeout=timeout, merge=True)
 
 
 def differences(a, b, path="") -> list:

@@ -9,11 +9,12 @@ Metric values agree to rounding: Catalyst keeps loader means as running float64 
 losses in float32), torchstage as float64 sums divided once.
 """
 import json
-import subprocess
 
 import pytest
 
 from .catalyst_reference import Catalyst2204, script_command, script_env
+
+from tests import script_server
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +33,7 @@ def result_of(stdout: str) -> dict:
 
 def run_script(script: str, logdir) -> tuple:
     """(the RESULT line's dict, the whole output) of scripts/catalyst22/<script> run by torchstage."""
-    result = subprocess.run(script_command(script, logdir), capture_output=True, text=True, timeout=300,
-                            env=script_env())
+    result = script_server.run(script_command(script, logdir), env=script_env(), timeout=300)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
     return result_of(result.stdout), output

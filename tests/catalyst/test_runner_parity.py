@@ -12,11 +12,12 @@ could not match on machines whose kernels sum in another order (e.g. AVX-512), e
 in both frameworks.
 """
 import re
-import subprocess
 
 import pytest
 
 from .catalyst_reference import Catalyst2204, script_command, script_env
+
+from tests import script_server
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +29,7 @@ def catalyst_22_04(tmp_path_factory):
 
 
 def run_script(name, logdir):
-    result = subprocess.run(script_command(name, logdir), capture_output=True, text=True, timeout=300,
-                            env=script_env())
+    result = script_server.run(script_command(name, logdir), env=script_env(), timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result.stdout.strip().splitlines()
 

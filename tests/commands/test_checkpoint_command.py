@@ -1,6 +1,5 @@
 """``torchstage checkpoint inspect``: position, metrics and versions of a checkpoint, and refusals."""
 import json
-import subprocess
 import sys
 
 import pytest
@@ -9,6 +8,7 @@ import torch
 from torchstage import Batch, CancelRun, Callback, SupervisedRunner
 from torchstage.cli import main
 
+from tests import script_server
 from tests.resume_helpers import ROOT, child_env, tiny_train_kwargs
 
 
@@ -48,15 +48,15 @@ def test_inspect_json_is_machine_readable(mid_epoch_checkpoint, capsys):
 def test_inspect_refuses_unsafe_files_with_exit_code_2(tmp_path):
     path = tmp_path / "evil.pth"
     torch.save({"format": "torchstage/1", "x": torch.nn.Linear(1, 1)}, str(path))  # a pickled module
-    proc = subprocess.run([sys.executable, "-m", "torchstage.cli", "checkpoint", "inspect", str(path)],
-                          env=child_env(), cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = script_server.run([sys.executable, "-m", "torchstage.cli", "checkpoint", "inspect", str(path)],
+                             env=child_env(), cwd=ROOT, timeout=120)
     assert proc.returncode == 2 and "refused to load" in proc.stderr and proc.stdout == ""
 
 
 def test_inspect_of_a_file_that_is_not_a_checkpoint_says_so_with_exit_code_2(tmp_path):
     path = tmp_path / "last.pth"
     path.write_text("hello")
-    proc = subprocess.run([sys.executable, "-m", "torchstage.cli", "checkpoint", "inspect", str(path)],
-                          env=child_env(), cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = script_server.run([sys.executable, "-m", "torchstage.cli", "checkpoint", "inspect", str(path)],
+                             env=child_env(), cwd=ROOT, timeout=120)
     assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr, proc.stderr
     assert f"{str(path)!r} is not a checkpoint: a torchstage checkpoint is a zip archive" in proc.stderr

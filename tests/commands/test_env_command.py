@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from tests import script_server
 from tests.launch.slurm.slurm_cluster import slurm_cluster  # noqa: F401
 
 TORCHSTAGE = [sys.executable, "-m", "torchstage"]
@@ -14,8 +15,7 @@ CLEAN = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TOR
 
 
 def env_json(*args, env=None):
-    result = subprocess.run([*TORCHSTAGE, "env", "--json", *args], capture_output=True, text=True, timeout=60,
-                            env={**CLEAN, **(env or {})})
+    result = script_server.run([*TORCHSTAGE, "env", "--json", *args], env={**CLEAN, **(env or {})}, timeout=60)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 
@@ -45,12 +45,12 @@ def test_every_variable_a_launcher_environment_reads_is_shown():
 def test_local_launch_from_nprocs_and_text_output():
     info = env_json("--nprocs", "3")
     assert (info["source"], info["world_size"], info["spawn"], info["backend"]) == ("arguments", 3, 3, "gloo")
-    text = subprocess.run([*TORCHSTAGE, "env"], capture_output=True, text=True, env={**CLEAN, "TORCHSTAGE_NPROC": "2"})
+    text = script_server.run([*TORCHSTAGE, "env"], env={**CLEAN, "TORCHSTAGE_NPROC": "2"})
     assert "decided by:   local" in text.stdout and "launcher of 2 local process(es), ranks 0..1" in text.stdout
 
 
 def test_bad_setting_is_a_clear_error():
-    result = subprocess.run([*TORCHSTAGE, "env"], capture_output=True, text=True, env={**CLEAN, "TORCHSTAGE_NPROC": "x"})
+    result = script_server.run([*TORCHSTAGE, "env"], env={**CLEAN, "TORCHSTAGE_NPROC": "x"})
     assert result.returncode == 2
     assert "TORCHSTAGE_NPROC must be an integer, got 'x'" in result.stderr
 
@@ -87,9 +87,9 @@ def test_real_mpirun_ranks_see_openmpi_and_why():
 
 def test_text_output_lists_every_launcher_and_the_batch_script_error():
     env = {**CLEAN, "PMI_RANK": "0", "PMI_SIZE": "1"}
-    text = subprocess.run([*TORCHSTAGE, "env"], capture_output=True, text=True, env=env, timeout=60).stdout
+    text = script_server.run([*TORCHSTAGE, "env"], env=env, timeout=60).stdout
     assert "decided by:   mpich" in text and "why:          mpich: PMI_RANK=0, PMI_SIZE=1" in text
     assert "  mpich     applies: PMI_RANK=0, PMI_SIZE=1" in text and "  torchrun  not present" in text
     batch = {**CLEAN, "ENVIRONMENT": "BATCH", "SLURM_JOB_ID": "8", "SLURM_NTASKS": "2"}
-    result = subprocess.run([*TORCHSTAGE, "env"], capture_output=True, text=True, env=batch, timeout=60)
+    result = script_server.run([*TORCHSTAGE, "env"], env=batch, timeout=60)
     assert result.returncode == 2 and "but srun did not start it" in result.stderr

@@ -1,6 +1,5 @@
 """``torchstage run`` as a user runs it: a subprocess on YAML files, checked by weights, files and exit codes."""
 import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -12,6 +11,8 @@ from torch.utils.data import DataLoader
 import torchstage
 from torchstage.cli import main
 from torchstage.data.synthetic import synthetic_regression
+
+from tests import script_server
 
 REPO = Path(torchstage.__file__).resolve().parent.parent
 
@@ -48,8 +49,7 @@ verbose: true
 
 def run_cli(*args, cwd, timeout=120):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-m", "torchstage", *map(str, args)], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return script_server.run([sys.executable, "-m", "torchstage", *map(str, args)], env=env, cwd=cwd, timeout=timeout)
 
 
 def checkpoint(logdir) -> dict:
@@ -202,9 +202,9 @@ def test_distributed_config_under_torchrun(tmp_path):
     (tmp_path / "base.yml").write_text(FOUNDATION)
     (tmp_path / "ddp.yml").write_text("distributed: true\nnum_epochs: 1\nlogdir: ddp\nverbose: false\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+    result = script_server.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                              "-m", "torchstage", "run", "-C", "base.yml", "ddp.yml"],
-                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+                               env=env, cwd=tmp_path, timeout=180)
     assert result.returncode == 0, result.stdout + result.stderr
     assert checkpoint(tmp_path / "ddp")["meta"]["world_size"] == 2
     assert torchstage.load_config(tmp_path / "ddp" / "config.yml")["distributed"] is True
@@ -226,9 +226,9 @@ logdir: out
 def run_script_cli(*args, cwd):
     """The installed ``torchstage`` script: neither the cwd nor a config's folder is on sys.path (python -P)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-P", "-c", "import sys; from torchstage.cli import main; "
-                           "sys.exit(main())", *map(str, args)], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=120)
+    return script_server.run([sys.executable, "-P", "-c", "import sys; from torchstage.cli import main; "
+                           "sys.exit(main())", *map(str, args)], env=env, cwd=cwd,
+                             timeout=120)
 
 
 @pytest.mark.parametrize("module_in", ["config_folder", "cwd"])

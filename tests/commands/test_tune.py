@@ -2,13 +2,13 @@
 per trial, an interrupted study resumed, config errors named before any trial."""
 import json
 import sqlite3
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import optuna
 import pytest
 
+from tests import script_server
 from tests.helpers import ROOT, script_env
 
 CONFIGS = ["scripts/configs/regression.yml", "tests/commands/configs/tune_grid.yml"]
@@ -18,7 +18,7 @@ States = optuna.trial.TrialState
 
 def tune(logdir, *extra, configs=CONFIGS, **env):
     args = [sys.executable, "-m", "torchstage", "tune", "-C", *configs, "--set", f"logdir={logdir}", *extra]
-    return subprocess.run(args, cwd=ROOT, env=script_env(**env), capture_output=True, text=True, timeout=300)
+    return script_server.run(args, env=script_env(**env), cwd=ROOT, timeout=300)
 
 
 def load(logdir, name="grid"):

@@ -2,11 +2,11 @@
 with the stop request (itself a rider), next to the interval the ranks proposed."""
 import json
 import re
-import subprocess
 import sys
 
 import pytest
 
+from tests import script_server
 from tests.helpers import ROOT, script_env
 
 SCRIPT = """
@@ -43,8 +43,8 @@ dist.destroy_process_group()
 def test_riders_get_every_ranks_numbers_with_the_stop_request(tmp_path):
     script = tmp_path / "riders.py"
     script.write_text(SCRIPT)
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                             str(script)], cwd=ROOT, env=script_env(), capture_output=True, text=True, timeout=180)
+    result = script_server.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                             str(script)], env=script_env(), cwd=ROOT, timeout=180)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     # the two ranks print to one pipe: a line may hold both reports (each a flat object)
     reports = sorted((json.loads(text) for text in re.findall(r"\{[^{}]*\}", result.stdout)), key=lambda r: r["rank"])

@@ -1,7 +1,5 @@
 """A rank killed by a signal is named the cause of a failure even where its peer's error (the connection it lost)
 is reported first: the preloaded process reports exits in the order it reaps them, not the order they happened."""
-import json
-import os
 import subprocess
 import sys
 import time

@@ -1,10 +1,10 @@
 """Configuration errors that need no world are refused in the launching process, before any rank starts: a mesh that
 does not divide the world torchstage is about to start, a misspelt strategy name (with the closest one)."""
-import subprocess
 import sys
 
 import pytest
 
+from tests import script_server
 from tests.helpers import ROOT, script_env
 
 SCRIPT = """
@@ -30,8 +30,7 @@ SupervisedRunner().train(model=model, criterion=nn.MSELoss(), optimizer=torch.op
 def test_refused_in_the_launching_process_before_any_rank_starts(tmp_path, strategy, message):
     script = tmp_path / "run.py"
     script.write_text(SCRIPT)
-    result = subprocess.run([sys.executable, str(script), strategy], cwd=ROOT, env=script_env(4),
-                            capture_output=True, text=True, timeout=100)
+    result = script_server.run([sys.executable, str(script), strategy], env=script_env(4), cwd=ROOT, timeout=100)
     output = result.stdout + result.stderr
     assert result.returncode == 1 and message in output, output[-3000:]
     assert "starting 4 processes" not in output and "[rank" not in output  # no worker was started

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from tests import script_server
 from tests.helpers import ROOT, script_env
 
 TRAIN = ROOT / "scripts" / "launch_anywhere.py"
@@ -37,8 +38,7 @@ def reports(logdir, n):
 @pytest.fixture(scope="module")
 def single(tmp_path_factory):
     logdir = tmp_path_factory.mktemp("single")
-    result = subprocess.run([sys.executable, str(TRAIN), str(logdir)], cwd=ROOT, env=script_env(),
-                            capture_output=True, text=True, timeout=200)
+    result = script_server.run([sys.executable, str(TRAIN), str(logdir)], env=script_env(), cwd=ROOT, timeout=200)
     assert result.returncode == 0, result.stdout + result.stderr
     return reports(logdir, 1)[0]
 

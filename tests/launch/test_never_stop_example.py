@@ -1,11 +1,11 @@
 """The runnable example of docs/checkpoints.md's "Never stop" section (scripts/examples/never_stop.py): a killed
 rank is restarted and the run finishes; a graceful stop is not restarted; one process finishes what two began."""
 import os
-import subprocess
 import sys
 
 import pytest
 
+from tests import script_server
 from tests.resume_helpers import ROOT, child_env
 from torchstage import load_checkpoint
 
@@ -14,8 +14,7 @@ pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
 
 
 def example(*args):
-    return subprocess.run([sys.executable, EXAMPLE, *map(str, args)], env=child_env(), stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=300)
+    return script_server.run([sys.executable, EXAMPLE, *map(str, args)], env=child_env(), timeout=300, merge=True)
 
 
 def test_a_killed_rank_is_restarted_and_the_run_finishes(tmp_path):

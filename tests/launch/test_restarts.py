@@ -6,12 +6,12 @@ retried; a run killed before its first checkpoint starts over; one process is wa
 """
 import csv
 import os
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from tests import script_server
 from tests.resume_helpers import ROOT, checkpoint_differences, child_env
 from torchstage import load_checkpoint
 
@@ -20,8 +20,8 @@ pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
 
 
 def run(logdir, max_restarts, nproc=2, **env):
-    return subprocess.run([sys.executable, SCRIPT, str(logdir), str(max_restarts), str(nproc)], env=child_env(**env),
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=400)
+    return script_server.run([sys.executable, SCRIPT, str(logdir), str(max_restarts), str(nproc)], env=child_env(**env),
+                             timeout=400, merge=True)
 
 
 @pytest.fixture(scope="module")

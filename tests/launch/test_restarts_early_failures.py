@@ -7,12 +7,12 @@ Real processes on gloo: tests/launch/scripts/early_fail_run.py (``distributed_cm
 tests/launch/scripts/restart_run.py (``train(max_restarts=...)``).
 """
 import os
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from tests import script_server
 from tests.resume_helpers import ROOT, child_env
 
 EARLY = os.path.join(ROOT, "tests", "launch", "scripts", "early_fail_run.py")
@@ -21,8 +21,7 @@ pytestmark = [pytest.mark.distributed, pytest.mark.timeout(900)]
 
 
 def run(args, **env):
-    return subprocess.run([sys.executable, *map(str, args)], env=child_env(**env), stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=600)
+    return script_server.run([sys.executable, *map(str, args)], env=child_env(**env), timeout=600, merge=True)
 
 
 @pytest.fixture(scope="module")

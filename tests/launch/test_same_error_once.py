@@ -1,10 +1,10 @@
 """An error every rank raises identically is printed once by the launcher: the first rank's traceback and the
 summary, the other ranks named as having raised the same, never listed again as "consequences"."""
-import subprocess
 import sys
 
 import pytest
 
+from tests import script_server
 from tests.helpers import ROOT, script_env
 
 SCRIPT = """
@@ -22,8 +22,7 @@ distributed_cmd_run(fn, distributed=True, nprocs=4)
 @pytest.mark.distributed
 def test_an_error_every_rank_raises_is_printed_once(tmp_path):
     (tmp_path / "same_error.py").write_text(SCRIPT)  # not on the command line the launcher echoes
-    done = subprocess.run([sys.executable, str(tmp_path / "same_error.py")], cwd=ROOT, env=script_env(), capture_output=True, text=True,
-                          timeout=300)
+    done = script_server.run([sys.executable, str(tmp_path / "same_error.py")], env=script_env(), cwd=ROOT, timeout=300)
     out = done.stdout + done.stderr
     assert done.returncode == 1, out[-3000:]
     assert out.count("Traceback (most recent call last):") == 1, out[-3000:]

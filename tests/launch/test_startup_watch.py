@@ -16,6 +16,7 @@ from torch.distributed import TCPStore
 from torch.utils.cpp_extension import get_default_build_root
 from torch.utils.file_baton import FileBaton
 
+from tests import script_server
 from tests.helpers import ROOT, run
 from torchstage.launch import startup_watch
 from torchstage.launch.local_launcher import free_port
@@ -99,8 +100,8 @@ startup_watch.stop()
 @pytest.mark.timeout(60)
 def test_a_build_longer_than_hang_timeout_is_progress_and_the_watch_counts_from_its_end():
     def run_build(build, after):
-        return subprocess.run([sys.executable, "-c", BUILD, str(build), str(after)], capture_output=True, text=True,
-                              timeout=50, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        return script_server.run([sys.executable, "-c", BUILD, str(build), str(after)],
+                                 env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT, timeout=50)
     done = run_build(4, 1)
     assert done.returncode == 0, done.stderr
     stuck = run_build(0, 4)  # no build: the same wait after it is a hang

@@ -7,12 +7,12 @@ Real gloo processes (tests/launch/scripts/world_run.py): 40 shuffled samples who
 import collections
 import json
 import os
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from tests import script_server
 from tests.resume_helpers import ROOT, child_env
 from torchstage import load_checkpoint
 
@@ -24,8 +24,7 @@ CASES = {"2 -> 3": (2, 13, 3, 0, 3), "3 -> 2": (3, 7, 2, 2, 2), "1 -> 2": (1, 13
 
 def run(logdir, nproc, resume=None, **env):
     args = [sys.executable, SCRIPT, str(logdir), str(nproc)] + ([resume] if resume else [])
-    return subprocess.run(args, env=child_env(**env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=300)
+    return script_server.run(args, env=child_env(**env), timeout=300, merge=True)
 
 
 def seen(logdir, tag):

@@ -11,6 +11,7 @@ import textwrap
 import pytest
 import torch
 
+from tests import script_server
 from tests.conftest import regression_loaders
 from tests.resume_helpers import ROOT, child_env
 import torchstage
@@ -33,8 +34,7 @@ MESSAGE = "ValueError: num_epochs must be an integer >= 1, got 0"
 def _run_script(tmp_path, **env) -> subprocess.CompletedProcess:
     script = tmp_path / "user_script.py"
     script.write_text(SCRIPT)
-    return subprocess.run([sys.executable, str(script)], env=child_env(**env), cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+    return script_server.run([sys.executable, str(script)], env=child_env(**env), cwd=ROOT, timeout=120)
 
 
 def _printed_frames(stderr: str) -> list:
@@ -133,8 +133,7 @@ def test_a_first_batch_error_hides_torchstages_frames_as_an_argument_error_does(
     message, as train()'s argument errors do, and the full trace on request."""
     script = tmp_path / "first_batch.py"
     script.write_text(FIRST_BATCH)
-    done = subprocess.run([sys.executable, str(script)], env=child_env(), cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
+    done = script_server.run([sys.executable, str(script)], env=child_env(), cwd=ROOT, timeout=120)
     assert done.returncode == 1, done.stderr
     frames = _printed_frames(done.stderr)
     assert frames[0].endswith("first_batch.py")
@@ -142,8 +141,8 @@ def test_a_first_batch_error_hides_torchstages_frames_as_an_argument_error_does(
     assert len(ours) <= 1, done.stderr  # train()'s own call, as for an argument error
     assert "class-index targets need shape [8] (one class per sample)" in done.stderr
     assert "TORCHSTAGE_FULL_TRACEBACK=1" in done.stderr
-    full = subprocess.run([sys.executable, str(script)], env=child_env(TORCHSTAGE_FULL_TRACEBACK="1"), cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    full = script_server.run([sys.executable, str(script)], env=child_env(TORCHSTAGE_FULL_TRACEBACK="1"), cwd=ROOT,
+                             timeout=120)
     assert any(f.endswith("loss_checks.py") for f in _printed_frames(full.stderr)), full.stderr
 
 

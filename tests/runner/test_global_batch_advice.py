@@ -2,7 +2,6 @@
 accumulation): a change is said with both sizes and the linear-rule factor, and following it trains on; no advice
 when the global batch is the same."""
 import logging
-import subprocess
 import sys
 
 import pytest
@@ -10,6 +9,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from tests import script_server
 from tests.resume_helpers import ROOT, child_env, tiny_train_kwargs
 from torchstage import SupervisedRunner, load_checkpoint
 from torchstage.runner.global_batch import report_resume
@@ -89,8 +89,8 @@ def test_ddp_2x16_resumed_as_1x32_keeps_the_global_batch_and_says_so(tmp_path):
               f"_train({str(tmp_path)!r}, batch_size=int(sys.argv[1]), num_epochs=int(sys.argv[2]), "
               f"resume=sys.argv[3] or None, distributed=sys.argv[4] == '2', nprocs=int(sys.argv[4]))\n")
     def run(*args):
-        done = subprocess.run([sys.executable, "-c", script, *map(str, args)], env=child_env(), cwd=ROOT,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=240)
+        done = script_server.run([sys.executable, "-c", script, *map(str, args)], env=child_env(), cwd=ROOT,
+                                 timeout=240, merge=True)
         assert done.returncode == 0, done.stdout[-3000:]
         return done.stdout
     run(16, 1, "", 2)

@@ -1,12 +1,12 @@
 """Honest resume: a changed learning rate, num_epochs, architecture or world size is applied with a log line
 or refused naming the checkpoint, the parameter and both values."""
-import subprocess
 import sys
 
 import pytest
 import torch
 from torch import nn
 
+from tests import script_server
 from tests.resume_helpers import ROOT, child_env, tiny_train_kwargs
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -79,8 +79,7 @@ def test_num_epochs_already_reached_says_so_and_exits_0(tmp_path):
     before = load_checkpoint(_last(tmp_path))
     script = (f"from tests.resume_helpers import tiny_train_kwargs\nfrom torchstage import SupervisedRunner\n"
               f"SupervisedRunner().train(**tiny_train_kwargs({str(tmp_path)!r}, num_epochs=2, resume='last'))\n")
-    done = subprocess.run([sys.executable, "-c", script], env=child_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=120)
+    done = script_server.run([sys.executable, "-c", script], env=child_env(), cwd=ROOT, timeout=120, merge=True)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "stage 'main' already trained 3 epoch(s) and num_epochs=2 is reached; nothing to train" in done.stdout
     after = load_checkpoint(_last(tmp_path))
@@ -97,8 +96,7 @@ def test_another_world_size_resumes_and_says_what_changed(tmp_path):
     script = (f"from tests.resume_helpers import tiny_train_kwargs\nfrom torchstage import SupervisedRunner\n"
               f"SupervisedRunner().train(**tiny_train_kwargs({str(tmp_path)!r}, num_epochs=2, resume='last'),\n"
               f"                         distributed=True, nprocs=2)\n")
-    done = subprocess.run([sys.executable, "-c", script], env=child_env(), cwd=ROOT, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=180)
+    done = script_server.run([sys.executable, "-c", script], env=child_env(), cwd=ROOT, timeout=180, merge=True)
     assert done.returncode == 0, done.stdout[-3000:]
     assert f"resume from {_last(tmp_path)}: written by 1 process(es), resumed by 2; the global batch size is 8 now " \
            f"(4 per process), 4 before: scale what depends on it, such as the learning rate (x2 by the linear rule" \

@@ -6,6 +6,7 @@ import re
 import pytest
 import torch
 
+from tests import script_server
 from tests.helpers import run_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -67,7 +68,6 @@ def test_the_rollback_example_rolls_back_past_its_two_bad_records(tmp_path):
 def test_the_elastic_example_trains_under_torchrun_and_its_rate_follows_the_world(tmp_path):
     """Two processes under an elastic torchrun, then the same script alone as a restarted job (one process): it
     continues the run with the learning rate of its world (0.01 x 1/4), saying so."""
-    import subprocess
     import sys
     from tests.helpers import free_port, script_env
     script = os.path.join(ROOT, "scripts", "elastic_train.py")
@@ -75,11 +75,11 @@ def test_the_elastic_example_trains_under_torchrun_and_its_rate_follows_the_worl
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1:2", "--nproc-per-node=2",
                 "--max-restarts=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
                 "--rdzv-id=example", "--rdzv-conf=last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=3"]
-    first = subprocess.run([*torchrun, script, str(tmp_path)], env=env, capture_output=True, text=True, timeout=240)
+    first = script_server.run([*torchrun, script, str(tmp_path)], env=env, timeout=240)
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
-    again = subprocess.run([sys.executable, script, str(tmp_path)], env={**env, "EPOCHS": "2",
+    again = script_server.run([sys.executable, script, str(tmp_path)], env={**env, "EPOCHS": "2",
                                                                          "TORCHSTAGE_RESTART_COUNT": "1"},
-                           capture_output=True, text=True, timeout=240)
+                              timeout=240)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "lr is 0.0025 now but 0.005 in the checkpoint; using 0.0025 (resume_lr='new')" in again.stdout
     final = torch.load(tmp_path / "checkpoints" / "last.pth", weights_only=True)

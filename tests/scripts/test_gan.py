@@ -4,7 +4,6 @@ import importlib.util
 import math
 import os
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -15,6 +14,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from torchstage import load_checkpoint, load_model_weights
+
+from tests import script_server
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gan.py"
 
@@ -30,8 +31,8 @@ def load_script():
 def test_gan_script_learns_the_mixture_and_logs_both_losses(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(SCRIPT.parents[1])}
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, str(SCRIPT), "--logdir", str(tmp_path), "--epochs", "20"],
-                          capture_output=True, text=True, env=env, timeout=120)
+    done = script_server.run([sys.executable, str(SCRIPT), "--logdir", str(tmp_path), "--epochs", "20"], env=env,
+                             timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert time.perf_counter() - start < 60
     before, after = map(float, re.search(r"mode distance: before ([\d.]+) after ([\d.]+)", done.stdout).groups())

@@ -4,12 +4,12 @@ tests/launch/slurm/test_slurm_training.py). About 10 s on 2 cores."""
 import json
 import os
 import runpy
-import subprocess
 import sys
 
 import pytest
 import torch
 
+from tests import script_server
 from tests.resume_helpers import ROOT, child_env
 
 SCRIPT = os.path.join(ROOT, "scripts", "slurm_train.py")
@@ -20,8 +20,7 @@ def run_script(*args, **env):
     for name in [k for k in env if k.startswith(("SLURM_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_RANK"))]:
         del env[name]
     env.setdefault("TORCHSTAGE_NPROC", "1")
-    return subprocess.run([sys.executable, SCRIPT, *map(str, args)], env=env, capture_output=True, text=True,
-                          timeout=120)
+    return script_server.run([sys.executable, SCRIPT, *map(str, args)], env=env, timeout=120)
 
 
 def valid_loss(logdir):
@@ -48,9 +47,9 @@ def test_two_local_processes_train_like_one(tmp_path, monkeypatch):
 
 
 def test_job_config_generates_the_documented_sbatch_script():
-    proc = subprocess.run([sys.executable, "-m", "torchstage", "slurm", "--config",
-                           os.path.join(ROOT, "scripts", "slurm_job.yml")], env=child_env(), capture_output=True,
-                          text=True, timeout=60)
+    proc = script_server.run([sys.executable, "-m", "torchstage", "slurm", "--config",
+                           os.path.join(ROOT, "scripts", "slurm_job.yml")],
+                             env=child_env(), timeout=60)
     assert proc.returncode == 0, proc.stderr
     with open(os.path.join(ROOT, "scripts", "slurm_job.sbatch")) as f:
         assert proc.stdout == f.read()

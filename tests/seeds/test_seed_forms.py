@@ -86,13 +86,13 @@ def mpi_command(name: str) -> list:
 
 @pytest.mark.parametrize("form", sorted(FORMS))
 def test_torchstage_launcher(form, tmp_path):
-    check_run(run([FORMS[form], tmp_path], nproc=2, timeout=300), tmp_path, form, 2)
+    check_run(run([FORMS[form], tmp_path], nproc=2, timeout=300, fresh=True), tmp_path, form, 2)
 
 
 @pytest.mark.parametrize("form", sorted(FORMS))
 def test_torchrun(form, tmp_path):
     result = run(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", FORMS[form], tmp_path],
-                 timeout=300)
+                 timeout=300, fresh=True)
     check_run(result, tmp_path, form, 2)
 
 
@@ -116,4 +116,4 @@ def test_mpi(form, launcher, tmp_path):
 
 def test_catalyst_readme_distributed_regression_runs_on_two_processes(tmp_path):
     """Catalyst 20.12's README "Linear Regression (distributed training version)", moved by its import line."""
-    check_run(run([CATALYST_README, tmp_path], nproc=2, timeout=300), tmp_path, "case3", 2)
+    check_run(run([CATALYST_README, tmp_path], nproc=2, timeout=300, fresh=True), tmp_path, "case3", 2)

@@ -2,12 +2,12 @@
 that resume bitwise after kill -9 and load on another world size."""
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 import torch
 
+from tests import script_server
 from tests.helpers import run as run_script, script_env
 from tests.resume_helpers import EXACT_KEYS, ROOT, differences
 from torchstage.files.checkpoint_read import load_checkpoint
@@ -22,8 +22,7 @@ COMMON = {"PERIOD": 2, "CLIP": 0.5, "ACC": 2}
 def launch(logdir, resume=None, timeout=400, **env):
     args = [sys.executable, SCRIPT, str(logdir)] + ([str(resume)] if resume else [])
     env = script_env(**env)
-    proc = subprocess.run(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout,
-                          cwd=ROOT)
+    proc = script_server.run(args, env=env, cwd=ROOT, timeout=timeout, merge=True)
     reports = {}
     for name in sorted(os.listdir(logdir)) if os.path.isdir(logdir) else []:
         if name.startswith("report-rank"):

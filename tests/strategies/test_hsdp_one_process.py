@@ -1,13 +1,13 @@
 """``strategy="hsdp"`` on one process says that HSDP is dropped and why; its advice (start several processes) followed,
 the run shards and says nothing of the kind."""
 import logging
-import subprocess
 import sys
 
 import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from tests import script_server
 from tests.resume_helpers import ROOT, child_env
 from torchstage import SupervisedRunner
 
@@ -39,7 +39,6 @@ def test_hsdp_on_one_process_says_it_is_dropped_and_why(caplog):
 
 @pytest.mark.distributed
 def test_following_the_advice_shards_and_says_nothing_of_it():
-    done = subprocess.run([sys.executable, "-c", SCRIPT], env=child_env(), cwd=ROOT, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=300)
+    done = script_server.run([sys.executable, "-c", SCRIPT], env=child_env(), cwd=ROOT, timeout=300, merge=True)
     assert done.returncode == 0, done.stdout[-3000:]
     assert SAID not in done.stdout and "epoch 1/1" in done.stdout

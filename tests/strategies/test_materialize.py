@@ -5,12 +5,12 @@ FSDP and TP gives the same losses; a resumed meta run continues bitwise; a tenso
 is refused before training."""
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 import torch
 
+from tests import script_server
 from tests.helpers import ROOT, script_env
 from torchstage.files.checkpoint_read import load_checkpoint
 from torchstage.strategies.materialize import InitialWeights, materialize
@@ -23,8 +23,8 @@ from meta_run import Net  # noqa: E402 (the scripts' model)
 
 
 def launch(logdir, **env):
-    proc = subprocess.run([sys.executable, SCRIPT, str(logdir)], env=script_env(**env), stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=300, cwd=ROOT)
+    proc = script_server.run([sys.executable, SCRIPT, str(logdir)], env=script_env(**env), cwd=ROOT, timeout=300,
+                             merge=True)
     return {"code": proc.returncode, "out": proc.stdout, "logdir": logdir}
 
 

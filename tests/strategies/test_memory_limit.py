@@ -13,11 +13,11 @@ too close for a limit between them to hold on a loaded machine.) glibc's allocat
 """
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
+from tests import script_server
 from tests.helpers import ROOT, script_env
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(900)]
@@ -31,8 +31,7 @@ NPROCS = 8
 def launch(logdir, meta: bool):
     env = script_env(META=int(meta), NPROCS=NPROCS, WIDTH=1024, BLOCKS=64, BUDGET_MIB=BUDGET,
                      MALLOC_MMAP_THRESHOLD_=65536, MALLOC_ARENA_MAX=1)
-    proc = subprocess.run([sys.executable, SCRIPT, str(logdir)], env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=600, cwd=ROOT)
+    proc = script_server.run([sys.executable, SCRIPT, str(logdir)], env=env, cwd=ROOT, timeout=600, merge=True)
     return proc.returncode, proc.stdout
 
 

@@ -3,13 +3,13 @@ samples counted once, and resume after kill -9 bitwise on the same mesh and samp
 import json
 import os
 import shutil
-import subprocess
 import sys
 from collections import Counter
 
 import pytest
 import torch
 
+from tests import script_server
 from tests.helpers import script_env
 from tests.resume_helpers import EXACT_KEYS, ROOT, differences
 from torchstage.files.checkpoint_read import load_checkpoint
@@ -22,8 +22,7 @@ SAMPLES = 96  # 6 train batches of 4 per rank and epoch on 4 data-parallel ranks
 
 def launch(logdir, resume=None, timeout=400, **env):
     args = [sys.executable, SCRIPT, str(logdir)] + ([str(resume)] if resume else [])
-    proc = subprocess.run(args, env=script_env(**env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=timeout, cwd=ROOT)
+    proc = script_server.run(args, env=script_env(**env), cwd=ROOT, timeout=timeout, merge=True)
     return {"code": proc.returncode, "out": proc.stdout, "logdir": str(logdir)}
 
 

@@ -4,12 +4,12 @@ Each under one mesh, the two meshes sharing the work (both were run under each w
 launches are the suite's price): the restart under tensor parallel, whose sample counts differ from its ranks'."""
 import csv
 import os
-import subprocess
 import sys
 
 import pytest
 import torch
 
+from tests import script_server
 from tests.helpers import ROOT, script_env
 from tests.resume_helpers import EXACT_KEYS, differences
 from tests.strategies.test_mesh import RUNS, final, launch, mesh_runs, reports  # noqa: F401 (a session fixture)
@@ -38,8 +38,8 @@ def test_a_rank_that_dies_is_restarted_and_monitor_and_report_see_the_mesh(mesh_
     assert {float(row["samples"]) for row in rows} == {96.0}
     first = rows[0]  # (the second epoch's figures count what the restarted attempt trained of it)
     assert float(first["samples_per_s"]) == pytest.approx(96 / float(first["time_s"]), rel=1e-3)
-    report = subprocess.run([sys.executable, "-m", "torchstage", "report", str(tmp_path / "run"), "-o",
-                             str(tmp_path / "report")], env=script_env(), cwd=ROOT, capture_output=True, text=True)
+    report = script_server.run([sys.executable, "-m", "torchstage", "report", str(tmp_path / "run"), "-o",
+                             str(tmp_path / "report")], env=script_env(), cwd=ROOT)
     assert report.returncode == 0, report.stderr
     table = (tmp_path / "report" / "report.md").read_text()
     assert "| 4 |" in table  # the world size of the run
@@ -72,8 +72,7 @@ def test_checkpoint_tools_read_a_tensor_parallel_checkpoint(mesh_runs, tmp_path)
     last = os.path.join(run["logdir"], "checkpoints", "last.pth")
 
     def tool(*args):
-        return subprocess.run([sys.executable, "-m", "torchstage", "checkpoint", *args], env=script_env(), cwd=ROOT,
-                              capture_output=True, text=True)
+        return script_server.run([sys.executable, "-m", "torchstage", "checkpoint", *args], env=script_env(), cwd=ROOT)
     inspected = tool("inspect", last)
     assert inspected.returncode == 0, inspected.stderr
     assert "mesh replicate 1 x shard 2 x tensor 2" in inspected.stdout, inspected.stdout

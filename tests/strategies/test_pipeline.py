@@ -3,12 +3,12 @@ global batch (1F1B and the looped Interleaved1F1B), each sample counted once on 
 rank; a killed run resumes bitwise on the same mesh and sample-exact on another pipeline depth."""
 import csv
 import os
-import subprocess
 import sys
 
 import pytest
 import torch
 
+from tests import script_server
 from tests.helpers import script_env
 from tests.resume_helpers import EXACT_KEYS, ROOT, differences
 from tests.strategies.test_mesh import Runs, assert_close_models, copy_of, each_once, final, reports, seen
@@ -34,8 +34,7 @@ RUNS = {  # 2 epochs of AdamW and StepLR, gradients clipped to norm 0.5, 96 trai
 
 def launch(logdir, resume=None, timeout=400, **env):
     args = [sys.executable, SCRIPT, str(logdir)] + ([str(resume)] if resume else [])
-    proc = subprocess.run(args, env=script_env(**env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=timeout, cwd=ROOT)
+    proc = script_server.run(args, env=script_env(**env), cwd=ROOT, timeout=timeout, merge=True)
     return {"code": proc.returncode, "out": proc.stdout, "logdir": str(logdir)}
 
 
@@ -78,8 +77,8 @@ def test_a_last_batch_that_the_microbatches_do_not_divide_trains_as_ddp(runs):
 
 def test_checkpoint_inspect_names_the_pipeline_dimension(runs):
     last = os.path.join(runs["pp-tp"]["logdir"], "checkpoints", "last.pth")
-    inspected = subprocess.run([sys.executable, "-m", "torchstage", "checkpoint", "inspect", last], env=script_env(),
-                               cwd=ROOT, capture_output=True, text=True)
+    inspected = script_server.run([sys.executable, "-m", "torchstage", "checkpoint", "inspect", last], env=script_env(),
+                                  cwd=ROOT)
     assert inspected.returncode == 0, inspected.stderr
     assert "mesh pipeline 2 x replicate 1 x shard 1 x tensor 2" in inspected.stdout, inspected.stdout
 

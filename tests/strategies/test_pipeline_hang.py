@@ -1,11 +1,11 @@
 """A stage of a pipeline that stops: the hang watchdog names each rank's pipeline stage, the stage the others wait
 for, and the send/recv between stages the waiting one is blocked in (issue 58). Real processes on gloo."""
 import os
-import subprocess
 import sys
 
 import pytest
 
+from tests import script_server
 from tests.helpers import ROOT, script_env
 
 SCRIPT = os.path.join(ROOT, "tests", "strategies", "scripts", "pipeline_hang.py")
@@ -13,8 +13,7 @@ pytestmark = [pytest.mark.distributed, pytest.mark.alone, pytest.mark.timeout(30
 
 
 def test_a_stopped_stage_is_named_with_the_send_recv_its_neighbour_waits_in(tmp_path):
-    result = subprocess.run([sys.executable, SCRIPT, str(tmp_path)], cwd=ROOT, env=script_env(), capture_output=True,
-                            text=True, timeout=240)
+    result = script_server.run([sys.executable, SCRIPT, str(tmp_path)], env=script_env(), cwd=ROOT, timeout=240)
     out = result.stdout + result.stderr
     assert result.returncode == 124, out[-3000:]
     assert "torchstage: hang detected on rank 1" in out, out[-3000:]

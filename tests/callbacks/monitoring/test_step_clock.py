@@ -3,11 +3,11 @@ wait at the end of backward under a real 2-rank DDP (gloo) where one rank is lat
 late one does not, and the gradients are the same as without the hooks, which come off again."""
 import json
 import statistics
-import subprocess
 import sys
 
 import pytest
 
+from tests import script_server
 from tests.helpers import ROOT, script_env
 from torchstage.callbacks.monitoring.step_clock import StepClock
 
@@ -44,9 +44,9 @@ def test_the_clock_sums_data_step_and_wait_per_window_and_loader():
 @pytest.mark.distributed
 @pytest.mark.timeout(200)
 def test_the_wait_at_the_end_of_backward_is_the_time_a_rank_waits_for_the_late_one(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+    result = script_server.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                              str(ROOT / "tests" / "callbacks" / "monitoring" / "scripts" / "backward_wait.py"),
-                             str(tmp_path)], cwd=ROOT, env=script_env(), capture_output=True, text=True, timeout=180)
+                             str(tmp_path)], env=script_env(), cwd=ROOT, timeout=180)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     early, late = (json.loads((tmp_path / f"wait-rank{r}.json").read_text()) for r in (0, 1))
     # rank 1 sleeps 50 ms before each step: rank 0 waits about that long in the all-reduce, rank 1 hardly at all

@@ -9,12 +9,12 @@ import csv
 import json
 import re
 import socket
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from tests import script_server
 from tests.callbacks.loggers.test_loggers import read_tensorboard_scalars
 from tests.callbacks.loggers.test_mlflow_logger import client_for, history, only_run
 from tests.helpers import ROOT, script_env
@@ -27,8 +27,8 @@ HOST = socket.gethostname().split(".")[0]
 
 
 def run(logdir, *options):
-    result = subprocess.run([sys.executable, str(SCRIPT), str(logdir), *map(str, options)], cwd=ROOT,
-                            env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=280)
+    result = script_server.run([sys.executable, str(SCRIPT), str(logdir), *map(str, options)], env=script_env(),
+                               cwd=ROOT, timeout=280, merge=True)
     assert result.returncode == 0, result.stdout[-4000:]
     return result.stdout
 
@@ -91,8 +91,8 @@ def test_the_per_rank_times_reach_the_csv_logs(compute):
 
 def test_diagnose_and_report_show_the_episode(compute, tmp_path, capsys):
     logdir, _ = compute
-    result = subprocess.run([sys.executable, "-m", "torchstage", "diagnose", str(logdir)], cwd=ROOT, env=script_env(),
-                            capture_output=True, text=True, timeout=60)
+    result = script_server.run([sys.executable, "-m", "torchstage", "diagnose", str(logdir)], env=script_env(),
+                               cwd=ROOT, timeout=60)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0] == f"straggler episodes in {logdir / 'logs' / 'stragglers.jsonl'}: 1"

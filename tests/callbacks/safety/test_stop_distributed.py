@@ -9,12 +9,12 @@ from a rank killed by SIGKILL on its own. About 30-60 s on 2 cores.
 """
 import os
 import re
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from tests import script_server
 from tests.resume_helpers import ROOT, checkpoint_differences, child_env
 from torchstage import load_checkpoint
 
@@ -25,8 +25,7 @@ pytestmark = [pytest.mark.distributed, pytest.mark.timeout(400)]
 def torchrun(logdir, *extra, resume=None, **env):
     args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", *extra,
             SCRIPT, str(logdir)] + ([resume] if resume else [])
-    return subprocess.run(args, env=child_env(**env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, timeout=300)
+    return script_server.run(args, env=child_env(**env), timeout=300, merge=True)
 
 
 @pytest.fixture(scope="module")

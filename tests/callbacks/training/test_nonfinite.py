@@ -2,12 +2,12 @@
 import csv
 import math
 import os
-import subprocess
 import sys
 
 import pytest
 import torch
 
+from tests import script_server
 from tests.resume_helpers import ROOT, child_env
 from torchstage import NonFiniteLossCallback, load_checkpoint
 
@@ -15,8 +15,8 @@ NAN_RUN = os.path.join(ROOT, "tests", "callbacks", "training", "scripts", "nan_r
 
 
 def nan_run(logdir, *args, **env):
-    proc = subprocess.run([sys.executable, NAN_RUN, str(logdir), *args], env=child_env(**env),
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=240)
+    proc = script_server.run([sys.executable, NAN_RUN, str(logdir), *args], env=child_env(**env), timeout=240,
+                             merge=True)
     return proc.returncode, proc.stdout
 
 

@@ -4,7 +4,6 @@ and resumed, it ends as the uninterrupted one; bounded by max_rollbacks; refused
 import json
 import os
 import re
-import subprocess
 import sys
 
 import pytest
@@ -12,6 +11,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from tests import script_server
 from tests.resume_helpers import ROOT, child_env, differences
 from torchstage import (Callback, LossSpikeError, NonFiniteLossCallback, NonFiniteLossError, SingleDevice,
                         SupervisedRunner, load_checkpoint)
@@ -23,8 +23,7 @@ SAME = ("models", "optimizers", "schedulers", "loop", "rng")
 
 
 def rollback_run(logdir, mode="rollback", **env):
-    proc = subprocess.run([sys.executable, SCRIPT, str(logdir), mode], env=child_env(**env), stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=240)
+    proc = script_server.run([sys.executable, SCRIPT, str(logdir), mode], env=child_env(**env), timeout=240, merge=True)
     return proc.returncode, proc.stdout
 
 

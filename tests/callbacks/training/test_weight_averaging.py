@@ -12,6 +12,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from tests import script_server
 from tests.resume_helpers import checkpoint_differences, child_env
 from torchstage import EMACallback, SupervisedRunner, SWACallback
 
@@ -126,8 +127,7 @@ def test_arguments_are_checked():
 @pytest.mark.timeout(300)
 def test_killed_run_resumes_bitwise_equal(tmp_path):
     def run(logdir, *extra, **env):
-        return subprocess.run([sys.executable, SCRIPT, str(logdir), *extra], env=child_env(**env),
-                              capture_output=True, text=True, timeout=120)
+        return script_server.run([sys.executable, SCRIPT, str(logdir), *extra], env=child_env(**env), timeout=120)
     reference = subprocess.Popen([sys.executable, SCRIPT, str(tmp_path / "ref")], env=child_env(),
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     killed = run(tmp_path / "killed", KILL_AT_BATCH=13)

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from tests import script_server
 from tests.helpers import ROOT
 from tests.launch.slurm.slurm_cluster import slurm_cluster  # noqa: F401 (session fixture)
 from torchstage.launch.slurm.step import master_port
@@ -29,7 +30,7 @@ def single(tmp_path_factory):
     logdir = tmp_path_factory.mktemp("single")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "MASTER_"))}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    result = subprocess.run([sys.executable, TRAIN, str(logdir)], env=env, capture_output=True, text=True, timeout=200)
+    result = script_server.run([sys.executable, TRAIN, str(logdir)], env=env, timeout=200)
     assert result.returncode == 0, result.stderr
     return reports(logdir, 1)[0]["metrics"]
 
