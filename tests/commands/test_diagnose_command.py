@@ -2,11 +2,12 @@
 traceback; with records of several attempts, the last one's, and a run that finished after them is no failure; the
 straggler episodes of a run."""
 import json
-import subprocess
+import os
 import sys
 
 import pytest
 
+from tests import script_server
 from tests.helpers import ROOT, straggler_logdir
 from torchstage.launch.flight_recorder import mark_finished, write_dump
 
@@ -17,8 +18,8 @@ def entry(seq, size=10, site="train.py:5 in step"):
 
 
 def diagnose(logdir):
-    result = subprocess.run([sys.executable, "-m", "torchstage", "diagnose", str(logdir)], cwd=ROOT,
-                            capture_output=True, text=True, timeout=60)
+    result = script_server.run([sys.executable, "-m", "torchstage", "diagnose", str(logdir)], env=dict(os.environ),
+                               cwd=ROOT, timeout=60)
     return result.returncode, result.stdout, result.stderr
 
 
@@ -78,8 +79,8 @@ def test_a_run_that_finished_after_a_failed_attempt_is_not_reported_as_failed(tm
 
 def test_diagnose_lists_the_episodes_of_a_run_without_a_failure(tmp_path):
     run = straggler_logdir(tmp_path / "slow")
-    result = subprocess.run([sys.executable, "-m", "torchstage", "diagnose", run], cwd=ROOT, capture_output=True,
-                            text=True, timeout=60)
+    result = script_server.run([sys.executable, "-m", "torchstage", "diagnose", run], env=dict(os.environ), cwd=ROOT,
+                               timeout=60)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0] == f"straggler episodes in {tmp_path / 'slow' / 'logs' / 'stragglers.jsonl'}: 1"
@@ -89,6 +90,6 @@ def test_diagnose_lists_the_episodes_of_a_run_without_a_failure(tmp_path):
     assert lines[2] == f"no collective records in {tmp_path / 'slow' / 'flight-recorder'} (written when a run of " \
                        f"several processes fails or hangs)"
     (tmp_path / "slow" / "logs" / "stragglers.jsonl").unlink()
-    result = subprocess.run([sys.executable, "-m", "torchstage", "diagnose", run], cwd=ROOT, capture_output=True,
-                            text=True, timeout=60)
+    result = script_server.run([sys.executable, "-m", "torchstage", "diagnose", run], env=dict(os.environ), cwd=ROOT,
+                               timeout=60)
     assert result.returncode == 0 and result.stdout.startswith("no straggler was named in this run")

@@ -1,12 +1,13 @@
 """Five faults of one rank among 4 real gloo processes (hang_timeout=30): each ends the job non-zero, fast, and the
 launcher's summary names the rank, where it was and, for collectives, the collective and its call site."""
 from pathlib import Path
-import subprocess
+import os
 import sys
 import time
 
 import pytest
 
+from tests import script_server
 from tests.helpers import ROOT, alive, run
 
 pytestmark = [pytest.mark.distributed, pytest.mark.alone]  # how fast a fault ends the job
@@ -58,8 +59,8 @@ def test_an_extra_collective_of_the_gradients_shape_is_named_by_its_line(tmp_pat
     assert "First collective the ranks called from different lines (group 'default_pg', #" in summary, summary
     assert "rank 0 in all_reduce(Float[2]) " in summary and f"(most likely rank 0's, called from " in summary, summary
     assert summary.count(site) >= 2 and "recorded collectives agree" not in summary, summary
-    diagnose = subprocess.run([sys.executable, "-m", "torchstage", "diagnose", str(tmp_path)], cwd=ROOT,
-                              capture_output=True, text=True, timeout=60)
+    diagnose = script_server.run([sys.executable, "-m", "torchstage", "diagnose", str(tmp_path)], env=dict(os.environ),
+                                 cwd=ROOT, timeout=60)
     assert diagnose.returncode == 1, diagnose.stdout + diagnose.stderr
     assert "collective records of 4 ranks" in diagnose.stdout and "called from different lines" in diagnose.stdout
     assert site in diagnose.stdout.split("called from different lines")[1], diagnose.stdout
@@ -71,8 +72,8 @@ def test_diagnose_after_a_restart_that_finished_reports_no_failure(tmp_path):
                  TORCHSTAGE_MAX_RESTARTS=1)
     out = result.stdout + result.stderr
     assert result.returncode == 0 and "rank 0 finished" in out and "the run finished on attempt 2 of 2" in out, out
-    diagnose = subprocess.run([sys.executable, "-m", "torchstage", "diagnose", str(tmp_path)], cwd=ROOT,
-                              capture_output=True, text=True, timeout=60)
+    diagnose = script_server.run([sys.executable, "-m", "torchstage", "diagnose", str(tmp_path)], env=dict(os.environ),
+                                 cwd=ROOT, timeout=60)
     assert diagnose.returncode == 0, diagnose.stdout + diagnose.stderr
     assert "collective records of 4 ranks" in diagnose.stdout and "called from different lines" in diagnose.stdout
     assert ("The run finished afterwards (attempt 1): these records describe a failure that a restart recovered "
@@ -97,8 +98,8 @@ def test_a_stalled_data_loader_is_named_and_diagnose_shows_who_is_behind(tmp_pat
             "no progress for 15 s") in summary, summary
     assert "stopped in " in summary and f"{line_of('time.sleep(3600)')} in __getitem__" in summary, summary
     assert "which rank 1 never reached" in summary, summary
-    diagnose = subprocess.run([sys.executable, "-m", "torchstage", "diagnose", str(tmp_path)], cwd=ROOT,
-                              capture_output=True, text=True, timeout=60)
+    diagnose = script_server.run([sys.executable, "-m", "torchstage", "diagnose", str(tmp_path)], env=dict(os.environ),
+                                 cwd=ROOT, timeout=60)
     assert diagnose.returncode == 1, diagnose.stdout + diagnose.stderr
     assert "collective records of 4 ranks" in diagnose.stdout
     assert ("ranks 0, 2, 3 entered all_reduce(" in diagnose.stdout and "which rank 1 never reached; rank 1 last ran"

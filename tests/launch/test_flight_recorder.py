@@ -2,9 +2,9 @@
 import json
 import os
 import pickle
-import subprocess
 import sys
 
+from tests import script_server
 from tests.helpers import ROOT
 from torchstage.launch.failures import explain
 from torchstage.launch.flight_recorder import (agreement, compact, differences, first_difference, point_dumps_to,
@@ -82,15 +82,15 @@ def test_nccl_dumps_are_pointed_into_the_logdir_unless_the_user_chose(tmp_path, 
 
 
 def test_diagnose_without_records_says_where_it_looked(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "torchstage", "diagnose", str(tmp_path)], cwd=ROOT,
-                            capture_output=True, text=True, timeout=60)
+    result = script_server.run([sys.executable, "-m", "torchstage", "diagnose", str(tmp_path)], env=dict(os.environ),
+                               cwd=ROOT, timeout=60)
     assert result.returncode == 2
     assert f"no collective records in {tmp_path / 'flight-recorder'}" in result.stderr
     (tmp_path / "flight-recorder").mkdir()
     (tmp_path / "flight-recorder" / "rank-0.json").write_text(json.dumps({"rank": 0, "entries": [entry(1)]}))
     (tmp_path / "flight-recorder" / "rank-1.json").write_text(json.dumps({"rank": 1, "entries": [entry(1)]}))
-    result = subprocess.run([sys.executable, "-m", "torchstage", "diagnose", str(tmp_path)], cwd=ROOT,
-                            capture_output=True, text=True, timeout=60)
+    result = script_server.run([sys.executable, "-m", "torchstage", "diagnose", str(tmp_path)], env=dict(os.environ),
+                               cwd=ROOT, timeout=60)
     assert result.returncode == 0 and "the ranks' recorded collectives agree (ranks 0, 1" in result.stdout
 
 

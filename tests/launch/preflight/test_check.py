@@ -13,6 +13,7 @@ import sys
 
 import pytest
 
+from tests import script_server
 from tests.helpers import ROOT, busy_core, script_env
 from tests.launch.test_mpi_launch import launcher
 
@@ -21,7 +22,7 @@ pytestmark = [pytest.mark.distributed, pytest.mark.alone, pytest.mark.timeout(30
 
 
 def run(command, timeout=200, **env):
-    return subprocess.run(command, cwd=ROOT, env=script_env(**env), capture_output=True, text=True, timeout=timeout)
+    return script_server.run(command, env=script_env(**env), cwd=ROOT, timeout=timeout)
 
 
 @pytest.fixture
@@ -49,7 +50,7 @@ def test_alike_ranks_under_torchrun_agree_and_exit_0():
 
 
 def test_a_rank_sharing_its_core_with_a_busy_process_is_named_and_exits_1(busy_core_0):
-    result = torchrun(3, PIN=0, NICE_RANK2=10)
+    result = torchrun(3, PIN=0, NICE_RANK2=5)
     out = result.stdout
     assert result.returncode != 0, out
     assert out.splitlines()[0].startswith("node ") and out.count("node ") == 1  # one host, one table
@@ -62,7 +63,7 @@ def test_a_rank_sharing_its_core_with_a_busy_process_is_named_and_exits_1(busy_c
 def test_the_command_under_its_own_launcher_ends_with_its_result_not_a_stopped_run(busy_core_0):
     """``torchstage preflight --nprocs`` trains nothing: its last line is the check's result, not "the run stopped
     gracefully ... before training" nor "not restarted"; the only host is not named slow."""
-    result = run([sys.executable, str(SCRIPTS / "slowed_preflight.py"), "--nprocs", "3"], PIN=0, NICE_RANK2=10)
+    result = run([sys.executable, str(SCRIPTS / "slowed_preflight.py"), "--nprocs", "3"], PIN=0, NICE_RANK2=5)
     out = result.stdout + result.stderr
     assert result.returncode == 1, out[-3000:]
     assert out.rstrip().splitlines()[-1] == "torchstage preflight: the check found slow rank 2 on " \
@@ -114,7 +115,7 @@ def test_train_with_preflight_trains_when_the_ranks_agree(tmp_path):
 
 def test_train_with_preflight_stops_every_rank_before_training_when_one_is_slow(tmp_path, busy_core_0):
     result = run([sys.executable, str(SCRIPTS / "preflight_train.py"), tmp_path], TORCHSTAGE_NPROC=3, PIN=0,
-                 NICE_RANK1=10)
+                 NICE_RANK1=5)
     output = result.stdout + result.stderr
     assert result.returncode == 1, output[-3000:]
     assert "pre-flight check:" in output and "rank 1 on " in output and "rank 0 on " not in output, output[-3000:]
