@@ -6,9 +6,10 @@ its own session, a parent-death signal, the rank's output pipes as fd 1 and 2 (u
 ``PYTHONUNBUFFERED``), the rank's environment, working directory and ``sys.orig_argv``, the signal handlers of a new
 interpreter, torch's intra-op thread count from ``OMP_NUM_THREADS``, torch and numpy generators seeded from the OS,
 fresh warning registries, and the modules of the program's own folder forgotten so that they run again, like the
-program (installed packages, torch and torchstage stay imported: that is the saving). The program then runs as ``__main__``, seeded with the launch seed (:mod:`seeded_entry`), and the rank
-ends as an interpreter does: an escaping error printed (without this module's frames), non-daemon threads joined,
-``atexit`` run, its garbage collected, output flushed; then ``os._exit`` with Python's exit code.
+program (installed packages, torch and torchstage stay imported: that is the saving). The program then runs as
+``__main__``, seeded with the launch seed (:mod:`seeded_entry`), and the rank ends as an interpreter does: an
+escaping error printed (without this module's frames), non-daemon threads joined, ``atexit`` run, its garbage
+collected, output flushed; then ``os._exit`` with Python's exit code.
 """
 import atexit
 import gc
