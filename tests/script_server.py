@@ -15,17 +15,17 @@ the main one or while another is under way in this process, and every script und
 import os
 import select
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 
-from torchstage.launch.rank_start import RANK_IMPORTS
+from torchstage.launch import rank_start
+from torchstage.launch.preloaded import reap
 from torchstage.launch.zygote import receive, send
 
 #: What the preloaded process imports: what almost every script imports, and what ranks import before a step.
-PRELOAD = ("torch", "numpy", "torchstage", *RANK_IMPORTS)
+PRELOAD = ("torch", "numpy", "torchstage", *rank_start.RANK_IMPORTS)
 #: Variables an interpreter (or a library it loads) reads as it starts: a script whose values differ from those a
 #: preloaded process started with is forked from another one, made with its values.
 STARTUP_PREFIXES = ("PYTHON", "LD_", "TORCH_", "KMP_", "MKL_", "OPENBLAS", "GLOG_", "MALLOC_", "CUDA_VISIBLE")
@@ -33,7 +33,6 @@ STARTUP_PREFIXES = ("PYTHON", "LD_", "TORCH_", "KMP_", "MKL_", "OPENBLAS", "GLOG
 APPLIED = ("PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE")
 FRESH_ENV = "TORCHSTAGE_TEST_FRESH"  # =1: every script in a fresh interpreter, as before (to tell the two apart)
 MAX_SERVERS = 4  # start-up environments seen in one test process (each preloaded process holds ~300 MiB)
-READY_SECONDS = 300.0
 
 _servers = {}
 _lock = threading.Lock()
@@ -74,7 +73,8 @@ def _server(env: dict):
     key = (os.getpid(), _startup(env))
     server = _servers.get(key)
     if server is not None and not server.alive():
-        server = _servers.pop(key).close()
+        _servers.pop(key).close()
+        server = None
     if server is None and len(_servers) < MAX_SERVERS:
         server = _servers[key] = _Server.make(env)
     return server
@@ -89,25 +89,8 @@ class _Server:
     @classmethod
     def make(cls, env: dict):
         """A preloaded process started with ``env``, ready; None where it could not be made (scripts start fresh)."""
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        try:
-            popen = subprocess.Popen([sys.executable, "-m", "torchstage.launch.zygote", str(theirs.fileno()),
-                                      str(os.getpid())], pass_fds=(theirs.fileno(),), env=env,
-                                     stdout=subprocess.DEVNULL)
-        finally:
-            theirs.close()
-        server = cls(ours, popen)
-        ours.settimeout(READY_SECONDS)
-        try:
-            send(ours, ("preload", list(PRELOAD)))
-            message, _ = receive(ours)
-        except OSError:
-            message = None
-        ours.settimeout(None)
-        if message is None or message[2] is not None:
-            server.close()
-            return None
-        return server
+        made, _ = rank_start._fresh_process([], PRELOAD, env=env)
+        return None if made is None else cls(made[0], made[2])
 
     def alive(self) -> bool:
         """True while the preloaded process runs."""
@@ -116,11 +99,7 @@ class _Server:
     def close(self) -> None:
         """End the preloaded process (closing its socket ends it) and reap it."""
         self.sock.close()
-        try:
-            self.popen.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.popen.kill()
-            self.popen.wait()
+        reap(self.popen.pid, self.popen)
 
     def run(self, command: list, env: dict, cwd: str, timeout, merge: bool) -> subprocess.CompletedProcess:
         """Fork ``command`` (``python PROGRAM...``) and wait for its end, reading its output as it comes (stdout and

@@ -116,13 +116,13 @@ def _fork_here(preload):
     return _ready(ours, pid, None)
 
 
-def _fresh_process(options: list, preload):
-    """A preloaded process started as a new interpreter (``python -m torchstage.launch.zygote``), importing
-    ``preload``."""
+def _fresh_process(options: list, preload, env: dict = None):
+    """A preloaded process started as a new interpreter (``python -m torchstage.launch.zygote``; with ``env``, else
+    this process's environment), importing ``preload``."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         popen = subprocess.Popen([sys.executable, *options, "-m", "torchstage.launch.zygote", str(theirs.fileno()),
-                                  str(os.getpid())], pass_fds=(theirs.fileno(),), stdout=subprocess.DEVNULL)
+                                  str(os.getpid())], pass_fds=(theirs.fileno(),), stdout=subprocess.DEVNULL, env=env)
     except OSError as exc:
         ours.close()
         return None, f"cannot start it ({exc})"
