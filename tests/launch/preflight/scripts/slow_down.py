@@ -3,7 +3,11 @@ neighbour: ``PIN=<cpu>`` pins every process, ``PIN_RANK<k>`` / ``PIN_NODE<k>`` t
 k (``SLURM_NODEID``); ``NICE_RANK<k>`` / ``NICE_NODE<k>`` lower its priority by that much, its session's too (the
 kernel shares CPU time between sessions first, ``/proc/self/autogroup``; the tasks of one SLURM node share
 slurmstepd's session), so that another session's busy process on its core leaves it less time than the others
-get, whatever else runs on the machine."""
+get, whatever else runs on the machine.
+
+``restored()`` undoes it once the check is over: what the tests judge is the check, and a starved process's exit
+(finalizing torch on an eighth of a core) at times took minutes, which no test is about."""
+import contextlib
 import os
 
 
@@ -12,6 +16,10 @@ def rank() -> str:
         if os.environ.get(name, "") != "":
             return os.environ[name]
     return ""
+
+
+_AUTOGROUP = "/proc/self/autogroup"
+_slowed = []  # what slow_down_this_process changed: "cpu", "nice", "autogroup"
 
 
 def slow_down_this_process() -> None:
@@ -24,9 +32,30 @@ def slow_down_this_process() -> None:
             os.sched_setaffinity(task, {int(cpu)})
         if nice:
             os.setpriority(os.PRIO_PROCESS, task, int(nice))
+    _slowed.extend(["cpu"] * bool(cpu) + ["nice"] * bool(nice))
     # the session's group: a SLURM node's tasks share one (slurmstepd's), a worker of torchrun or torchstage's
     # launcher leads its own; a rank's nice must not reach the other ranks of its session
     own = env.get(f"NICE_NODE{node}") or os.getsid(0) == os.getpid()
-    if nice and own and os.path.exists("/proc/self/autogroup"):
-        with open("/proc/self/autogroup", "w") as f:
+    if nice and own and os.path.exists(_AUTOGROUP):
+        with open(_AUTOGROUP, "w") as f:
             f.write(nice)
+        _slowed.append("autogroup")
+
+
+@contextlib.contextmanager
+def restored():
+    """Run the block (the check), then give this process back every CPU and the normal priority, where
+    :func:`slow_down_this_process` took them."""
+    try:
+        yield
+    finally:
+        everything = set(range(os.cpu_count() or 1))
+        for task in map(int, os.listdir("/proc/self/task")):
+            with contextlib.suppress(OSError):  # a thread that ended meanwhile
+                if "cpu" in _slowed:
+                    os.sched_setaffinity(task, everything)
+                if "nice" in _slowed:
+                    os.setpriority(os.PRIO_PROCESS, task, 0)
+        if "autogroup" in _slowed:
+            with open(_AUTOGROUP, "w") as f:
+                f.write("0")

@@ -9,10 +9,12 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402,F401 (imported before the process is slowed)
-from slow_down import slow_down_this_process  # noqa: E402
+from slow_down import restored, slow_down_this_process  # noqa: E402
 
 from torchstage.cli import main  # noqa: E402
 
 if __name__ == "__main__":
     slow_down_this_process()
-    sys.exit(main(["preflight", *sys.argv[1:]]))
+    with restored():
+        code = main(["preflight", *sys.argv[1:]])
+    sys.exit(code)
