@@ -49,6 +49,8 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "mpi: runs a real mpirun or mpiexec")
     config.addinivalue_line("markers", "alone: times what its processes do, or needs every core: scripts/test.sh runs "
                                        "these one at a time after the others, with nothing beside them")
+    config.addinivalue_line("markers", "waits: waits out timeouts of seconds (a hang, a start-up, a keep-alive): "
+                                       "scripts/test.sh runs these two at a time, never beside the CPU-bound others")
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the groups into the test ids

@@ -19,7 +19,7 @@ from tests.helpers import free_port
 from tests.resume_helpers import ROOT, child_env
 from torchstage import load_checkpoint, load_model_weights
 
-pytestmark = [pytest.mark.distributed, pytest.mark.alone]  # rendezvous keep-alives of 1-3 s
+pytestmark = [pytest.mark.distributed, pytest.mark.waits]  # rendezvous keep-alives of 1-3 s
 
 SCRIPT = os.path.join(ROOT, "tests", "launch", "scripts", "elastic_run.py")
 

@@ -10,7 +10,7 @@ import pytest
 from tests import script_server
 from tests.helpers import ROOT, alive, run
 
-pytestmark = [pytest.mark.distributed, pytest.mark.alone]  # how fast a fault ends the job
+pytestmark = [pytest.mark.distributed, pytest.mark.waits]  # how fast a fault ends the job
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 

@@ -11,7 +11,7 @@ import torch
 
 from tests.resume_helpers import ROOT, child_env
 
-pytestmark = [pytest.mark.distributed, pytest.mark.alone]  # how fast a signal stops the workers
+pytestmark = [pytest.mark.distributed, pytest.mark.waits]  # how fast a signal stops the workers
 
 SCRIPT = os.path.join(ROOT, "tests", "launch", "slurm", "scripts", "preempted_train.py")
 

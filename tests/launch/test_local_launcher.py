@@ -22,7 +22,7 @@ def pids(logdir):
     return [int(p.name) for p in folder.iterdir()] if folder.is_dir() else []
 
 
-@pytest.mark.alone  # how fast
+@pytest.mark.waits  # how fast
 @pytest.mark.timeout(120)
 def test_a_failing_rank_stops_the_run_fast_with_its_traceback(tmp_path):
     result = run([PROBE, tmp_path], nproc=2, PROBE_FAIL="1:2")

@@ -125,7 +125,7 @@ def test_a_late_rendezvous_lists_the_ranks_on_its_store_or_says_the_store_does_n
 
 
 # ---- 2 real gloo ranks ------------------------------------------------------------------------------------
-@pytest.mark.alone  # start-up timeouts of seconds
+@pytest.mark.waits  # start-up timeouts of seconds
 @pytest.mark.distributed
 @pytest.mark.timeout(240)
 def test_a_rank_stuck_building_its_datasets_ends_the_job_naming_the_rank_the_phase_and_the_line(tmp_path):
@@ -147,7 +147,7 @@ def test_a_rank_stuck_building_its_datasets_ends_the_job_naming_the_rank_the_pha
           f"({time.monotonic() - started:.0f} s in all)")
 
 
-@pytest.mark.alone  # start-up timeouts of seconds
+@pytest.mark.waits  # start-up timeouts of seconds
 @pytest.mark.distributed
 @pytest.mark.timeout(240)
 def test_a_rendezvous_waiting_for_a_rank_says_which_it_has_and_lacks(tmp_path):
@@ -197,7 +197,7 @@ def built_op(tmp_path_factory):
     return folder
 
 
-@pytest.mark.alone  # start-up timeouts of seconds
+@pytest.mark.waits  # start-up timeouts of seconds
 @pytest.mark.distributed
 @pytest.mark.timeout(300)
 def test_deepspeed_waiting_for_a_stale_build_lock_ends_the_job_naming_the_lock(tmp_path):
@@ -219,7 +219,7 @@ def test_deepspeed_waiting_for_a_stale_build_lock_ends_the_job_naming_the_lock(t
     print(f"stale lock: job ended after {seconds:.0f} s")
 
 
-@pytest.mark.alone  # start-up timeouts of seconds
+@pytest.mark.waits  # start-up timeouts of seconds
 @pytest.mark.distributed
 @pytest.mark.timeout(900)
 def test_deepspeed_without_the_lock_trains_and_shows_the_op_lines_once(tmp_path, built_op):

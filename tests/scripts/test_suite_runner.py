@@ -58,21 +58,21 @@ def pytest_calls(calls):
 def test_ci_run_passes_when_every_part_passes_and_runs_every_part(tree):
     result, calls = run(tree, [".ci/run"])
     assert result.returncode == 0, result.stdout + result.stderr
-    assert len(pytest_calls(calls)) == 2 and sum("sphinx" in c for c in calls) == 1
+    assert len(pytest_calls(calls)) == 3 and sum("sphinx" in c for c in calls) == 1
     assert any("slurm-local.sh up" in c for c in calls)
-    for part in ("install-torch", "slurm-up", "install", "parallel", "alone", "docs"):
+    for part in ("install-torch", "slurm-up", "install", "parallel", "waits", "alone", "docs"):
         assert table_row(result.stdout, part) == 0
     assert "3 passed in 0.10s" in result.stdout.split("\npart ")[-1]  # each pytest part's summary line
 
 
-@pytest.mark.parametrize("fail, part", [("not alone", "parallel"), ("-m alone", "alone"),
+@pytest.mark.parametrize("fail, part", [("not alone", "parallel"), ("-m waits", "waits"), ("-m alone", "alone"),
                                         ("sphinx", "docs")])
 def test_ci_run_fails_when_a_part_fails_and_still_runs_the_others(tree, fail, part):
     result, calls = run(tree, [".ci/run"], fail=fail)
     assert result.returncode != 0, result.stdout
     assert table_row(result.stdout, part) == 1 and "FAILED: 1 part(s)" in result.stdout
     # one run shows every failure: the parts after the failed one ran too
-    assert len(pytest_calls(calls)) == 2 and sum("sphinx" in c for c in calls) == 1
+    assert len(pytest_calls(calls)) == 3 and sum("sphinx" in c for c in calls) == 1
     assert any("slurm-local.sh down" in c for c in calls)  # the cluster is stopped on the way out
 
 
@@ -85,11 +85,11 @@ def test_ci_run_stops_with_an_error_when_an_install_or_the_cluster_fails(tree, f
     assert not pytest_calls(calls)  # no test part runs on a broken installation
 
 
-@pytest.mark.parametrize("fail", ["not alone", "-m alone"])
-def test_the_readme_test_command_fails_when_either_part_fails(tree, fail):
+@pytest.mark.parametrize("fail", ["not alone", "-m waits", "-m alone"])
+def test_the_readme_test_command_fails_when_any_part_fails(tree, fail):
     result, calls = run(tree, ["scripts/test.sh"], fail=fail)
     assert result.returncode != 0 and "FAILED: 1 part(s)" in result.stdout
-    assert len(pytest_calls(calls)) == 2
+    assert len(pytest_calls(calls)) == 3
     result, calls = run(tree, ["scripts/test.sh"])
     assert result.returncode == 0, result.stdout
 
@@ -100,15 +100,15 @@ def test_the_rows_file_gets_this_runs_parts_and_no_command_a_part_runs_sees_it(t
     rows = tree / "rows"
     result, calls = run(tree, ["scripts/test.sh"], TORCHSTAGE_PARTS_ROWS=str(rows))
     assert result.returncode == 0, result.stdout
-    assert [line.split("\t")[1].split()[0] for line in rows.read_text().splitlines()] == ["parallel", "alone"]
-    assert len(pytest_calls(calls)) == 2 and not [c for c in calls if "sees TORCHSTAGE_PARTS_ROWS" in c]
+    assert [line.split("\t")[1].split()[0] for line in rows.read_text().splitlines()] == ["parallel", "waits", "alone"]
+    assert len(pytest_calls(calls)) == 3 and not [c for c in calls if "sees TORCHSTAGE_PARTS_ROWS" in c]
 
 
 def test_every_part_runs_in_one_printed_random_order_that_a_seed_replays(tree):
     result, calls = run(tree, ["scripts/test.sh"])
     seed = re.search(r"test order seed (\d+)", result.stdout)[1]
     assert f"TORCHSTAGE_TEST_SEED={seed} bash scripts/test.sh" in result.stdout  # how to replay it
-    assert len(pytest_calls(calls)) == 2
+    assert len(pytest_calls(calls)) == 3
     assert all(f"-p randomly --randomly-seed={seed}" in c for c in pytest_calls(calls))
     tree.joinpath("calls").unlink()
     result, calls = run(tree, ["scripts/test.sh"], TORCHSTAGE_TEST_SEED="4242")

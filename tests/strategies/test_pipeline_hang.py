@@ -9,7 +9,7 @@ from tests import script_server
 from tests.helpers import ROOT, script_env
 
 SCRIPT = os.path.join(ROOT, "tests", "strategies", "scripts", "pipeline_hang.py")
-pytestmark = [pytest.mark.distributed, pytest.mark.alone, pytest.mark.timeout(300)]  # an 8 s hang_timeout
+pytestmark = [pytest.mark.distributed, pytest.mark.waits, pytest.mark.timeout(300)]  # an 8 s hang_timeout
 
 
 def test_a_stopped_stage_is_named_with_the_send_recv_its_neighbour_waits_in(tmp_path):

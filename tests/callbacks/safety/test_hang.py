@@ -6,7 +6,7 @@ import pytest
 
 from tests.helpers import alive, run
 
-pytestmark = [pytest.mark.distributed, pytest.mark.alone]  # a 3 s hang_timeout
+pytestmark = [pytest.mark.distributed, pytest.mark.waits]  # a 3 s hang_timeout
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 

@@ -54,7 +54,7 @@ def test_srun_plus_torchrun_per_node_forms_one_world_of_four(slurm_cluster, tmp_
     assert [r["node_rank"] for r in ranks] == [0, 0, 1, 1]
 
 
-@pytest.mark.alone  # how fast it fails
+@pytest.mark.waits  # how fast it fails
 def test_sbatch_of_two_tasks_without_srun_fails_fast_with_the_fix(slurm_cluster, tmp_path):  # noqa: F811
     out = tmp_path / "job.out"
     start = time.monotonic()

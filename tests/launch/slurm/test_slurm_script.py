@@ -115,7 +115,7 @@ def test_submit_waits_on_real_cluster(slurm_cluster, tmp_path, monkeypatch, caps
     assert [x for x in lines if x] == ["rank 0 node1", "rank 1 node2"]
 
 
-@pytest.mark.alone  # how fast the job ends
+@pytest.mark.waits  # how fast the job ends
 def test_submit_from_stdin_failing_task_ends_job(slurm_cluster, tmp_path, monkeypatch, capsys):
     """No --save: the script goes to sbatch on stdin. Task 1 fails, --kill-on-bad-exit ends task 0's sleep."""
     for k, v in slurm_cluster.items():
