@@ -15,7 +15,7 @@ EXACT_KEYS = ("models", "optimizers", "schedulers", "loop", "metrics", "callback
 
 def child_env(**extra) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KILL_", "SIGNAL_", "MARK_", "PERIOD"))}
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH", "")) if p)  # no empty entry (the cwd)
     env.update({k: str(v) for k, v in extra.items()})
     return env
 

@@ -98,3 +98,48 @@ def test_a_script_whose_start_up_environment_differs_gets_a_preloaded_process_of
     result = script_server.run([sys.executable, "-c", "import only_here; print(only_here.WHERE)"], env=env,
                                timeout=60)
     assert result.stdout == "extra\n", result.stderr
+
+
+def test_scripts_from_several_threads_are_forked_side_by_side(tmp_path):
+    """Threads (a fixture's thread pool) run their scripts at once, each forked, each getting its own output and
+    exit code; a thread's timeout ends only its own script."""
+    from concurrent.futures import ThreadPoolExecutor
+    env = script_env()
+    assert script_server.run([sys.executable, "-c", "pass"], env=env, timeout=60).returncode == 0  # made here
+    started = tmp_path / "started"
+    started.mkdir()
+    # each waits until all four have started: they run side by side, not one after another
+    code = ("import os, sys, time\nopen(os.path.join(sys.argv[1], sys.argv[2]), 'w').close()\n"
+            "while len(os.listdir(sys.argv[1])) < 4: time.sleep(0.05)\n"
+            "print(sys.argv[2], 'torch' in sys.modules)\nsys.exit(int(sys.argv[2]))")
+
+    def one(index):
+        return script_server.run([sys.executable, "-c", code, started, str(index)], env=env, timeout=120)
+
+    def late():
+        with pytest.raises(subprocess.TimeoutExpired):
+            script_server.run([sys.executable, "-c", "import time; time.sleep(600)"], env=env, timeout=3)
+
+    with ThreadPoolExecutor(max_workers=5) as pool:
+        sleeping = pool.submit(late)
+        results = list(pool.map(one, range(4)))
+        sleeping.result()
+    # torch loaded before the script's first line: forked from the preloaded process, not a fresh interpreter
+    assert [(r.returncode, r.stdout) for r in results] == [(i, f"{i} True\n") for i in range(4)]
+
+
+def test_a_preloaded_process_made_for_a_pool_thread_outlives_the_thread(tmp_path, monkeypatch):
+    """A fixture's pool thread may be the first to run a script: the preloaded process it gets is not tied to that
+    thread (PDEATHSIG would end it with the thread), so the next script is forked from the same one."""
+    from concurrent.futures import ThreadPoolExecutor
+    monkeypatch.setattr(script_server, "_servers", {})  # this test's own preloaded processes, whatever ran before
+    env = script_env()
+    parent = [sys.executable, "-c", "import os; print(os.getppid())"]
+    try:
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            first = pool.submit(script_server.run, parent, env, None, 60).result()
+        second = script_server.run(parent, env=env, timeout=60)  # the pool's thread has ended
+        assert first.stdout == second.stdout != f"{os.getpid()}\n", (first, second)  # one preloaded process's children
+    finally:
+        for server in script_server._servers.values():
+            server.close()
