@@ -3,7 +3,8 @@ before ``import torchstage`` (``AFTER_IMPORT=1``: after it, as the refusal's adv
 
 Usage: python rank_data.py LOGDIR (TORCHSTAGE_NPROC=2: torchstage starts the ranks), or under torchrun. Each rank
 prints ``checksum <rank> <sum of X>`` and, after training, ``valid <rank> <the run's valid loss> <the final model's
-MSE on this rank's X, y>``.
+MSE on this rank's X, y>`` (9 significant digits: the two sum in different orders, so they agree to float32's
+rounding, not bit for bit).
 """
 import os
 import sys
@@ -37,4 +38,4 @@ runner.train(model=model, criterion=torch.nn.MSELoss(), optimizer=torch.optim.SG
              distributed=True if os.environ.get("TORCHSTAGE_NPROC") else None, overwrite=True)
 with torch.no_grad():
     mse = torch.nn.functional.mse_loss(model(X), y).item()
-say(f"valid {rank} {runner.epoch_metrics['valid']['loss']:.6f} {mse:.6f}")
+say(f"valid {rank} {runner.epoch_metrics['valid']['loss']:.9g} {mse:.9g}")
