@@ -41,7 +41,9 @@ def test_a_slow_node_is_named_with_the_exclude_and_exit_1(slurm_cluster, busy_co
     assert "node node1 (2 ranks)" in out and "node node2 (2 ranks)" in out
     # every rank of node2 is slow: said of the node, not of its ranks one by one (issue 57)
     assert "host node2, all its 2 ranks (2-3): matmul" in out and "the node, not one rank" in out, out
-    assert "host node1" not in out and " on node1:" not in out, out
+    # node1 is no outlier (on a loaded machine a "confidence low: host node1 is shared" note may name it above)
+    outliers = out.split("outliers (", 1)[1]
+    assert "host node1" not in outliers and " on node1:" not in outliers, out
     assert out.rstrip().endswith("resubmit without them: --exclude=node2"), out
 
 
