@@ -147,6 +147,10 @@ class _Server:
                 with self.sending:
                     send(self.sock, {"id": script.id, "program": command[1:], "env": env, "cwd": cwd,
                                      "orig_argv": command}, (out_w, err_w))
+            except OSError:
+                with self.guard:
+                    self.runs.pop(script.id, None)  # never sent: no message will be about it
+                raise
             finally:
                 os.close(out_w)
                 if not merge:

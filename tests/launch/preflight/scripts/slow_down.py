@@ -19,7 +19,7 @@ def rank() -> str:
 
 
 _AUTOGROUP = "/proc/self/autogroup"
-_slowed = []  # what slow_down_this_process changed: "cpu", "nice", "autogroup"
+_before = {}  # what slow_down_this_process changed, as it was: "cpus", "nice", "autogroup"
 
 
 def slow_down_this_process() -> None:
@@ -27,35 +27,38 @@ def slow_down_this_process() -> None:
     env, node, me = os.environ, os.environ.get("SLURM_NODEID", ""), rank()
     cpu = env.get(f"PIN_RANK{me}") or env.get(f"PIN_NODE{node}") or env.get("PIN", "")
     nice = env.get(f"NICE_RANK{me}") or env.get(f"NICE_NODE{node}") or ""
+    if cpu:
+        _before["cpus"] = os.sched_getaffinity(0)
+    if nice:
+        _before["nice"] = os.getpriority(os.PRIO_PROCESS, 0)
     for task in map(int, os.listdir("/proc/self/task")):
         if cpu:
             os.sched_setaffinity(task, {int(cpu)})
         if nice:
             os.setpriority(os.PRIO_PROCESS, task, int(nice))
-    _slowed.extend(["cpu"] * bool(cpu) + ["nice"] * bool(nice))
     # the session's group: a SLURM node's tasks share one (slurmstepd's), a worker of torchrun or torchstage's
     # launcher leads its own; a rank's nice must not reach the other ranks of its session
     own = env.get(f"NICE_NODE{node}") or os.getsid(0) == os.getpid()
     if nice and own and os.path.exists(_AUTOGROUP):
+        with open(_AUTOGROUP) as f:
+            _before["autogroup"] = f.read().split()[-1]  # "/autogroup-<n> nice <value>"
         with open(_AUTOGROUP, "w") as f:
             f.write(nice)
-        _slowed.append("autogroup")
 
 
 @contextlib.contextmanager
 def restored():
-    """Run the block (the check), then give this process back every CPU and the normal priority, where
-    :func:`slow_down_this_process` took them."""
+    """Run the block (the check), then give this process back the CPUs, priority and session group's priority
+    that :func:`slow_down_this_process` changed."""
     try:
         yield
     finally:
-        everything = set(range(os.cpu_count() or 1))
         for task in map(int, os.listdir("/proc/self/task")):
             with contextlib.suppress(OSError):  # a thread that ended meanwhile
-                if "cpu" in _slowed:
-                    os.sched_setaffinity(task, everything)
-                if "nice" in _slowed:
-                    os.setpriority(os.PRIO_PROCESS, task, 0)
-        if "autogroup" in _slowed:
+                if "cpus" in _before:
+                    os.sched_setaffinity(task, _before["cpus"])
+                if "nice" in _before:
+                    os.setpriority(os.PRIO_PROCESS, task, _before["nice"])
+        if "autogroup" in _before:
             with open(_AUTOGROUP, "w") as f:
-                f.write("0")
+                f.write(_before["autogroup"])
