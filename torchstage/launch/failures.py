@@ -15,6 +15,8 @@ from typing import Optional
 from torchstage.launch.flight_recorder import agreement, call_site, differences, valid_entries
 
 FAILURE_DIR_ENV = "TORCHSTAGE_FAILURE_DIR"
+#: How the record of a rank that left a distributed run on its own (``sys.exit`` while its peers train) begins.
+LEFT_THE_RUN = "left the run:"
 #: Words of gloo's and NCCL's own errors when the ranks ran different collectives (or different sizes in one).
 _MISMATCH = ("collective mismatch", "op.preamble.length", "Received data size", "desync", "mismatch between collectives")
 

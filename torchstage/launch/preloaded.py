@@ -27,8 +27,13 @@ class RankProcess:
     def __init__(self, stdout, stderr):
         """``stdout``, ``stderr``: the read ends of the rank's output pipes."""
         self.stdout, self.stderr, self.returncode = stdout, stderr, None
-        self._pid, self._fresh = None, None
+        self._pid, self._fresh, self.ended_at = None, None, None
         self._known, self._ended = threading.Event(), threading.Event()
+
+    @property
+    def fresh(self):
+        """The ``Popen`` of the fresh interpreter it was started as, None while it is (or was) a preloaded fork."""
+        return self._fresh
 
     @property
     def pid(self) -> int:
@@ -60,7 +65,7 @@ class RankProcess:
 
     def ended(self, code: int) -> None:
         """The preloaded process reported the rank's end with ``code``."""
-        self.returncode = code
+        self.returncode, self.ended_at = code, time.monotonic()
         self._ended.set()
 
 

@@ -7,7 +7,7 @@ too, with the line it left from: its peers only see their connections close.
 import sys
 import traceback
 
-from torchstage.launch.failures import record_failure, where
+from torchstage.launch.failures import LEFT_THE_RUN, record_failure, where
 from torchstage.launch.flight_recorder import TAIL, recent, write_dump
 from torchstage.launch.terminate_hook import on_terminate
 
@@ -24,7 +24,7 @@ def record_run_failure(runner, exc: BaseException) -> None:
     if isinstance(exc, SystemExit):
         if not engine.is_distributed:
             return  # one process that exits: nobody waits for it
-        error = f"left the run: SystemExit({exc.code!r}) raised at {left_from(exc)}, while the other ranks train"
+        error = f"{LEFT_THE_RUN} SystemExit({exc.code!r}) raised at {left_from(exc)}, while the other ranks train"
         sys.stderr.write(f"torchstage: rank {engine.rank} {error} (at {where({'position': position})}); they will "
                          f"fail or wait for it\n")
         sys.stderr.flush()
