@@ -196,3 +196,31 @@ def test_an_agreement_without_train_batches_between_slow_windows_is_passed_over(
     (finding, began), = detector._found
     assert (finding.kind, finding.rank, finding.part) == ("slow", 1, "compute")
     assert began == detector._first  # slow from the first agreement on
+
+
+def test_a_slowdown_is_dated_where_it_began_not_at_noise_before_it():
+    """On a shared core a rank's figures jitter from agreement to agreement: here rank 1 is 30 % slower in one
+    agreement and 10 % faster in the next, windows of 2 s even out at +10 % (not slow), and then it is slow in
+    earnest. Dated at the first slow agreement: noise never ran two fast agreements in a row, which walked the
+    date back to the run's first batch (a loaded CI run said "slow since global batch 86" of a slowdown at 512)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from torchstage.callbacks.monitoring.straggler_rule import StragglerRule
+    detector = StragglerDetector(window=1.0)
+    detector._world, detector._rank = 2, 0
+    detector._rule = StragglerRule(2, 0.2, 1.0, 3, 0.05)
+    detector._loop = SimpleNamespace(stage_key="main", epoch=1, global_batch_step=0)
+    detector._first = detector._mark()
+
+    def agreement(rank1_us, batches=50):  # rank 0 computes 10 ms a batch and waits for rank 1 when it is slower
+        wait = max(rank1_us - 10_000, 0) * batches
+        return torch.tensor([0, 10_000 * batches, wait, batches, 0, rank1_us * batches, 0, batches], dtype=torch.int64)
+
+    for rank1_us in [13_000, 9_000] * 8 + [20_000] * 6:  # 8 windows of noise, then 3 slow windows
+        detector._loop.global_batch_step += 50
+        detector.arrived(agreement(rank1_us))
+    (finding, began), = detector._found
+    assert (finding.kind, finding.rank, finding.part, finding.windows) == ("slow", 1, "compute", 3)
+    assert began[1]["global_batch_step"] == 16 * 50  # the end of the last noisy agreement: the slowdown's start

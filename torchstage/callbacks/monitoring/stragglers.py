@@ -38,6 +38,8 @@ PER_RANK_LIMIT = 64
 #: Agreements kept to date a finding (about a minute at two a second); those covering fewer seconds of training are
 #: too noisy to date one (each train loader starts with agreements after 1, 4, 16... batches).
 RECENT, BRIEF = 128, 0.2
+#: What an agreement that does not show a finding's change weighs against the 1 of one that does, in dating it.
+MISS = 2.0
 
 
 class StragglerDetector(Callback, Rider):
@@ -68,7 +70,7 @@ class StragglerDetector(Callback, Rider):
         self.threshold, self.window, self.patience, self.min_share = threshold, float(window), patience, min_share
         self._clock = self._wait = self._rule = self._files = None
         self._found, self._episodes, self._places, self._recent, self._first, self._loop = [], {}, [], [], None, None
-        self._meter, self._loads = None, []  # the main rank's node load, per window judged
+        self._meter, self._loads, self._windows = None, [], 0  # the main rank's node load, per window judged
 
     # ---- the run ---------------------------------------------------------------------------------
     def on_experiment_start(self, runner):
@@ -83,7 +85,9 @@ class StragglerDetector(Callback, Rider):
         self._clock = StepClock(self._wait)
         self._found, self._episodes = [], {}
         self._loop = runner.loop
-        self._recent, self._first = [], None  # (end mark, seconds, batches) of recent agreements; the first start
+        # (end mark, seconds, batches, window) of recent agreements (the window: how many the rule had judged before
+        # it); the first train loader's start
+        self._recent, self._first, self._windows = [], None, 0
         self._rule = StragglerRule(self._world, self.threshold, self.window, self.patience, self.min_share) \
             if self._main else None
         logdir = runner.spec.logdir if runner.spec is not None else None
@@ -155,12 +159,14 @@ class StragglerDetector(Callback, Rider):
             return
         data, compute, waited = ([row[i] / 1e6 for row in rows] for i in range(3))
         mark = self._mark()
-        self._recent = (self._recent + [(mark, {"data": data, "compute": compute, "wait": waited}, batches)])
+        self._recent = self._recent + [(mark, {"data": data, "compute": compute, "wait": waited}, batches,
+                                        self._windows)]
         self._recent = self._recent[-max(16, min(RECENT, 131_072 // self._world)):]  # a few MB on the main rank
         window = self._rule.last_window
         found = self._rule.add(data, compute, waited, batches)
         if self._rule.last_window is window:
             return
+        self._windows += 1
         if self._meter is not None:
             self._loads = (self._loads + [self._meter.take()])[-RECENT:]
         for finding in found:
@@ -170,26 +176,29 @@ class StragglerDetector(Callback, Rider):
                                                                  for part, values in self._rule.last_window.items()})
 
     def _began(self, finding) -> tuple:
-        """When and where the change a finding reports began: the start of the earliest of the agreements in a row,
-        ending with the newest, in which the rank was already slow (for "slow", "worse") or no longer slow (for
-        "recovered"), by the rule's own test on each agreement's figures (agreements of under :data:`BRIEF` seconds
-        left out); one agreement that says otherwise (a blip) does not end the row, two in a row do."""
+        """When and where the change a finding reports began, to the agreement: the start of the agreement from
+        which on the rank was slow (for "slow", "worse") or no longer slow (for "recovered") by the rule's own test
+        on each agreement's figures, most consistently: each agreement that agrees counts 1, each that does not
+        :data:`MISS` (a change point: a blip in the run costs little, noise before it on a shared core cannot add
+        up). Only the agreements of the windows that led to the finding and of the one before them are weighed:
+        that window, as a whole, did not show the change, so it cannot have begun earlier. Agreements of under
+        :data:`BRIEF` seconds are left out."""
         rule, rank, part = self._rule, finding.rank, finding.part
         test = (lambda *figures: not rule.slow(*figures)) if finding.kind == "recovered" else rule.slow
-        start, index, misses = len(self._recent), len(self._recent), 0
-        while index > 0 and misses < 2:
-            _, sums, batches = self._recent[index - 1]
+        earliest = self._windows - finding.windows - 1  # the window before those that led to the finding
+        start, score, best = len(self._recent), 0.0, 0.0
+        for index in range(len(self._recent) - 1, -1, -1):
+            _, sums, batches, window = self._recent[index]
+            if window < earliest:
+                break
             values = [value / batches for value in sums[part]]
             step = statistics.median(sum(sums[p][r] for p in sums) / batches for r in range(self._world))
             if step * batches < BRIEF:  # a loader's first agreements, after 1, 4, 16... batches: noise
-                index -= 1
                 continue
             median = statistics.median(values[:rank] + values[rank + 1:])
-            if step > 0 and test(values[rank], median, (values[rank] - median) / step):
-                start, misses = index - 1, 0
-            else:
-                misses += 1
-            index -= 1
+            score += 1.0 if step > 0 and test(values[rank], median, (values[rank] - median) / step) else -MISS
+            if score > 0 and score >= best:
+                start, best = index, score
         return self._recent[start - 1][0] if start > 0 else self._first
 
     def _mark(self) -> tuple:
