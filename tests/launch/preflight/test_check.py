@@ -2,10 +2,12 @@
 a rank that shares its core with a busy process at a lower priority is named (exit 1); ``train(preflight=True)``
 trains after a check that agrees and stops every rank before training, with the table, after one that does not.
 
-Every rank is pinned to CPU 0 (``PIN=0``): ranks that share one core get even turns on it, whatever else the machine
-runs, where ranks spread over cores with other work get uneven ones (see docs/slow-ranks.md). The slowed rank is
-niced in its own session (``NICE_RANK<k>``) and a busy process shares the core, so it gets a fraction of the
-others' time.
+Every rank is pinned to CPU 0 (``PIN=0``): ranks that share one core get even turns on it, where ranks spread over
+cores with other work get uneven ones (see docs/slow-ranks.md). Ranks meant to be alike also run at a raised
+priority (``EVEN``: ``NICE=-10``), so that other work on the machine (which the kernel moves onto their core whenever
+they wait in a collective) cannot take some of their turns and not others'. The slowed rank is niced in its own
+session (``NICE_RANK<k>``) and a busy process shares the core, so it gets a fraction of the others' time; the two
+others are compared with the median of a fast and a slow rank, which other work cannot bring them 20 % under.
 """
 import json
 import subprocess
@@ -18,6 +20,7 @@ from tests.helpers import ROOT, busy_core, script_env
 from tests.launch.test_mpi_launch import launcher
 
 SCRIPTS = ROOT / "tests" / "launch" / "preflight" / "scripts"
+EVEN = {"PIN": 0, "NICE": -10}  # every rank on one core, above whatever else runs here (see slow_down.py)
 pytestmark = [pytest.mark.distributed, pytest.mark.alone, pytest.mark.timeout(300)]  # compares speeds
 
 
@@ -38,7 +41,7 @@ def torchrun(nproc, *options, **env):
 
 
 def test_alike_ranks_under_torchrun_agree_and_exit_0():
-    result = torchrun(3, "--json", PIN=0)
+    result = torchrun(3, "--json", **EVEN)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     (line,) = [line for line in result.stdout.splitlines() if line.startswith("{")]  # rank 0 prints, alone
     report = json.loads(line)
@@ -73,7 +76,7 @@ def test_the_command_under_its_own_launcher_ends_with_its_result_not_a_stopped_r
 
 
 def test_alike_ranks_under_mpirun_agree():
-    result = run([*launcher("openmpi"), "2", sys.executable, str(SCRIPTS / "slowed_preflight.py")], PIN=0)
+    result = run([*launcher("openmpi"), "2", sys.executable, str(SCRIPTS / "slowed_preflight.py")], **EVEN)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "all 2 ranks agree" in result.stdout and result.stdout.count("node ") == 1
 
@@ -107,7 +110,7 @@ def test_bad_options_and_a_single_process():
 
 
 def test_train_with_preflight_trains_when_the_ranks_agree(tmp_path):
-    result = run([sys.executable, str(SCRIPTS / "preflight_train.py"), tmp_path], TORCHSTAGE_NPROC=2, PIN=0)
+    result = run([sys.executable, str(SCRIPTS / "preflight_train.py"), tmp_path], TORCHSTAGE_NPROC=2, **EVEN)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert {p.name for p in tmp_path.glob("trained-rank*")} == {"trained-rank0", "trained-rank1"}
     assert (tmp_path / "checkpoints" / "last.pth").exists()

@@ -3,7 +3,9 @@ neighbour: ``PIN=<cpu>`` pins every process, ``PIN_RANK<k>`` / ``PIN_NODE<k>`` t
 k (``SLURM_NODEID``); ``NICE_RANK<k>`` / ``NICE_NODE<k>`` lower its priority by that much, its session's too (the
 kernel shares CPU time between sessions first, ``/proc/self/autogroup``; the tasks of one SLURM node share
 slurmstepd's session), so that another session's busy process on its core leaves it less time than the others
-get, whatever else runs on the machine.
+get, whatever else runs on the machine. ``NICE`` does so for every other process (its session's too where it
+leads one): ``NICE=-10`` raises the ranks above whatever else shares their core (a busy job beside the suite,
+which the kernel moves onto their core whenever they wait), so that ranks meant to be alike get even turns.
 
 ``restored()`` undoes it once the check is over: what the tests judge is the check, and a starved process's exit
 (finalizing torch on an eighth of a core) at times took minutes, which no test is about."""
@@ -26,7 +28,7 @@ def slow_down_this_process() -> None:
     """Pin every thread of this process and lower its priority, as the environment asks for its rank or node."""
     env, node, me = os.environ, os.environ.get("SLURM_NODEID", ""), rank()
     cpu = env.get(f"PIN_RANK{me}") or env.get(f"PIN_NODE{node}") or env.get("PIN", "")
-    nice = env.get(f"NICE_RANK{me}") or env.get(f"NICE_NODE{node}") or ""
+    nice = env.get(f"NICE_RANK{me}") or env.get(f"NICE_NODE{node}") or env.get("NICE", "")
     if cpu:
         _before["cpus"] = os.sched_getaffinity(0)
     if nice:
