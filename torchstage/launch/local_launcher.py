@@ -149,18 +149,9 @@ class Launcher:
                 except queue.Empty:
                     self.gate.release_stale()
             if code != 0:
-                self._ended_before(proc)
                 return self._fail(proc, code)
-            self.finished.setdefault(proc.rank, time.monotonic())
+            self.finished[proc.rank] = time.monotonic()
         return 0
-
-    def _ended_before(self, failed) -> None:
-        """Note the ranks that exited with code 0 before ``failed``'s exit came out of the queue: under load the
-        threads waiting on the ranks queue their exits in any order, and a rank that left the run early (its peers
-        failing because it did) must be said to have."""
-        for proc in self.procs:
-            if proc is not failed and proc.rank not in self.finished and _peek(proc) == 0:
-                self.finished[proc.rank] = getattr(proc, "ended_at", None) or time.monotonic()
 
     def _wait(self, proc, exits) -> None:
         code = proc.wait()
@@ -234,7 +225,8 @@ class Launcher:
     def _await_leavers(self, failed, records: dict) -> None:
         """Let the ranks that left the run on their own (``sys.exit``: their record says so) finish exiting, up to
         ``grace`` seconds, and note those that exited with code 0: their peers fail the moment their connections
-        close, often before the leaver's interpreter has ended, and stopping it then would hide how it ended."""
+        close, often before the leaver's interpreter has ended (or its exit is queued behind theirs), and stopping
+        it then would hide how it ended."""
         deadline = time.monotonic() + self.grace
         for proc in self.procs:
             record = records.get(proc.rank, {})
@@ -383,20 +375,3 @@ def watch_parent() -> None:
         os._exit(128 + signal.SIGKILL)
 
     threading.Thread(target=watchdog, name="torchstage-parent-watchdog", daemon=True).start()
-
-
-def _peek(proc):
-    """A rank's exit code if it ended, else None, without reaping it or waiting for the thread that waits on it
-    (``Popen.poll`` answers None while that thread holds the process)."""
-    if proc.returncode is not None:
-        return proc.returncode
-    popen = proc if isinstance(proc, subprocess.Popen) else getattr(proc, "fresh", None)
-    if popen is None:
-        return None
-    try:
-        info = os.waitid(os.P_PID, popen.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    except ChildProcessError:  # reaped meanwhile
-        return popen.returncode
-    if info is None:
-        return None
-    return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status

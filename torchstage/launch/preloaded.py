@@ -31,11 +31,6 @@ class RankProcess:
         self._known, self._ended = threading.Event(), threading.Event()
 
     @property
-    def fresh(self):
-        """The ``Popen`` of the fresh interpreter it was started as, None while it is (or was) a preloaded fork."""
-        return self._fresh
-
-    @property
     def pid(self) -> int:
         """The rank's pid (waits for the preloaded process's answer)."""
         if not self._known.wait(START_SECONDS + 10):
