@@ -26,11 +26,17 @@ SAME = ("python_threads", "cuda_initialized", "num_threads", "initial_seed", "to
         "numpy_random", "helper_draw", "handlers", "stdout", "stderr", "name", "argv", "orig_argv")
 
 
-def launch(outdir, start, nproc=2, **extra):
+def launch(outdir, start, nproc=2, ignored=(), **extra):
+    """Run start_state.py under torchstage's launcher; ``ignored``: signal names ignored when it starts (as under
+    ``nohup``, or for a ``cmd &`` of a script: an exec keeps an ignored signal ignored)."""
     env = script_env(nproc, TORCHSTAGE_START=start, TORCHSTAGE_SCRIPT_SEED=1234, **extra)  # one seed for both starts
     env.pop("OMP_NUM_THREADS", None)  # the launching process uses every core; its ranks get cores / ranks
-    result = subprocess.run([sys.executable, str(SCRIPTS / "start_state.py"), str(outdir)], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=300)
+    command = [sys.executable, str(SCRIPTS / "start_state.py"), str(outdir)]
+    if ignored:
+        command = [sys.executable, "-c", "import os, signal, sys\nfor name in sys.argv[1].split(','):\n"
+                   "    signal.signal(getattr(signal, name), signal.SIG_IGN)\nos.execv(sys.argv[2], sys.argv[2:])",
+                   ",".join(ignored), *command]
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     return result, result.stdout + result.stderr
 
 
@@ -62,6 +68,22 @@ def test_a_preloaded_rank_starts_as_a_fresh_interpreter_would_and_trains_to_the_
             assert (tmp_path / f"atexit-{start}-a0-rank{rank}").read_text() == "ran"
             assert (tmp_path / f"unclosed-{start}-a0-rank{rank}").read_text() == "flushed at exit"
             assert f"[rank{rank}]: " in text and f"start_state warning ({start})" in text
+
+
+@pytest.mark.timeout(600)
+def test_signals_ignored_when_the_launch_began_stay_ignored_in_every_rank_however_it_starts(tmp_path):
+    """``nohup python train.py &`` in a script: SIGHUP (nohup) and SIGINT (a background command of a script) are
+    ignored when the launching process starts. The launcher keeps them ignored rather than handling them (a hangup
+    would stop the run nohup was asked to keep), and every rank sees them ignored, forked or fresh, as an exec of
+    the program would (a loaded run started under nohup once found the preloaded ranks ignoring them and the fresh
+    ones not: the launcher had replaced them before starting fresh ranks)."""
+    for start in ("fresh", "preloaded"):
+        run, out = launch(tmp_path, start, ignored=("SIGHUP", "SIGINT"))
+        assert run.returncode == 0, out[-3000:]
+    for before, after in zip(states(tmp_path, "fresh"), states(tmp_path, "preloaded")):
+        assert after["handlers"]["SIGHUP"] == after["handlers"]["SIGINT"] == "<Handlers.SIG_IGN: 1>", after
+        assert {key: after[key] for key in SAME} == {key: before[key] for key in SAME}
+        assert after["weights"] == before["weights"]
 
 
 @pytest.mark.timeout(600)

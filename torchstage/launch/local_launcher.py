@@ -104,8 +104,12 @@ class Launcher:
     def run(self) -> int:
         """0 when every worker succeeds; else the first failing worker's code (128 + signal if killed)."""
         port = self.world.master_port or free_port()
-        old = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
-        old.update({sig: signal.signal(sig, self._forward) for sig in FORWARDED_SIGNALS})
+        # a signal ignored when the launcher started (nohup's SIGHUP, SIGINT of a `cmd &` in a script) stays ignored,
+        # here and in every rank (an exec keeps it ignored, as a preloaded rank does)
+        handlers = {sig: self._on_signal for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+        handlers.update({sig: self._forward for sig in FORWARDED_SIGNALS})
+        old = {sig: signal.signal(sig, handler) for sig, handler in handlers.items()
+               if signal.getsignal(sig) != signal.SIG_IGN}
         try:
             for local_rank in range(self.world.spawn):
                 self._start(local_rank, port)
