@@ -75,6 +75,10 @@ EARLY_ERROR_GRACE = 1.0
 #: Seconds a failed rank's peers get to show whether one of them was killed a moment before: the preloaded process
 #: reports exits in the order it reaps them, not the order they happened.
 KILLED_PEER_WAIT = 1.0
+#: After a rank is killed: the seconds without a new failure record or exit of its peers after which the launcher
+#: stops waiting for the others' records, and the most it waits in all (the failure reaching them one by one).
+RECORDS_QUIET, RECORDS_MOST = 2.0, 20.0
+
 
 class Launcher:
     """Runs ``world.spawn`` workers of ``command`` once and returns the exit code of the run (see :meth:`run`).
@@ -262,13 +266,20 @@ class Launcher:
         caused the failure, None without one."""
         return last_error(self.tails.get(self.origin, ()))
 
-    def _await_records(self, dead: int, seconds: float = 2.0) -> dict:
-        """The failure records once every other live worker wrote one or exited, or after ``seconds``."""
-        deadline = time.monotonic() + seconds
+    def _await_records(self, dead: int, quiet: float = RECORDS_QUIET, most: float = RECORDS_MOST) -> dict:
+        """The failure records once every other live worker wrote one or exited. A killed rank's failure travels
+        from peer to peer (each notices when a neighbour's connection closes, which that neighbour's exit does), so
+        the wait goes on while it travels: until ``quiet`` seconds pass with no new record and no exit (a peer
+        stuck in a collective), or ``most`` seconds in all."""
+        start = changed = time.monotonic()
+        seen = None
         while True:
             records = read_failures(self.failure_dir)
             waiting = [p for p in self.procs if p.rank != dead and p.poll() is None and p.rank not in records]
-            if not waiting or time.monotonic() > deadline:
+            now = time.monotonic()
+            if (len(records), len(waiting)) != seen:
+                seen, changed = (len(records), len(waiting)), now
+            if not waiting or now - changed > quiet or now - start > most:
                 return records
             time.sleep(0.05)
 
