@@ -46,8 +46,12 @@ def test_double_ctrl_c_during_validation_interrupts_two_ranks_at_once_with_agree
     env = child_env(OMP_NUM_THREADS="1")
     for name in [k for k in env if k.startswith(("SLURM_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_RANK"))]:
         del env[name]
-    proc = subprocess.Popen([sys.executable, script, str(tmp_path)], env=env, cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    # started as a terminal starts a command, SIGINT at its default: where the suite itself runs in the background
+    # (`cmd &` in a script), its processes inherit SIGINT ignored, and the launcher leaves an ignored signal ignored
+    terminal = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                "os.execv(sys.argv[1], sys.argv[1:])")
+    proc = subprocess.Popen([sys.executable, "-c", terminal, sys.executable, script, str(tmp_path)], env=env, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 120
         while not (tmp_path / "validating").exists():
