@@ -50,7 +50,7 @@ def test_a_preloaded_rank_starts_as_a_fresh_interpreter_would_and_trains_to_the_
     assert fresh_run.returncode == 0, fresh_out[-3000:]
     run, out = launch(tmp_path, "preloaded")
     assert run.returncode == 0, out[-3000:]
-    assert "forked from a preloaded process" in out and "in fresh interpreters" in fresh_out
+    assert "forked from a preloaded process" in out and "in fresh interpreters (TORCHSTAGE_START=fresh)" in fresh_out
     fresh, preloaded = states(tmp_path, "fresh"), states(tmp_path, "preloaded")
     for before, after in zip(fresh, preloaded):
         assert after["torch._dynamo loaded"] and not before["torch._dynamo loaded"]  # the preload's saving

@@ -7,7 +7,7 @@ and forks every rank from it; the rank runs the program from its first line as `
 (:mod:`~torchstage.launch.forked_rank`). The preloaded process is a fork of the launching process where that is safe
 (:mod:`~torchstage.launch.fork_safety`: no other threads, no device context), else a fresh interpreter importing
 what the launching process had imported; where neither is safe, or with ``start="fresh"`` (``TORCHSTAGE_START``),
-each rank is a fresh interpreter. Why a start was not preloaded is logged at debug level.
+each rank is a fresh interpreter, and the launch line says why.
 """
 import logging
 import os
@@ -48,9 +48,10 @@ class FreshStart:
 
     kind = FRESH
 
-    def __init__(self, command: list):
-        """``command``: the program through the seeding entry."""
-        self.command = command
+    def __init__(self, command: list, why: str = None):
+        """``command``: the program through the seeding entry; ``why``: why ranks start fresh (said on the launch
+        line, so that a user who expected preloaded starts learns the cause without debug logs)."""
+        self.command, self.why = command, why
 
     def start(self, env: dict):
         """A new interpreter for the rank with ``env``, its output piped, in a session of its own."""
@@ -68,15 +69,13 @@ def rank_start(command: list, start=None, preload=()):
     Call it before anything else of the launch: a preloaded process forked from here is a copy of this process as
     the program left it. ``preload``: modules to import there besides :data:`RANK_IMPORTS`.
     """
-    fresh = FreshStart(seeded_command(command))
+    command_seeded = seeded_command(command)
     if check_start(start) == FRESH:
-        logger.debug("ranks start in fresh interpreters: %s", "start='fresh'" if start else f"{START_ENV}=fresh")
-        return fresh
+        return FreshStart(command_seeded, "start='fresh'" if start else f"{START_ENV}=fresh")
     split = program_of(command)
     if split is None:
-        logger.debug("ranks start in fresh interpreters: the program cannot be told apart from the interpreter's "
-                     "options in %s", command)
-        return fresh
+        return FreshStart(command_seeded, f"the program cannot be told apart from the interpreter's options in "
+                                          f"{' '.join(command)}")
     options, program = split
     preload = (*RANK_IMPORTS, *preload)
     reason = unsafe_to_fork() or patched_by_program(program_files(program))
@@ -87,10 +86,10 @@ def rank_start(command: list, start=None, preload=()):
         logger.debug("the preloaded process is a fresh interpreter, not a fork of this one: %s", reason)
         made = _fresh_process(options, (*_imported_here(), *preload))
         if made[0] is None:
-            logger.debug("ranks start in fresh interpreters: %s", made[1])
-            return fresh
+            return FreshStart(command_seeded, f"no preloaded process: this one cannot be forked ({reason}), and a "
+                                              f"fresh one could not be used ({made[1]})")
     sock, pid, popen = made[0]
-    return PreloadedStart(sock, pid, program, fresh.command, popen)
+    return PreloadedStart(sock, pid, program, command_seeded, popen)
 
 
 def _fork_here(preload):
