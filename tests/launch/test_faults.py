@@ -1,6 +1,7 @@
-"""Five faults of one rank among 4 real gloo processes (hang_timeout=30): each ends the job non-zero, fast, and the
+"""Six faults of one rank among 4 real gloo processes (hang_timeout=30): each ends the job non-zero, fast, and the
 launcher's summary names the rank, where it was and, for collectives, the collective and its call site."""
 from pathlib import Path
+import json
 import os
 import sys
 import time
@@ -112,6 +113,25 @@ def test_a_killed_rank_ends_all_within_30_s_naming_it(tmp_path):
     assert code == 137 and took < 30, out
     assert "rank 1 was killed by signal 9; stopped the other ranks." in summary, summary
     assert "Rank 1 died without recording its collectives." in summary, summary
+
+
+@pytest.mark.timeout(300)
+def test_ranks_stuck_among_themselves_when_one_is_killed_record_where_they_wait_when_the_launcher_asks(tmp_path):
+    # the survivors wait in a recv from one another, which rank 1's death never ends: no error of theirs would
+    # ever record them; the launcher asks, their hang watchdogs answer with their collectives and their place
+    code, out, summary, took = faulty_run(tmp_path, "sigkill_peers_wait")
+    assert code == 137 and took < 30, out
+    assert "rank 1 was killed by signal 9; stopped the other ranks." in summary, summary
+    assert ("Ranks 0, 2, 3 had no error of their own; asked by the launcher, they were at stage 'main', epoch 1, "
+            "loader 'train', batch 3 (after batch end); waiting in torch.distributed.recv called from ") in summary, summary
+    assert f"{line_of('# the recv of the survivors')} in on_batch_end" in summary, summary
+    records = {rank: json.loads((tmp_path / "flight-recorder" / f"rank-{rank}.json").read_text()) for rank in (0, 2, 3)}
+    assert not (tmp_path / "flight-recorder" / "rank-1.json").exists()
+    for rank, record in records.items():
+        assert record["attempt"] == 0 and record["entries"], record
+    diagnose = script_server.run([sys.executable, "-m", "torchstage", "diagnose", str(tmp_path)], env=dict(os.environ),
+                                 cwd=ROOT, timeout=60)
+    assert "collective records of 3 ranks" in diagnose.stdout, diagnose.stdout + diagnose.stderr
 
 
 @pytest.mark.timeout(300)

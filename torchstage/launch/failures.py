@@ -15,6 +15,11 @@ from typing import Optional
 from torchstage.launch.flight_recorder import agreement, call_site, differences, valid_entries
 
 FAILURE_DIR_ENV = "TORCHSTAGE_FAILURE_DIR"
+#: The file by which the launcher asks its live workers, after a rank failed, to record where they are (a rank
+#: stuck in a collective among the survivors never raises: without it, it would be stopped with no record).
+ASKED = "asked.json"
+#: How the record of a rank that wrote one because the launcher asked begins.
+STILL_RUNNING = "no error of its own:"
 #: How the record of a rank that left a distributed run on its own (``sys.exit`` while its peers train) begins.
 LEFT_THE_RUN = "left the run:"
 #: Words of gloo's and NCCL's own errors when the ranks ran different collectives (or different sizes in one).
@@ -59,6 +64,31 @@ def _record(rank: int, error: str, position: dict, stopped: bool = False, **extr
         os.replace(f"{path}.{os.getpid()}.tmp", path)
     except (OSError, TypeError, ValueError):
         pass
+
+
+def ask_for_records(folder: str, failed: int) -> None:
+    """Ask the workers that share ``folder`` to record where they are now (rank ``failed`` failed)."""
+    try:
+        with open(os.path.join(folder, f"{ASKED}.tmp"), "w") as f:
+            json.dump({"failed": failed, "time": time.time()}, f)
+        os.replace(os.path.join(folder, f"{ASKED}.tmp"), os.path.join(folder, ASKED))
+    except OSError:
+        pass
+
+
+def asked_path() -> Optional[str]:
+    """Where this worker's launcher would ask it for a record (:func:`ask_for_records`); None without one."""
+    folder = os.environ.get(FAILURE_DIR_ENV)
+    return os.path.join(folder, ASKED) if folder else None
+
+
+def read_asked(path: str) -> Optional[dict]:
+    """The launcher's request at ``path`` (the rank that failed, when), or None while there is none."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
 
 
 def read_failures(folder: str) -> dict:
@@ -116,6 +146,7 @@ def explain(records: dict, silent=(), output: str = "") -> list:
     if not lines and unrecorded and agreed:
         lines = [f"{agreed} Rank{'s' * (len(unrecorded) > 1)} {', '.join(map(str, unrecorded))} died without "
                  f"recording {'their' if len(unrecorded) > 1 else 'its'} collectives."]
+    lines += _still_running(records)
     crash, silent = died_in(output), sorted(silent)
     if silent and crash:
         lines.append(f"Rank {silent[0]} died inside {crash}.")
@@ -125,6 +156,19 @@ def explain(records: dict, silent=(), output: str = "") -> list:
         lines.append(f"The process group aborted because the ranks ran different collectives (or one collective "
                      f"with different sizes): {aborts[0][:300]}")
     return lines
+
+
+def _still_running(records: dict) -> list:
+    """``Ranks 0, 2, 3 had no error of their own; asked, they were at ...``: where the ranks that recorded because
+    the launcher asked (see :data:`ASKED`) were, one line per place."""
+    places = {}
+    for rank, record in sorted(records.items()):
+        error = record.get("error", "")
+        if error.startswith(STILL_RUNNING) and " failed, at " in error:
+            places.setdefault(error.split(" failed, at ", 1)[1], []).append(rank)
+    return [f"Rank{'s' * (len(ranks) > 1)} {', '.join(map(str, ranks))} had no error of "
+            f"{'their' if len(ranks) > 1 else 'its'} own; asked by the launcher, "
+            f"{'they were' if len(ranks) > 1 else 'it was'} at {place}." for place, ranks in places.items()]
 
 
 def died_in(output: str) -> Optional[str]:

@@ -16,7 +16,8 @@ import sys
 import threading
 import time
 
-from torchstage.launch.failures import FAILURE_DIR_ENV, LEFT_THE_RUN, explain, first_failure, read_failures, where
+from torchstage.launch.failures import (FAILURE_DIR_ENV, LEFT_THE_RUN, ask_for_records, explain, first_failure,
+                                        read_failures, where)
 from torchstage.launch.rank_output import TRACEBACK, OutputGate, alike, consequences, last_error
 from torchstage.launch.resolve import JOB_ID_ENV, LAUNCHED_ENV, RESTART_ENV
 from torchstage.launch.startup_waits import ranges
@@ -78,6 +79,8 @@ KILLED_PEER_WAIT = 1.0
 #: After a rank is killed: the seconds without a new failure record or exit of its peers after which the launcher
 #: stops waiting for the others' records, and the most it waits in all (the failure reaching them one by one).
 RECORDS_QUIET, RECORDS_MOST = 2.0, 20.0
+#: Seconds the live workers that wrote no record get to answer the launcher's request for one.
+ASKED_MOST = 3.0
 
 
 class Launcher:
@@ -173,6 +176,7 @@ class Launcher:
         records = read_failures(self.failure_dir) if self.failure_dir else {}
         if code < 0 and self.failure_dir:  # killed: its peers notice in a moment and say where they were
             records = self._await_records(proc.rank)
+            records = self._ask_the_silent(proc.rank, records)
         if code > 0 and records.get(proc.rank, {}).get("stopped"):
             self._let_exit()  # a graceful stop: every rank is on its way out, its checkpoint written
             records = read_failures(self.failure_dir)
@@ -282,6 +286,22 @@ class Launcher:
             if not waiting or now - changed > quiet or now - start > most:
                 return records
             time.sleep(0.05)
+
+    def _ask_the_silent(self, dead: int, records: dict, most: float = ASKED_MOST) -> dict:
+        """The failure records once the live workers that wrote none were asked for one (a rank stuck in a
+        collective among the survivors never raises; its hang watchdog answers): until each answered or exited,
+        ``most`` seconds at most (a rank without a watchdog, ``hang_timeout=None``, cannot answer)."""
+        silent = [p for p in self.procs if p.rank != dead and p.poll() is None and p.rank not in records]
+        if not silent:
+            return records
+        ask_for_records(self.failure_dir, dead)
+        deadline = time.monotonic() + most
+        while time.monotonic() < deadline:
+            records = read_failures(self.failure_dir)
+            if all(p.rank in records or p.poll() is not None for p in silent):
+                break
+            time.sleep(0.05)
+        return read_failures(self.failure_dir)
 
     def _let_exit(self, seconds: float = None) -> None:
         """Give the live workers ``seconds`` (the launcher's ``grace``) to exit by themselves."""

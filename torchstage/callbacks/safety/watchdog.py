@@ -20,7 +20,7 @@ from torchstage.callbacks.safety.hang_report import (describe, hang_report, hung
                                                      state, where)
 from torchstage.distributed.hang_board import HangBoard
 from torchstage.launch.enter import check_hang_timeout
-from torchstage.launch.failures import record_failure
+from torchstage.launch.failures import STILL_RUNNING, asked_path, read_asked, record_failure
 from torchstage.launch.flight_recorder import TAIL, behind, compare, recent, write_dump
 
 
@@ -29,6 +29,8 @@ HANG_EXIT_CODE = 124
 #: A rank that reports only itself waits this long for the rank a full report names (beyond its pause), then this
 #: long for the full reporter to end first.
 _HUNG_WAIT, _AFTER_FULL = 10.0, 2.0
+#: Seconds between looks for the launcher's request for a record (a stat of one file).
+ASK_POLL = 0.2
 
 
 class HangWatchdog(Callback):
@@ -87,12 +89,30 @@ class HangWatchdog(Callback):
         self._thread = self._stop = None
 
     # ---- the watching thread ----------------------------------------------------------------------
+    def _answer(self, runner, loop_thread: int, request) -> None:
+        """Record where this rank is, as its launcher asked after another rank failed: its collectives (for the
+        summary and ``torchstage diagnose``) and its place, with the collective its loop waits in, if any."""
+        rank, frame = runner.engine.rank, sys._current_frames().get(loop_thread)
+        mine = {**position(runner, self._beat), **where(frame)}
+        collectives = recent()
+        write_dump(getattr(runner.spec, "logdir", None), rank, collectives)
+        failed = (request or {}).get("failed")
+        record_failure(rank, f"{STILL_RUNNING} still running when rank {failed} failed, at {describe(mine)}"
+                             f"{state(mine)}", runner.loop_position(), collectives[-TAIL:])
+
     def _watch(self, runner, loop_thread: int, stop: threading.Event) -> None:
         rank = runner.engine.rank
         board = HangBoard(runner.engine.world_size)
         interval = min(max(self.timeout / 10, 0.05), 5.0)
+        asked = asked_path()  # the launcher's request for a record, after another rank failed
+        poll, due = (min(interval, ASK_POLL) if asked else interval), 0.0
         published = None
-        while not stop.wait(interval):
+        while not stop.wait(poll):
+            if asked is not None and os.path.exists(asked):
+                return self._answer(runner, loop_thread, read_asked(asked))
+            if time.monotonic() < due:
+                continue
+            due = time.monotonic() + interval
             beat = self._beat
             if beat is not published:
                 published = beat
