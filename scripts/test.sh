@@ -56,14 +56,15 @@ adopt_rows() {
 }
 
 # The suite's parts under one seed: every test that times nothing on 2 workers (the SLURM tests one at a time: the
-# local cluster has two nodes); then those marked `waits` (timeouts of seconds; mostly idle) two at a time, never
-# beside the CPU-bound first part; then those marked `alone` (they time what their processes do) one at a time.
+# local cluster has two nodes); then those marked `waits` (timeouts of seconds; mostly idle) three at a time, each
+# test on its own, never beside the CPU-bound first part; then those marked `alone` (they time what their
+# processes do) one at a time.
 test_parts() {
     TEST_SEED=${TORCHSTAGE_TEST_SEED:-$((RANDOM * 32768 + RANDOM))}
     local order=(-p randomly "--randomly-seed=$TEST_SEED")
     echo "==> test order seed $TEST_SEED"
     part parallel python3 -m pytest tests -q -n 2 --dist loadgroup "${order[@]}" -m "not alone and not waits" "$@"
-    part waits python3 -m pytest tests -q -n 2 --dist loadgroup "${order[@]}" -m waits "$@"
+    part waits python3 -m pytest tests -q -n 3 --dist loadgroup "${order[@]}" -m waits "$@"
     part alone python3 -m pytest tests -q "${order[@]}" -m alone "$@"
 }
 

@@ -5,7 +5,7 @@ Usage: python faults.py LOGDIR; FAULT (from env): extra_collective (the rank run
 not), extra_same_shape (the rank's extra all_reduce has the shape of the gradients' all-reduce: the
 weight is frozen, the bias's 2 floats remain),
 shape_mismatch (every rank all-reduces, the rank with another shape), stalled_loader (the rank's dataset
-never returns), sigkill (the rank is killed), sigkill_peers_wait (the rank is killed while the others wait in a
+never returns), sigkill (the rank is killed), sigkill_peers_wait (the rank is killed once the others wait in a
 recv from one another, which its death never ends), exit0 (the rank calls sys.exit(0)); HANG_TIMEOUT (30).
 With TORCHSTAGE_MAX_RESTARTS, a restarted attempt runs without the fault.
 Each rank writes its pid to LOGDIR/started-<rank> at start; the faulting rank writes LOGDIR/fault-at (time) just before.
@@ -67,6 +67,7 @@ class Fault(Callback):
         if fault == "sigkill_peers_wait" and runner.engine.rank != bad_rank:
             survivors = [r for r in range(runner.engine.world_size) if r != bad_rank]
             source = survivors[(survivors.index(runner.engine.rank) + 1) % len(survivors)]
+            open(os.path.join(logdir, f"waiting-{runner.engine.rank}"), "w").close()
             dist.recv(torch.zeros(1), src=source)  # the recv of the survivors: nobody sends
         if runner.engine.rank != bad_rank:
             return
@@ -77,6 +78,10 @@ class Fault(Callback):
             mark_fault()
             dist.all_reduce(torch.ones(2))  # the extra all_reduce of the gradients' shape
         elif fault in ("sigkill", "sigkill_peers_wait"):
+            others = [os.path.join(logdir, f"waiting-{r}") for r in range(runner.engine.world_size) if r != bad_rank]
+            deadline = time.monotonic() + 60
+            while fault == "sigkill_peers_wait" and not all(map(os.path.exists, others)) and time.monotonic() < deadline:
+                time.sleep(0.01)  # every survivor in its recv (its backward done): none can notice the death
             mark_fault()
             os.kill(os.getpid(), signal.SIGKILL)
         elif fault == "exit0":
