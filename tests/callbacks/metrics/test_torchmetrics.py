@@ -1,5 +1,7 @@
 """TorchMetricsCallback: torchmetrics values equal the built-in metrics and scikit-learn, are exact across 1 and 3
-processes, and a run killed mid-validation or mid-training resumes to the uninterrupted values."""
+processes, and a run killed mid-validation or mid-training resumes to the uninterrupted values. torchmetrics and
+scikit-learn are imported in the tests that use them, not when pytest collects this file (2 s of CPU in every test
+process, most of which never runs these tests)."""
 import json
 import signal
 import subprocess
@@ -8,8 +10,6 @@ import sys
 import numpy as np
 import pytest
 import torch
-import torchmetrics
-from sklearn.metrics import accuracy_score, f1_score, roc_auc_score
 from torch.utils.data import DataLoader, TensorDataset
 
 from tests.helpers import ROOT, run, script_env
@@ -59,6 +59,8 @@ def test_torchmetrics_equal_builtin_metrics_in_every_epoch_and_loader(runs):
 
 def test_initial_model_values_equal_scikit_learn():
     """The same data and initial model as the script, computed directly: epoch 1 validates this model."""
+    import torchmetrics
+    from sklearn.metrics import accuracy_score, f1_score, roc_auc_score
     g = torch.Generator().manual_seed(0)
     x = torch.randn(1001, 8, generator=g)
     y = (x[:, 0] + 0.5 * torch.randn(1001, generator=g) > 0).long() + (x[:, 1] > 0.7).long()
@@ -118,6 +120,7 @@ def test_kill_mid_training_keeps_partial_states_per_rank(runs):
 
 def test_partial_state_is_saved_mid_loader_and_continued(tmp_path):
     """A checkpoint written mid-loader holds each member's states; loading them continues the sums."""
+    import torchmetrics
     metric = torchmetrics.classification.MulticlassAccuracy(3, average="micro")
     callback = TorchMetricsCallback(metric, name="acc", loaders="train")
     x, y = torch.randn(64, 4), torch.randint(0, 3, (64,))
@@ -151,6 +154,7 @@ class _StopAt(Callback):  # ends the run after n train batches
 
 
 def test_rejects_what_is_not_a_torchmetrics_metric():
+    import torchmetrics
     with pytest.raises(TypeError, match="must be a torchmetrics.Metric or MetricCollection, got Linear"):
         TorchMetricsCallback(torch.nn.Linear(1, 1))
     with pytest.raises(ValueError, match="name must be a non-empty str or None, got 3"):
@@ -160,6 +164,8 @@ def test_rejects_what_is_not_a_torchmetrics_metric():
 
 
 def test_default_name_and_per_class_values():
+    import torchmetrics
+    from sklearn.metrics import f1_score
     metric = torchmetrics.classification.MulticlassF1Score(3, average=None)
     callback = TorchMetricsCallback(metric)
     assert callback.produces == ("multiclass_f1_score",)
