@@ -5,10 +5,13 @@ function), on that rank only. Run by the tests (tests/callbacks/monitoring/test_
 
 Usage: python straggler_run.py LOGDIR [--slow compute|data|none] [--rank R] [--from-epoch E] [--to-epoch E]
            [--epochs N] [--samples N] [--sleep-ms MS] [--nprocs N] [--no-stop] [--no-detector] [--count] [--mlflow]
+           [--until-recovered]
 The slow rank writes ``LOGDIR/slow-start.txt`` (the time of its first slow batch) and ``slow-end.txt`` (of the start
 of its first epoch back at speed). ``--no-stop`` removes the graceful-stop callback (the detector then agrees on its
 own), ``--no-detector`` the detector; ``--count`` writes ``LOGDIR/collectives-rank<r>.json``, the collectives of
-each process group at the run's end.
+each process group at the run's end. ``--until-recovered`` ends the run (a graceful stop, exit code 0) at the first
+epoch end after the detector said the slow rank recovered, instead of running every epoch: the time a recovery
+takes to say depends on the machine's load, so a fixed count of epochs is either too few or mostly waiting.
 """
 import argparse
 import json
@@ -20,10 +23,12 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset, default_collate
 
-from torchstage import Callback, MLflowLogger, SupervisedRunner
+from torchstage import Callback, MLflowLogger, RunStopped, SupervisedRunner
 from torchstage.launch.flight_recorder import recent
+from torchstage.stop_request import request_stop
 
 SLOW = {"on": False}
+UNTIL_RECOVERED = 3  # the graceful stop's exit code under --until-recovered, which the run turns into 0
 
 
 def slow_collate(batch):
@@ -60,6 +65,29 @@ class CountCollectives(Callback):
             f.write(json.dumps(counts))
 
 
+class UntilRecovered(Callback, logging.Handler):
+    """On rank 0 (which says the detector's findings): once the recovery line was logged, ask for a graceful stop
+    at the epoch's end; the stop callback agrees it with the other ranks (each then ends with exit code 0, below)."""
+
+    def __init__(self):
+        Callback.__init__(self)
+        logging.Handler.__init__(self)
+        self.said = False
+
+    def emit(self, record):
+        self.said = self.said or record.getMessage().startswith("straggler recovered")
+
+    def on_experiment_start(self, runner):
+        logging.getLogger("torchstage").addHandler(self)
+
+    def on_epoch_end(self, runner):
+        if self.said:
+            request_stop("the slow rank's recovery was said", exit_code=UNTIL_RECOVERED)
+
+    def on_experiment_end(self, runner):
+        logging.getLogger("torchstage").removeHandler(self)
+
+
 def _stamp(name):
     with open(os.path.join(ARGS.logdir, name), "w") as f:
         f.write(repr(time.time()))
@@ -84,10 +112,16 @@ def main():
         callbacks["count"] = CountCollectives()
     if ARGS.mlflow:
         callbacks["mlflow"] = MLflowLogger()
-    SupervisedRunner().train(model=model, criterion=nn.BCEWithLogitsLoss(),
-                             optimizer=torch.optim.SGD(model.parameters(), lr=0.05), loaders=loaders,
-                             num_epochs=ARGS.epochs, logdir=ARGS.logdir, distributed=True, nprocs=ARGS.nprocs,
-                             callbacks=callbacks)
+    if ARGS.until_recovered:
+        callbacks["until_recovered"] = UntilRecovered()
+    try:
+        SupervisedRunner().train(model=model, criterion=nn.BCEWithLogitsLoss(),
+                                 optimizer=torch.optim.SGD(model.parameters(), lr=0.05), loaders=loaders,
+                                 num_epochs=ARGS.epochs, logdir=ARGS.logdir, distributed=True, nprocs=ARGS.nprocs,
+                                 callbacks=callbacks)
+    except RunStopped as stopped:
+        if not (ARGS.until_recovered and stopped.code == UNTIL_RECOVERED):
+            raise
 
 
 if __name__ == "__main__":
@@ -105,6 +139,7 @@ if __name__ == "__main__":
     parser.add_argument("--no-detector", action="store_true")
     parser.add_argument("--count", action="store_true")
     parser.add_argument("--mlflow", action="store_true", help="an MLflowLogger too (logdir/mlflow.db)")
+    parser.add_argument("--until-recovered", action="store_true", help="stop once the recovery was said")
     ARGS = parser.parse_args()
     if os.environ.get("STRAGGLER_DEBUG"):  # each judged window's times (calibration)
         logging.basicConfig()

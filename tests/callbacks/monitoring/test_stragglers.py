@@ -49,11 +49,11 @@ def stamp(logdir, name):
 
 @pytest.fixture(scope="module")
 def compute(tmp_path_factory):
-    # 24 epochs: saying a recovery takes `patience` windows of 2 s of training at speed; at about 2 ms a batch
-    # that is about 10 epochs after the slow ones here (14 epochs ended before it on an unloaded 2-core VM)
+    # up to 24 epochs, ended once the recovery was said: that takes `patience` windows of 2 s of training at speed,
+    # about 10 epochs after the slow ones here (14 epochs ended before it on an unloaded 2-core VM), more under load
     logdir = tmp_path_factory.mktemp("compute")
     return logdir, run(logdir, "--slow", "compute", "--rank", 2, "--from-epoch", 3, "--to-epoch", 5, "--epochs", 24,
-                       "--samples", 8192)
+                       "--samples", 8192, "--until-recovered")
 
 
 def test_a_rank_slow_in_compute_is_named_within_30_s_and_its_recovery_said(compute):
@@ -75,7 +75,7 @@ def test_a_rank_slow_in_compute_is_named_within_30_s_and_its_recovery_said(compu
 def test_the_per_rank_times_reach_the_csv_logs(compute):
     logdir, _ = compute
     rows = list(csv.DictReader(open(logdir / "logs" / "ranks" / "train.csv")))
-    assert [int(row["epoch"]) for row in rows] == list(range(1, 25))
+    assert [int(row["epoch"]) for row in rows] == list(range(1, len(rows) + 1)) and len(rows) >= 7, rows
     assert {f"rank{r}/{part}_ms" for r in range(4) for part in ("data", "compute", "wait")} <= set(rows[0])
     for row in rows:
         compute_ms = [float(row[f"rank{r}/compute_ms"]) for r in range(4)]
@@ -107,7 +107,7 @@ def test_diagnose_and_report_show_the_episode(compute, tmp_path, capsys):
 
 def test_a_rank_slow_in_its_data_loader_is_named_as_data(tmp_path):
     output = run(tmp_path, "--slow", "data", "--rank", 1, "--from-epoch", 3, "--to-epoch", 5, "--epochs", 24,
-                 "--samples", 8192)
+                 "--samples", 8192, "--until-recovered")
     lines = named(output)
     assert [line.split(":")[0] for line in lines] == ["straggler", "straggler recovered"], output[-4000:]
     assert lines[0].startswith(f"straggler: rank 1 (host {HOST}, local rank 1) is slow in data: ")
