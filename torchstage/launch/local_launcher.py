@@ -16,8 +16,8 @@ import sys
 import threading
 import time
 
-from torchstage.launch.failures import (FAILURE_DIR_ENV, LEFT_THE_RUN, ask_for_records, explain, first_failure,
-                                        read_failures, where)
+from torchstage.launch.failure_wait import ask_the_silent, await_records
+from torchstage.launch.failures import FAILURE_DIR_ENV, LEFT_THE_RUN, explain, first_failure, read_failures, where
 from torchstage.launch.rank_output import TRACEBACK, OutputGate, alike, consequences, last_error
 from torchstage.launch.resolve import JOB_ID_ENV, LAUNCHED_ENV, RESTART_ENV
 from torchstage.launch.startup_waits import ranges
@@ -76,11 +76,6 @@ EARLY_ERROR_GRACE = 1.0
 #: Seconds a failed rank's peers get to show whether one of them was killed a moment before: the preloaded process
 #: reports exits in the order it reaps them, not the order they happened.
 KILLED_PEER_WAIT = 1.0
-#: After a rank is killed: the seconds without a new failure record or exit of its peers after which the launcher
-#: stops waiting for the others' records, and the most it waits in all (the failure reaching them one by one).
-RECORDS_QUIET, RECORDS_MOST = 2.0, 20.0
-#: Seconds the live workers that wrote no record get to answer the launcher's request for one.
-ASKED_MOST = 3.0
 
 
 class Launcher:
@@ -175,8 +170,8 @@ class Launcher:
             proc, code = self._killed_peer(proc, code)
         records = read_failures(self.failure_dir) if self.failure_dir else {}
         if code < 0 and self.failure_dir:  # killed: its peers notice in a moment and say where they were
-            records = self._await_records(proc.rank)
-            records = self._ask_the_silent(proc.rank, records)
+            records = ask_the_silent(self.procs, proc.rank, await_records(self.procs, proc.rank, self.failure_dir),
+                                     self.failure_dir)
         if code > 0 and records.get(proc.rank, {}).get("stopped"):
             self._let_exit()  # a graceful stop: every rank is on its way out, its checkpoint written
             records = read_failures(self.failure_dir)
@@ -269,39 +264,6 @@ class Launcher:
         """After a failed :meth:`run`: the error line (``ValueError: ...``) of the last traceback of the rank that
         caused the failure, None without one."""
         return last_error(self.tails.get(self.origin, ()))
-
-    def _await_records(self, dead: int, quiet: float = RECORDS_QUIET, most: float = RECORDS_MOST) -> dict:
-        """The failure records once every other live worker wrote one or exited. A killed rank's failure travels
-        from peer to peer (each notices when a neighbour's connection closes, which that neighbour's exit does), so
-        the wait goes on while it travels: until ``quiet`` seconds pass with no new record and no exit (a peer
-        stuck in a collective), or ``most`` seconds in all."""
-        start = changed = time.monotonic()
-        seen = None
-        while True:
-            records = read_failures(self.failure_dir)
-            waiting = [p for p in self.procs if p.rank != dead and p.poll() is None and p.rank not in records]
-            now = time.monotonic()
-            if (len(records), len(waiting)) != seen:
-                seen, changed = (len(records), len(waiting)), now
-            if not waiting or now - changed > quiet or now - start > most:
-                return records
-            time.sleep(0.05)
-
-    def _ask_the_silent(self, dead: int, records: dict, most: float = ASKED_MOST) -> dict:
-        """The failure records once the live workers that wrote none were asked for one (a rank stuck in a
-        collective among the survivors never raises; its hang watchdog answers): until each answered or exited,
-        ``most`` seconds at most (a rank without a watchdog, ``hang_timeout=None``, cannot answer)."""
-        silent = [p for p in self.procs if p.rank != dead and p.poll() is None and p.rank not in records]
-        if not silent:
-            return records
-        ask_for_records(self.failure_dir, dead)
-        deadline = time.monotonic() + most
-        while time.monotonic() < deadline:
-            records = read_failures(self.failure_dir)
-            if all(p.rank in records or p.poll() is not None for p in silent):
-                break
-            time.sleep(0.05)
-        return read_failures(self.failure_dir)
 
     def _let_exit(self, seconds: float = None) -> None:
         """Give the live workers ``seconds`` (the launcher's ``grace``) to exit by themselves."""
