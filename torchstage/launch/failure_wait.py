@@ -41,7 +41,8 @@ def ask_the_silent(procs, dead: int, records: dict, folder: str, most: float = A
         return records
     ask_for_records(folder, dead)
     deadline = time.monotonic() + most
-    while time.monotonic() < deadline and not all(p.rank in read_failures(folder) or p.poll() is not None
-                                                  for p in silent):
+    while True:
+        records = read_failures(folder)
+        if time.monotonic() > deadline or all(p.rank in records or p.poll() is not None for p in silent):
+            return records
         time.sleep(0.05)
-    return read_failures(folder)
