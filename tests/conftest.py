@@ -66,8 +66,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slurm)
             item.add_marker(pytest.mark.xdist_group("slurm"))
         elif item.get_closest_marker("xdist_group") is None:
-            alone = item.get_closest_marker("waits") is not None
-            item.add_marker(pytest.mark.xdist_group(item.nodeid if alone else item.nodeid.split("::")[0]))
+            waits = item.get_closest_marker("waits") is not None  # a group of its own
+            item.add_marker(pytest.mark.xdist_group(item.nodeid if waits else item.nodeid.split("::")[0]))
 
 
 class HeavyGroupsFirst:
