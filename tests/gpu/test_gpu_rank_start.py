@@ -1,5 +1,6 @@
-"""Preloaded rank starts on a GPU machine: a launching process that loaded the CUDA driver is never forked, and ranks
-started from a preloaded process use their GPU with CUDA uninitialised at their first line."""
+"""Preloaded rank starts on a GPU machine: a launching process that initialised the CUDA driver is never forked (a
+driver merely mapped by importing torch is no reason), and ranks started from a preloaded process use their GPU
+with CUDA uninitialised at their first line."""
 import json
 import os
 import subprocess
@@ -40,7 +41,26 @@ def test_a_rank_forked_from_a_preloaded_process_uses_its_gpu(tmp_path, touch, nv
     assert "forked from a preloaded process" in result.stdout + result.stderr
     rank = json.loads((tmp_path / "rank-0.json").read_text())
     assert rank["sum"] == 4.0 and rank["cuda_initialized"] is False
-    if touch:  # the driver was loaded: the preloaded process is a fresh interpreter
+    if touch:  # the driver was initialised: the preloaded process is a fresh interpreter
         assert rank["parent"][1:3] == ["-m", "torchstage.launch.zygote"]
-    else:  # NVML counted the GPUs, CUDA stayed uninitialised: the launching process itself was copied
-        assert rank["parent"][1:3] == [str(tmp_path / "program.py"), str(tmp_path)]
+        assert "this one cannot be forked: the CUDA driver is initialised here" in result.stdout, result.stdout
+    else:  # NVML counted the GPUs: the driver stayed uninitialised; a fork of the launching process, or (NVML's
+        # own thread still running, as on an H200 with driver 580) a fresh preloaded process that says so
+        launch_line = result.stdout.splitlines()[0]
+        assert "CUDA driver" not in launch_line, launch_line
+        if rank["parent"][1:3] == ["-m", "torchstage.launch.zygote"]:
+            assert "this one cannot be forked: 1 thread(s) kept running through fork()" in launch_line, launch_line
+        else:
+            assert rank["parent"][1:3] == [str(tmp_path / "program.py"), str(tmp_path)], launch_line
+
+
+def test_the_driver_counts_as_initialised_only_after_cuinit(tmp_path):
+    """A driver library that importing torch mapped is safe to fork; after ``cuInit`` it is not."""
+    program = ("import torch\nfrom torchstage.launch.fork_safety import cuda_driver_initialised, cuda_driver_path\n"
+               "print(bool(cuda_driver_path()), cuda_driver_initialised())\n"
+               "torch.cuda.init()\nprint(bool(cuda_driver_path()), cuda_driver_initialised())\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    before, after = result.stdout.split("\n")[:2]
+    assert before.endswith("False") and after == "True True", result.stdout

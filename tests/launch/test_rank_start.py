@@ -107,6 +107,8 @@ def test_a_program_that_wraps_an_installed_function_is_not_forked(tmp_path):
     second time: the preloaded process is a fresh interpreter instead."""
     run, out = launch(tmp_path, "preloaded", START_PATCH=1)
     assert run.returncode == 0, out[-3000:]
+    assert ("forked from a preloaded process (a fresh interpreter: this one cannot be forked: the program replaced "
+            "string.capwords with its") in out, out[-3000:]
     for state in states(tmp_path, "preloaded"):
         assert state["capwords"] == "A B!" and state["parent_command"][1:3] == ["-m", "torchstage.launch.zygote"]
 

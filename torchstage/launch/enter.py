@@ -78,8 +78,9 @@ def launch_and_exit(world: World, max_restarts: int = 0, start: str = None, prel
         ensure_console_handler()
         os.environ.setdefault(SEED_ENV, str(launch_seed(world)))
         restarts = f", up to {max_restarts} restart(s)" if max_restarts else ""
-        how = ("forked from a preloaded process" if starter.kind == "preloaded"
-               else f"in fresh interpreters ({starter.why})")
+        how = (f"in fresh interpreters ({starter.why})" if starter.kind != "preloaded"
+               else "forked from a preloaded process" + (f" (a fresh interpreter: this one cannot be forked: "
+                                                         f"{starter.why})" if starter.why else ""))
         logger.info("starting %d process%s (%s, ranks %d-%d of %d%s) %s: %s", world.spawn,
                     "es" if world.spawn > 1 else "", world.backend, world.rank, world.rank + world.spawn - 1,
                     world.world_size, restarts, how, " ".join(command))

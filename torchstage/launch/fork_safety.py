@@ -25,13 +25,33 @@ def native_threads() -> int:
         return 1
 
 
-def cuda_driver_loaded() -> bool:
-    """True once the CUDA driver library is mapped into this process (``cuInit`` ran: a fork cannot use it)."""
+def cuda_driver_path() -> Optional[str]:
+    """The CUDA driver library's file where it is mapped into this process, else None. Importing torch may map it
+    (some CUDA builds link it) without initialising it."""
     try:
         with open("/proc/self/maps") as maps:
-            return any("/libcuda.so" in line for line in maps)
+            for line in maps:
+                if "/libcuda.so" in line:
+                    return line.split(None, 5)[-1].strip()
     except OSError:
+        pass
+    return None
+
+
+def cuda_driver_initialised() -> bool:
+    """True once ``cuInit`` ran in this process (``torch.cuda.is_available()`` without NVML, any CUDA call): a fork
+    cannot use that driver state. Asked of the mapped driver itself, which answers ``cuDeviceGetCount`` with
+    CUDA_ERROR_NOT_INITIALIZED (3) until then; a driver merely mapped, never initialised, is safe to fork."""
+    path = cuda_driver_path()
+    if path is None:
         return False
+    import ctypes
+    try:  # RTLD_NOLOAD: the handle of the library already mapped, never a second load
+        driver = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+        count = ctypes.c_int(0)
+        return driver.cuDeviceGetCount(ctypes.byref(count)) == 0
+    except (OSError, AttributeError):
+        return True  # mapped and not asked: assume the unsafe case
 
 
 def unsafe_to_fork() -> Optional[str]:
@@ -49,9 +69,8 @@ def unsafe_to_fork() -> Optional[str]:
         initialised = getattr(getattr(torch, name, None), "is_initialized", None)
         if initialised is not None and initialised():
             return f"torch.{name} is initialised here (a device context cannot be copied into another process)"
-    if cuda_driver_loaded():
-        return ("the CUDA driver is loaded here (torch.cuda.is_available() or another CUDA call before train(); "
-                "PYTORCH_NVML_BASED_CUDA_CHECK=1 makes is_available() ask NVML instead)")
+    if cuda_driver_initialised():
+        return "the CUDA driver is initialised here (torch.cuda.is_available() or another CUDA call)"
     mpi = sys.modules.get("mpi4py.MPI")
     if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
         return "MPI is initialised here (mpi4py)"

@@ -66,13 +66,15 @@ class RankProcess:
 
 class PreloadedStart:
     """Ranks forked by the preloaded process ``pid`` (on ``sock``); ``fallback`` (a fresh start's command) where it
-    cannot. ``popen``: the preloaded process as a fresh interpreter's Popen, None where it is a fork of this one."""
+    cannot. ``popen``: the preloaded process as a fresh interpreter's Popen, None where it is a fork of this one;
+    ``why``: why it is not a fork of this one (said on the launch line)."""
 
     kind = "preloaded"
 
-    def __init__(self, sock, pid: int, program: list, fallback: list, popen=None):
+    def __init__(self, sock, pid: int, program: list, fallback: list, popen=None, why: str = None):
         """Start reading the preloaded process's answers."""
         self.sock, self.pid, self.program, self.fallback, self.popen = sock, pid, program, fallback, popen
+        self.why = why
         self.pending, self.procs, self.gone = {}, {}, False
         self.ids, self.lock = itertools.count(), threading.Lock()
         self.reader = threading.Thread(target=self._read, name="torchstage-preloaded-reader", daemon=True)

@@ -83,13 +83,12 @@ def rank_start(command: list, start=None, preload=()):
     if made is not None and made[0] is None:
         reason, made = made[1], None
     if made is None:
-        logger.debug("the preloaded process is a fresh interpreter, not a fork of this one: %s", reason)
         made = _fresh_process(options, (*_imported_here(), *preload))
         if made[0] is None:
             return FreshStart(command_seeded, f"no preloaded process: this one cannot be forked ({reason}), and a "
                                               f"fresh one could not be used ({made[1]})")
     sock, pid, popen = made[0]
-    return PreloadedStart(sock, pid, program, command_seeded, popen)
+    return PreloadedStart(sock, pid, program, command_seeded, popen, reason)
 
 
 def _fork_here(preload):
