@@ -19,7 +19,7 @@ setup(
     extras_require={
         # transformers: the Hugging Face example and tests (tiny models built from configs, no download)
         "test": ["pytest>=7", "pytest-timeout", "pytest-xdist", "pytest-randomly", "scikit-learn", "matplotlib",
-                 "tensorboard", "transformers>=4.50"],
+                 "tensorboard", "transformers>=4.50", "py-spy"],  # py-spy: the stacks of a script past its timeout
         "plot": ["matplotlib"],
         "mpi": ["mpi4py>=3.1"],  # rank 0's host and port for MPI launches without a scheduler host list
         "mlflow": ["mlflow>=2.10", "matplotlib"],

@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 
+from tests.stacks import TimedOut, descendants, stacks
 from torchstage.launch import rank_start
 from torchstage.launch.preloaded import reap
 from torchstage.launch.zygote import receive, send
@@ -54,8 +55,18 @@ def run(command: list, env: dict, cwd=None, timeout=None, fresh=False, merge=Fal
     server = None if fresh or not _forkable(command) else _server(env)
     if server is not None:
         return server.run(command, env, str(cwd or os.getcwd()), timeout, merge)
-    streams = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT} if merge else {"capture_output": True}
-    return subprocess.run(command, env=env, cwd=cwd, text=True, timeout=timeout, **streams)
+    streams = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT if merge else subprocess.PIPE}
+    with subprocess.Popen(command, env=env, cwd=cwd, text=True, **streams) as process:
+        try:
+            out, err = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            tree = descendants(process.pid)
+            seen = stacks(process.pid)  # before the kill: where it waited
+            for pid in reversed(tree):  # the whole tree, as the test started it (an mpirun's ranks too)
+                _kill(pid)
+            out, err = process.communicate()
+            raise TimedOut(command, timeout, out, err, seen) from None
+    return subprocess.CompletedProcess(command, process.returncode, out, err)
 
 
 def _forkable(command: list) -> bool:
@@ -160,8 +171,9 @@ class _Server:
             while not script.done.is_set() or reading:  # the script's end, and its output to the end
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
+                    seen = stacks(script.pid) if script.pid is not None else "(it had not started)"
                     self._abandon(script)  # killed, as subprocess.run ends a child that ran past its timeout
-                    raise subprocess.TimeoutExpired(command, timeout, *_text(output, out_r, err_r, merge))
+                    raise TimedOut(command, timeout, *_text(output, out_r, err_r, merge), seen)
                 waits = reading + ([script.wake_r] if not script.done.is_set() else [])
                 ready, _, _ = select.select(waits, [], [], left)
                 for fd in ready:

@@ -4,11 +4,12 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
 from tests import script_server
-from tests.helpers import ROOT, script_env
+from tests.helpers import ROOT, alive, script_env
 
 PROGRAM = """
 import json, os, random, sys
@@ -143,3 +144,31 @@ def test_a_preloaded_process_made_for_a_pool_thread_outlives_the_thread(tmp_path
     finally:
         for server in script_server._servers.values():
             server.close()
+
+
+WAITER = """
+import os, sys, time
+def waiting_in_the_child():
+    time.sleep(120)
+print(os.getpid(), flush=True)
+waiting_in_the_child()
+"""
+
+
+@pytest.mark.parametrize("how", ["forked", "fresh", "below a shell"])
+def test_a_script_past_its_timeout_shows_where_its_processes_waited_and_leaves_none(tmp_path, how):
+    """The failure of a hang says where every process of it waited (read with py-spy before the kill), as an
+    mpirun's ranks below it would, and no process of it outlives the test."""
+    (tmp_path / "waiter.py").write_text(WAITER)
+    command = [sys.executable, str(tmp_path / "waiter.py")]
+    if how == "below a shell":  # not a Python script itself: its Python child is found below it
+        command = ["bash", "-c", f"{command[0]} {command[1]} & wait"]
+    with pytest.raises(subprocess.TimeoutExpired) as raised:
+        script_server.run(command, env=script_env(), timeout=8, fresh=how != "forked")
+    message = str(raised.value)
+    assert "timed out after 8 seconds" in message and "waiting_in_the_child" in message, message
+    assert "waiter.py" in message.split("the stacks when it was stopped:")[1], message
+    pid, deadline = int(raised.value.output.split()[0]), time.monotonic() + 10
+    while alive(pid) and time.monotonic() < deadline:  # SIGKILL sent: its end is the kernel's, a moment later
+        time.sleep(0.05)
+    assert not alive(pid)

@@ -5,7 +5,6 @@ world, writes last.pth, and its validation loss is the one a single process comp
 data (each sample once), which the test draws again from the seeds the run records."""
 import re
 import shutil
-import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests import script_server
 from tests.helpers import ROOT, run, script_env
 from tests.launch.slurm.slurm_cluster import slurm_cluster  # noqa: F401 (session fixture)
 from torchstage.rng import seeded, set_seed
@@ -99,9 +99,8 @@ def test_torchrun(form, tmp_path):
 @pytest.mark.parametrize("tasks_per_node", [1, 2])
 @pytest.mark.parametrize("form", ["case1", "case2", "case3"])
 def test_srun_on_two_nodes(form, tasks_per_node, slurm_cluster, tmp_path):  # noqa: F811
-    result = subprocess.run(["srun", "-N", "2", f"--ntasks-per-node={tasks_per_node}", sys.executable,
-                             str(FORMS[form]), str(tmp_path)], env=slurm_cluster, capture_output=True, text=True,
-                            timeout=300)
+    result = script_server.run(["srun", "-N", "2", f"--ntasks-per-node={tasks_per_node}", sys.executable,
+                                FORMS[form], tmp_path], env=slurm_cluster, timeout=300)
     check_run(result, tmp_path, form, 2 * tasks_per_node)
 
 
@@ -109,8 +108,8 @@ def test_srun_on_two_nodes(form, tasks_per_node, slurm_cluster, tmp_path):  # no
 @pytest.mark.parametrize("form, launcher", [("case1", "mpirun"), ("case2", "mpirun"), ("case3", "mpirun"),
                                             ("case1", "mpiexec")])
 def test_mpi(form, launcher, tmp_path):
-    result = subprocess.run([*mpi_command(launcher), sys.executable, str(FORMS[form]), str(tmp_path)], cwd=ROOT,
-                            env=script_env(), capture_output=True, text=True, timeout=300)
+    result = script_server.run([*mpi_command(launcher), sys.executable, FORMS[form], tmp_path], cwd=ROOT,
+                               env=script_env(), timeout=300)  # past it: every rank's stack in the failure
     check_run(result, tmp_path, form, 2)
 
 
