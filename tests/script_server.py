@@ -38,7 +38,7 @@ STARTUP_PREFIXES = ("PYTHON", "LD_", "TORCH_", "KMP_", "MKL_", "OPENBLAS", "GLOG
 #: process never does, :mod:`torchstage.launch.fork_safety`), from the copy's environment.
 APPLIED = ("PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "CUDA_VISIBLE_DEVICES")
 FRESH_ENV = "TORCHSTAGE_TEST_FRESH"  # =1: every script in a fresh interpreter, as before (to tell the two apart)
-MAX_SERVERS = 4  # start-up environments seen in one test process (each preloaded process holds ~300 MiB)
+MAX_SERVERS = 4  # preloaded processes kept by one test process (each holds ~300 MiB); past it the idlest is ended
 
 _servers = {}
 _lock = threading.Lock()
@@ -89,8 +89,17 @@ def _server(env: dict):
         if server is not None and not server.alive():
             _servers.pop(key).close()
             server = None
-        if server is None and len(_servers) < MAX_SERVERS:
+        if server is None:
+            if len(_servers) >= MAX_SERVERS:  # the least recently used idle one makes room (else: a fresh start)
+                idle = next((old for old, made in _servers.items() if made is None or made.idle()), None)
+                if idle is None:
+                    return None
+                ended = _servers.pop(idle)
+                if ended is not None:
+                    ended.close()
             server = _servers[key] = _made(env)
+        else:
+            _servers[key] = _servers.pop(key)  # most recently used last
         return server
 
 
@@ -136,6 +145,11 @@ class _Server:
     def alive(self) -> bool:
         """True while the preloaded process runs."""
         return self.popen.poll() is None and not self.ended
+
+    def idle(self) -> bool:
+        """True while no script of it runs."""
+        with self.guard:
+            return not self.runs
 
     def close(self) -> None:
         """End the preloaded process (closing its socket ends it) and reap it."""

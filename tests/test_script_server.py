@@ -172,3 +172,20 @@ def test_a_script_past_its_timeout_shows_where_its_processes_waited_and_leaves_n
     while alive(pid) and time.monotonic() < deadline:  # SIGKILL sent: its end is the kernel's, a moment later
         time.sleep(0.05)
     assert not alive(pid)
+
+
+def test_past_the_most_preloaded_processes_the_least_recently_used_idle_one_makes_room(monkeypatch):
+    """However many start-up environments the tests before it used in this worker, a script is forked, not started
+    fresh (which a test of forking would see as a failure that depends on the test order)."""
+    monkeypatch.setattr(script_server, "_servers", {})
+    monkeypatch.setattr(script_server, "MAX_SERVERS", 1)
+    code = [sys.executable, "-c", "import sys; print('torch' in sys.modules)"]
+    first = script_server.run(code, env=script_env(PYTHONHASHSEED="1"), timeout=120)
+    (made,) = script_server._servers.values()
+    second = script_server.run(code, env=script_env(PYTHONHASHSEED="2"), timeout=120)
+    try:
+        assert (first.stdout, second.stdout) == ("True\n", "True\n")  # both forked from a preloaded process
+        assert not made.alive() and len(script_server._servers) == 1  # the first one ended to make room
+    finally:
+        for server in script_server._servers.values():
+            server.close()
