@@ -1,12 +1,16 @@
 """The warning for DataLoader workers forked each epoch beside torch.distributed's threads on a CPython with
 the fork deadlock of gh-112275 (its figures: docs/distributed.md)."""
 import logging
+import re
 import subprocess
 import sys
+
+import pytest
 
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from tests.helpers import ROOT, run
 from torchstage import Engine
 from torchstage.data.fork_check import fork_deadlock_risk, forks_workers_each_epoch, warn_forked_workers
 
@@ -71,3 +75,24 @@ def test_a_rebuilt_loader_keeps_its_workers_for_the_run_on_an_affected_cpython(m
     monkeypatch.delenv("TORCHSTAGE_PERSISTENT_WORKERS")
     monkeypatch.setattr(fork_check, "fork_deadlock_risk", lambda version=None: False)
     assert not distribute_loader(loader, engine, is_train=False).persistent_workers
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(300)
+def test_a_worker_stuck_in_its_fork_is_started_again_and_the_run_ends_as_an_unhindered_one(tmp_path):
+    """Rank 1's first DataLoader worker never returns from fork() (as CPython gh-112275 leaves one): it is killed
+    after TORCHSTAGE_WORKER_START_SECONDS and the pass's workers started again from the same random state, so
+    the run ends with the weights of a run without the stuck fork, instead of waiting for a batch forever."""
+    script = ROOT / "tests" / "data" / "scripts" / "stuck_worker_run.py"
+    plain = run([script, tmp_path / "plain"], nproc=2, timeout=240)
+    assert plain.returncode == 0, plain.stdout[-3000:] + plain.stderr[-3000:]
+    marker = tmp_path / "stuck"
+    hindered = run([script, tmp_path / "hindered"], nproc=2, timeout=240, STUCK_MARKER=marker,
+                   TORCHSTAGE_WORKER_START_SECONDS=3)
+    out = hindered.stdout + hindered.stderr
+    assert hindered.returncode == 0, out[-3000:]
+    assert marker.exists()  # the fork was held
+    assert re.search(r"DataLoader worker\(s\) \[0\] \(pid\(s\) \[\d+\]\) did not reach their first line within 3 s "
+                     r"of their fork .*started again \(start 2 of at most 3\)", out), out[-3000:]
+    weights = re.findall(r"weights \[.*\]", plain.stdout)
+    assert len(weights) == 1 and weights == re.findall(r"weights \[.*\]", hindered.stdout), out[-3000:]

@@ -13,6 +13,7 @@ from torchstage.files.checkpoint_format import CheckpointError
 from torchstage.data.resume import (batch_size_changed, capture_loader_rng, discard_persistent_iterator,
                                     filtered_pass, resume_after_samples, resume_iterator, skips_samples)
 from torchstage.data.reshard import order_kind, pass_order, resume_shard
+from torchstage.data.worker_start import started
 from torchstage.runner.loop_state import dataset_size
 from torchstage.runner.resume_checks import apply_after_load, check_before_load, report_epochs
 from torchstage.runner.state import data_layout, same_data_layout
@@ -269,7 +270,7 @@ def loader_batches(runner, skips=None):
     if point is None or point.loader != runner.loop.loader_key:
         if skips is None:
             runner.loop.loader_start_rng = capture_loader_rng(runner.loop.loader)
-            return enumerate(runner.loop.loader, 1)
+            return enumerate(started(runner.loop.loader), 1)  # a worker stuck in its fork is started again
         discard_persistent_iterator(runner.loop.loader, unless_filtered=True)  # before the capture: it may draw anew
         runner.loop.loader_start_rng = capture_loader_rng(runner.loop.loader)
         return enumerate(filtered_pass(runner.loop.loader, skips), 1)
