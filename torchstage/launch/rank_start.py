@@ -9,7 +9,6 @@ and forks every rank from it; the rank runs the program from its first line as `
 what the launching process had imported; where neither is safe, or with ``start="fresh"`` (``TORCHSTAGE_START``),
 each rank is a fresh interpreter, and the launch line says why.
 """
-import logging
 import os
 import signal
 import socket
@@ -22,7 +21,6 @@ from torchstage.launch.preloaded import PreloadedStart, reap
 from torchstage.launch.script_seed import program_of, seeded_command
 from torchstage.launch.zygote import receive, send, serve
 
-logger = logging.getLogger("torchstage")
 START_ENV = "TORCHSTAGE_START"
 PRELOADED, FRESH = "preloaded", "fresh"
 #: What every rank imports before its first step beyond the program's own imports: the preloaded process imports
