@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import ROOT, alive, script_env
+from tests.stacks import descendants
 from torchstage.launch.fork_safety import native_threads, unsafe_to_fork
 from torchstage.launch.forked_rank import local_modules
 
@@ -145,7 +146,7 @@ def test_ranks_still_starting_die_with_a_killed_launcher(tmp_path, start):
         while len(list(tmp_path.glob("started-*"))) < 2:
             assert launcher.poll() is None and time.monotonic() < deadline, "the ranks did not start"
             time.sleep(0.1)
-        family = descendants(launcher.pid)
+        family = descendants(launcher.pid)[1:]  # every process below it
         assert len(family) >= 2
         launcher.kill()
         launcher.wait(timeout=30)
@@ -168,25 +169,6 @@ if os.environ.get("RANK"):
     time.sleep(120)  # a program's slow first lines, before its world exists
 distributed_cmd_run(print)
 """
-
-
-def descendants(pid: int) -> list:
-    """Every living process below ``pid``."""
-    children = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            children.setdefault(parent, []).append(int(entry))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
 
 
 @pytest.mark.timeout(300)
