@@ -29,9 +29,9 @@ def fork_deadlock_risk(version=None) -> bool:
     return fixed is not None and version[2] < fixed
 
 
-def forks_workers_each_epoch(loader) -> bool:
-    """A DataLoader whose workers are started by ``fork`` at every pass (not kept between passes)."""
-    if not isinstance(loader, DataLoader) or loader.num_workers == 0 or loader.persistent_workers:
+def forks_workers(loader) -> bool:
+    """A DataLoader whose ``num_workers > 0`` workers are started by ``fork``."""
+    if not isinstance(loader, DataLoader) or loader.num_workers == 0:
         return False
     context = loader.multiprocessing_context
     if context is None:  # the default, read without fixing it (the user may still set another one)
@@ -39,6 +39,11 @@ def forks_workers_each_epoch(loader) -> bool:
     else:
         method = context if isinstance(context, str) else context.get_start_method()
     return method == "fork"
+
+
+def forks_workers_each_epoch(loader) -> bool:
+    """A DataLoader whose workers are started by ``fork`` at every pass (not kept between passes)."""
+    return forks_workers(loader) and not loader.persistent_workers
 
 
 #: ``0`` keeps a rebuilt loader forking its workers at each epoch on an affected CPython (see :func:`keeps_workers`).

@@ -20,9 +20,8 @@ import sys
 import time
 
 import torch
-from torch.utils.data import DataLoader
 
-from torchstage.data.fork_check import fork_deadlock_risk
+from torchstage.data.fork_check import fork_deadlock_risk, forks_workers
 
 logger = logging.getLogger("torchstage")
 
@@ -53,18 +52,6 @@ class MarkStart:
         return [index for index, mark in enumerate(self.marks) if not mark]
 
 
-def forks_workers(loader) -> bool:
-    """A DataLoader whose ``num_workers > 0`` workers are started by ``fork``."""
-    if not isinstance(loader, DataLoader) or loader.num_workers == 0 or not sys.platform.startswith("linux"):
-        return False
-    context = loader.multiprocessing_context
-    if context is None:
-        method = multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
-    else:
-        method = context if isinstance(context, str) else context.get_start_method()
-    return method == "fork"
-
-
 def start_seconds(environ=None) -> float:
     """:data:`START_SECONDS`, or ``$TORCHSTAGE_WORKER_START_SECONDS`` (a number > 0); ValueError otherwise."""
     value = (os.environ if environ is None else environ).get(START_ENV, "")
@@ -81,7 +68,7 @@ def start_seconds(environ=None) -> float:
 
 def started(loader):
     """``iter(loader)`` whose fork-started workers all reached their first line (see the module's text)."""
-    if not forks_workers(loader):
+    if not forks_workers(loader) or not sys.platform.startswith("linux"):
         return iter(loader)
     mark = loader.worker_init_fn
     if not isinstance(mark, MarkStart) or len(mark.marks) != loader.num_workers:
