@@ -4,7 +4,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from torchstage.data.reshard import dealt, epoch_order, pass_order
-from torchstage.data.resume import capture_loader_rng
+from torchstage.data.loader_rng import capture_loader_rng
 
 
 def _drawn(loader) -> list:

@@ -3,7 +3,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, RandomSampler
 
-from torchstage.data.resume import capture_loader_rng, resume_iterator
+from torchstage.data.loader_rng import capture_loader_rng
+from torchstage.data.resume import resume_iterator
 from torchstage.rng import get_rng_state
 
 

@@ -5,7 +5,8 @@ import logging
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from torchstage.data.resume import capture_loader_rng, filtered_pass, resume_iterator
+from torchstage.data.loader_rng import capture_loader_rng
+from torchstage.data.resume import filtered_pass, resume_iterator
 from torchstage.data.skips import PassFilter, sample_indices
 from torchstage.rng import get_rng_state
 

@@ -14,6 +14,7 @@ from torch.utils.data import (BatchSampler, DataLoader, DistributedSampler, Iter
                               SequentialSampler)
 
 from torchstage.data.resume import discard_persistent_iterator, filtered_batch_sampler
+from torchstage.data.worker_start import started
 
 
 def order_kind(loader):
@@ -101,8 +102,11 @@ def resume_shard(loader, indices: list, source=None):
     if source is not None:
         discard_persistent_iterator(loader)
         source().first_position = done + 1
-    object.__setattr__(loader, "batch_sampler", filtered_batch_sampler(batches, loader, source))
-    try:  # DataLoader refuses a plain assignment after __init__
-        return iter(loader), done
-    finally:
-        object.__setattr__(loader, "batch_sampler", original)
+
+    def start():  # DataLoader refuses a plain assignment after __init__; a wrapper anew for each start of the workers
+        object.__setattr__(loader, "batch_sampler", filtered_batch_sampler(batches, loader, source))
+        try:
+            return iter(loader)
+        finally:
+            object.__setattr__(loader, "batch_sampler", original)
+    return started(loader, start), done

@@ -2,53 +2,21 @@
 
 A shuffled pass draws its order from random generators when it starts (the global torch RNG for a
 RandomSampler without a generator, the DataLoader's or sampler's own generator otherwise). The runner
-captures those states just before ``iter(loader)`` (:func:`capture_loader_rng`); a checkpoint keeps them,
-and :func:`resume_iterator` replays the draws, drops the index batches already trained on and then puts
+captures those states just before ``iter(loader)`` (:func:`~torchstage.data.loader_rng.capture_loader_rng`); a
+checkpoint keeps them, and :func:`resume_iterator` replays the draws, drops the index batches already trained on and then puts
 back the RNG state of the interrupted run, so the next batch, its augmentation and the model's dropout
 draw exactly what they would have drawn.
 """
 import logging
 import math
 
-import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
+from torchstage.data.loader_rng import apply_loader_rng
+from torchstage.data.worker_start import started
 from torchstage.rng import set_rng_state
 
 logger = logging.getLogger("torchstage")
-
-
-def _generators(loader) -> list:
-    """The explicit torch generators a loader's pass may draw from, by a stable name (deduplicated)."""
-    sampler = getattr(loader, "sampler", None)
-    inner = getattr(getattr(loader, "batch_sampler", None), "sampler", None)
-    found, seen = [], set()
-    for name, owner in (("loader", loader), ("sampler", sampler), ("batch_sampler.sampler", inner)):
-        generator = getattr(owner, "generator", None)
-        if isinstance(generator, torch.Generator) and id(generator) not in seen:
-            seen.add(id(generator))
-            found.append((name, generator))
-    return found
-
-
-def _reuses_iterator(loader) -> bool:
-    """True when ``iter(loader)`` will reset a persistent-workers iterator instead of making a new one."""
-    return (isinstance(loader, DataLoader) and loader.persistent_workers
-            and getattr(loader, "_iterator", None) is not None)
-
-
-def capture_loader_rng(loader) -> dict:
-    """The random state a pass over ``loader`` starts from; call it just before ``iter(loader)``."""
-    return {"torch": torch.get_rng_state(),
-            "generators": {name: g.get_state() for name, g in _generators(loader)},
-            "fresh_iterator": not _reuses_iterator(loader)}
-
-
-def _apply_loader_rng(loader, state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    for name, generator in _generators(loader):
-        if name in state["generators"]:
-            generator.set_state(state["generators"][name])
 
 
 class SkipBatches:
@@ -79,7 +47,7 @@ class SkipBatches:
             return
         self.used = True
         if self.loader_rng is not None:
-            _apply_loader_rng(self.loader, self.loader_rng)
+            apply_loader_rng(self.loader, self.loader_rng)
         indices = iter(self.inner)
         if pass_filter is not None:
             indices = pass_filter.apply(indices, indexed=True)
@@ -94,7 +62,7 @@ class SkipBatches:
 def resume_iterator(loader, skip: int, loader_rng: dict, run_rng: dict, source=None):
     """An iterator over ``loader`` yielding what the interrupted pass would have yielded after ``skip`` batches.
 
-    ``loader_rng`` is what :func:`capture_loader_rng` returned when that pass started; ``run_rng`` is the
+    ``loader_rng`` is what :func:`~torchstage.data.loader_rng.capture_loader_rng` returned when that pass started; ``run_rng`` is the
     :func:`~torchstage.rng.get_rng_state` of the run at the interruption. A map-style DataLoader skips by
     index without loading data; any other iterable is replayed and its first ``skip`` batches dropped.
     ``source``: a function giving the pass's :class:`~torchstage.data.skips.PassFilter` (a rollback run's); the
@@ -106,14 +74,14 @@ def resume_iterator(loader, skip: int, loader_rng: dict, run_rng: dict, source=N
         attr = "batch_sampler" if loader.batch_sampler is not None else "sampler"
         original = getattr(loader, attr)
         fresh = loader_rng["fresh_iterator"]
-        wrapper = SkipBatches(original, skip, loader, None if fresh else loader_rng, run_rng, source)
         if fresh:
-            _apply_loader_rng(loader, loader_rng)
-        return _iterate_with(loader, attr, wrapper)
+            apply_loader_rng(loader, loader_rng)
+        return started(loader, lambda: _iterate_with(loader, attr, SkipBatches(
+            original, skip, loader, None if fresh else loader_rng, run_rng, source)))
     logger.info("resuming a %s mid-pass: reading and dropping its first %d batches (only map-style "
                 "DataLoaders skip by index)", type(loader).__name__, skip)
-    _apply_loader_rng(loader, loader_rng)
-    batches = iter(loader)
+    apply_loader_rng(loader, loader_rng)
+    batches = started(loader)
     pass_filter = source() if source is not None else None
     if pass_filter is not None:
         batches = pass_filter.apply(batches, indexed=False)
@@ -128,9 +96,10 @@ def filtered_pass(loader, source):
     """A new pass over ``loader`` through the pass filter ``source()`` gives (the batches of its skip list left
     out, what it draws recorded): by index for a map-style DataLoader (never read), else read and dropped."""
     if not _by_index(loader):
-        return source().apply(iter(loader), indexed=False)
+        return source().apply(started(loader), indexed=False)
     attr = "batch_sampler" if loader.batch_sampler is not None else "sampler"
-    return _iterate_with(loader, attr, SkipBatches(getattr(loader, attr), 0, loader, None, None, source))
+    original = getattr(loader, attr)
+    return started(loader, lambda: _iterate_with(loader, attr, SkipBatches(original, 0, loader, None, None, source)))
 
 
 def filtered_batch_sampler(batches, loader, source):
@@ -200,7 +169,6 @@ def resume_after_samples(loader, samples: int, loader_rng: dict, run_rng: dict, 
     """
     original = loader.batch_sampler
     fresh = loader_rng["fresh_iterator"]
-    rest = SkipBatches(original.sampler, samples, loader, None if fresh else loader_rng, run_rng)
     remaining = max(0, len(original.sampler) - samples)
     left = remaining // original.batch_size if original.drop_last else math.ceil(remaining / original.batch_size)
     done = max(0, len(original) - left)
@@ -208,6 +176,9 @@ def resume_after_samples(loader, samples: int, loader_rng: dict, run_rng: dict, 
         discard_persistent_iterator(loader)
         source().first_position = done + 1
     if fresh:
-        _apply_loader_rng(loader, loader_rng)
-    batches = filtered_batch_sampler(BatchSampler(rest, original.batch_size, original.drop_last), loader, source)
-    return _iterate_with(loader, "batch_sampler", batches), done
+        apply_loader_rng(loader, loader_rng)
+
+    def batches():  # made anew for each start of the workers (a sampler wrapper skips on its first pass only)
+        rest = SkipBatches(original.sampler, samples, loader, None if fresh else loader_rng, run_rng)
+        return filtered_batch_sampler(BatchSampler(rest, original.batch_size, original.drop_last), loader, source)
+    return started(loader, lambda: _iterate_with(loader, "batch_sampler", batches())), done

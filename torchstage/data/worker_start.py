@@ -7,10 +7,10 @@ as they release tensors). The rank then waits for a batch that never comes until
 Persistent workers (:func:`~torchstage.data.fork_check.keeps_workers`) make the fork rare, not impossible.
 
 So each fork-started worker first marks itself started (its ``worker_init_fn`` is wrapped, in shared memory), and
-the loop waits for every mark after a pass starts its workers. A worker without one after
+the loop waits for every mark after a pass starts its workers (a resumed pass's too). A worker without one after
 :data:`START_SECONDS` (``$TORCHSTAGE_WORKER_START_SECONDS``) is killed, the workers are ended and started again
-from the random state the pass began with (the same batches), with a warning. Later passes of persistent workers
-fork nothing and wait for nothing.
+from the random state the pass began with (the same batches; a resumed pass skips the same ones), with a warning.
+Later passes of persistent workers fork nothing and wait for nothing.
 """
 import logging
 import multiprocessing
@@ -19,9 +19,8 @@ import signal
 import sys
 import time
 
-import torch
-
 from torchstage.data.fork_check import fork_deadlock_risk, forks_workers
+from torchstage.data.loader_rng import apply_loader_rng, capture_loader_rng, reuses_iterator
 
 logger = logging.getLogger("torchstage")
 
@@ -66,20 +65,23 @@ def start_seconds(environ=None) -> float:
     return seconds
 
 
-def started(loader):
-    """``iter(loader)`` whose fork-started workers all reached their first line (see the module's text)."""
+def started(loader, make=None):
+    """``make()`` (default ``iter(loader)``; a resumed pass passes its own), an iterator over ``loader`` whose
+    fork-started workers all reached their first line; a start again calls ``make`` again from the random state
+    the first call began with, so ``make`` builds what it returns anew (see the module's text)."""
+    make = make or (lambda: iter(loader))
     if not forks_workers(loader) or not sys.platform.startswith("linux"):
-        return iter(loader)
+        return make()
     mark = loader.worker_init_fn
     if not isinstance(mark, MarkStart) or len(mark.marks) != loader.num_workers:
         mark = loader.worker_init_fn = MarkStart(loader.num_workers, loader.worker_init_fn)
-    if loader.persistent_workers and getattr(loader, "_iterator", None) is not None:
-        return iter(loader)  # its workers started with an earlier pass
-    rng = torch.get_rng_state(), (loader.generator.get_state() if loader.generator is not None else None)
+    if reuses_iterator(loader):
+        return make()  # its workers started with an earlier pass
+    rng = capture_loader_rng(loader)
     limit = start_seconds()
     for attempt in range(1, MOST_STARTS + 1):
         mark.reset()
-        iterator = iter(loader)
+        iterator = make()
         stuck = _stuck(mark, iterator, limit)
         if not stuck:
             return iterator
@@ -94,9 +96,7 @@ def started(loader):
                        "fork (%s); they are killed and the pass's workers started again (start %d of at most %d)",
                        stuck, pids, limit, cause, attempt + 1, MOST_STARTS)
         _end(loader, iterator, stuck)
-        torch.set_rng_state(rng[0])  # the new iterator draws its seeds and order as the first did
-        if rng[1] is not None:
-            loader.generator.set_state(rng[1])
+        apply_loader_rng(loader, rng)  # the new iterator draws its seeds and order as the first did
 
 
 def _stuck(mark: MarkStart, iterator, limit: float) -> list:

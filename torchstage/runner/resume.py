@@ -10,8 +10,9 @@ import os
 
 from torchstage.files.checkpoint_read import checkpoint_files, load_checkpoint, load_newest_intact
 from torchstage.files.checkpoint_format import CheckpointError
-from torchstage.data.resume import (batch_size_changed, capture_loader_rng, discard_persistent_iterator,
-                                    filtered_pass, resume_after_samples, resume_iterator, skips_samples)
+from torchstage.data.loader_rng import capture_loader_rng
+from torchstage.data.resume import (batch_size_changed, discard_persistent_iterator, filtered_pass,
+                                    resume_after_samples, resume_iterator, skips_samples)
 from torchstage.data.reshard import order_kind, pass_order, resume_shard
 from torchstage.data.worker_start import started
 from torchstage.runner.loop_state import dataset_size
