@@ -17,6 +17,7 @@ import pytest
 
 from tests.helpers import ROOT, alive, script_env
 from tests.stacks import descendants
+from torchstage.launch.failure_folder import PREFIX, sweep
 from torchstage.launch.fork_safety import native_threads, unsafe_to_fork
 from torchstage.launch.forked_rank import local_modules
 
@@ -136,8 +137,10 @@ def test_an_unknown_start_is_refused_before_any_process_starts(tmp_path):
 @pytest.mark.parametrize("start", ["preloaded", "fresh"])
 def test_ranks_still_starting_die_with_a_killed_launcher(tmp_path, start):
     """SIGKILL to the launcher while its ranks run the program's first lines (not yet in their world): no rank, and
-    no preloaded process, outlives it."""
-    env = script_env(2, TORCHSTAGE_START=start, SLOW_START_DIR=str(tmp_path))
+    no preloaded process, outlives it; the next launcher of the machine removes the failure folder it left."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    env = script_env(2, TORCHSTAGE_START=start, SLOW_START_DIR=str(tmp_path), TMPDIR=str(temp))
     launcher = subprocess.Popen([sys.executable, "-c", SLOW_START], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
     family = []
@@ -154,6 +157,9 @@ def test_ranks_still_starting_die_with_a_killed_launcher(tmp_path, start):
         while any(alive(pid) for pid in family) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not [pid for pid in family if alive(pid)]
+        left = list(temp.glob(f"{PREFIX}*"))
+        assert len(left) == 1 and sweep(str(temp), settle=0) == [str(left[0])]
+        assert not left[0].exists()
     finally:
         for pid in [launcher.pid, *family]:
             if alive(pid):

@@ -11,10 +11,9 @@ signal to the workers) end the job without a restart.
 """
 import logging
 import os
-import shutil
-import tempfile
 import uuid
 
+from torchstage.launch.failure_folder import FailureFolder
 from torchstage.launch.failures import same_failure, where
 from torchstage.launch.local_launcher import Launcher
 from torchstage.launch.rank_output import comparable
@@ -41,13 +40,12 @@ def supervise(command: list, world: World, max_restarts: int, starter=None) -> i
     :class:`~torchstage.launch.local_launcher.Launcher`); after a failure start them again, at most ``max_restarts``
     times. Returns 0, or the exit code of the last failure."""
     job_id = os.environ.get(JOB_ID_ENV) or uuid.uuid4().hex[:12]
-    folder = tempfile.mkdtemp(prefix="torchstage-failures-")
+    folder = FailureFolder()
     previous = None
     try:
         for attempt in range(max_restarts + 1):
-            for name in os.listdir(folder):
-                os.remove(os.path.join(folder, name))
-            launcher = Launcher(command, world, attempt=attempt, job_id=job_id, failure_dir=folder,
+            folder.clear()
+            launcher = Launcher(command, world, attempt=attempt, job_id=job_id, failure_dir=folder.path,
                                 starter=starter)
             code = launcher.run()
             if code == 0:
@@ -76,7 +74,7 @@ def supervise(command: list, world: World, max_restarts: int, starter=None) -> i
             logger.warning("attempt %d of %d failed (%s); restarting the world from the run's last checkpoint "
                            "(attempt %d)", attempt + 1, max_restarts + 1, told, attempt + 2)
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        folder.remove()
 
 
 def _failure(launcher: Launcher, code: int):
