@@ -3,9 +3,10 @@
 A shuffled pass draws its order from random generators when it starts (the global torch RNG for a
 RandomSampler without a generator, the DataLoader's or sampler's own generator otherwise). The runner
 captures those states just before ``iter(loader)`` (:func:`~torchstage.data.loader_rng.capture_loader_rng`); a
-checkpoint keeps them, and :func:`resume_iterator` replays the draws, drops the index batches already trained on and then puts
-back the RNG state of the interrupted run, so the next batch, its augmentation and the model's dropout
-draw exactly what they would have drawn.
+checkpoint keeps them, and :func:`resume_iterator` replays the draws, drops the index batches already trained on
+and then puts back the RNG state of the interrupted run, so the next batch, its augmentation and the model's
+dropout draw exactly what they would have drawn. A resumed pass starts its workers through
+:func:`~torchstage.data.worker_start.started`, as a new pass does.
 """
 import logging
 import math
@@ -62,8 +63,8 @@ class SkipBatches:
 def resume_iterator(loader, skip: int, loader_rng: dict, run_rng: dict, source=None):
     """An iterator over ``loader`` yielding what the interrupted pass would have yielded after ``skip`` batches.
 
-    ``loader_rng`` is what :func:`~torchstage.data.loader_rng.capture_loader_rng` returned when that pass started; ``run_rng`` is the
-    :func:`~torchstage.rng.get_rng_state` of the run at the interruption. A map-style DataLoader skips by
+    ``loader_rng`` is what :func:`~torchstage.data.loader_rng.capture_loader_rng` returned when that pass started;
+    ``run_rng`` is the :func:`~torchstage.rng.get_rng_state` of the run at the interruption. A map-style DataLoader skips by
     index without loading data; any other iterable is replayed and its first ``skip`` batches dropped.
     ``source``: a function giving the pass's :class:`~torchstage.data.skips.PassFilter` (a rollback run's); the
     ``skip`` batches are counted after the filter.
