@@ -64,8 +64,8 @@ def resume_iterator(loader, skip: int, loader_rng: dict, run_rng: dict, source=N
     """An iterator over ``loader`` yielding what the interrupted pass would have yielded after ``skip`` batches.
 
     ``loader_rng`` is what :func:`~torchstage.data.loader_rng.capture_loader_rng` returned when that pass started;
-    ``run_rng`` is the :func:`~torchstage.rng.get_rng_state` of the run at the interruption. A map-style DataLoader skips by
-    index without loading data; any other iterable is replayed and its first ``skip`` batches dropped.
+    ``run_rng`` is the :func:`~torchstage.rng.get_rng_state` of the run at the interruption. A map-style DataLoader
+    skips by index without loading data; any other iterable is replayed and its first ``skip`` batches dropped.
     ``source``: a function giving the pass's :class:`~torchstage.data.skips.PassFilter` (a rollback run's); the
     ``skip`` batches are counted after the filter.
     """
