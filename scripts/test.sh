@@ -57,9 +57,9 @@ adopt_rows() {
 
 # The suite's parts under one seed: every test that times nothing on 3 workers (the SLURM tests one at a time: the
 # local cluster has two nodes; on 2 cores two workers left the CPU idle 18 % of the time, waiting on their
-# processes' starts and exits, and a third fills it: 1333 s became 1058 s); then those marked `waits` (timeouts of seconds; mostly idle) three at a time, each
-# test on its own, never beside the CPU-bound first part; then those marked `alone` (they time what their
-# processes do) one at a time.
+# processes' starts and exits, and a third fills it: 1333 s became 1058 s); then those marked `waits` (timeouts
+# of seconds; mostly idle) three at a time, each test on its own, never beside the CPU-bound first part; then
+# those marked `alone` (they time what their processes do) one at a time.
 test_parts() {
     TEST_SEED=${TORCHSTAGE_TEST_SEED:-$((RANDOM * 32768 + RANDOM))}
     local order=(-p randomly "--randomly-seed=$TEST_SEED")
